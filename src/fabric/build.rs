@@ -1,0 +1,431 @@
+//! Instantiates a cluster from a [`TopologySpec`]: copies the node template N times, joins
+//! nodes into NVLink domains and through the scale-out network generators (rail-optimized
+//! or plain fat tree, two or three tiers, with oversubscription), computes the node
+//! template's routing table once, and checks that every rank reaches every other.
+
+use std::collections::BinaryHeap;
+use std::cmp::Reverse;
+
+use super::routing::{classify_local, PathType};
+use super::spec::*;
+use super::*;
+use crate::units::{Bandwidth, SimTime};
+
+/// Options for building a fabric.
+#[derive(Clone, Debug, Default)]
+pub struct BuildOpts {
+    /// Number of host nodes (None: the topology's default).
+    pub nodes: Option<u32>,
+    /// Use only the first N GPUs of each node.
+    pub gpus_per_node: Option<u32>,
+    /// Calibration or scenario parameter overrides, applied after the topology's own.
+    pub params: Option<toml::Table>,
+}
+
+/// Routes between GPUs and NICs inside one node, by local indices, shared by all nodes.
+#[derive(Clone, Debug, Default)]
+pub struct TemplateRoutes {
+    /// Devices per node.
+    pub ndev: u32,
+    /// `paths[a * ndev + b]`: local directed-link indices from a to b (GPU/NIC endpoints only).
+    pub paths: Vec<Option<(Vec<u32>, PathType)>>,
+}
+
+impl TemplateRoutes {
+    /// Local route between two local devices.
+    pub fn get(&self, a: u32, b: u32) -> Option<&(Vec<u32>, PathType)> {
+        self.paths.get((a * self.ndev + b) as usize).and_then(|p| p.as_ref())
+    }
+}
+
+fn err(spec: &TopologySpec, msg: impl Into<String>) -> TopologyError {
+    TopologyError::Invalid { file: spec.source.display().to_string(), msg: msg.into() }
+}
+
+/// Checks that the topology's default cluster builds (used when loading a file).
+pub fn check_spec(spec: &TopologySpec) -> Result<(), TopologyError> {
+    build(spec, &BuildOpts::default()).map(|_| ())
+}
+
+/// Builds the fabric of `opts.nodes` nodes.
+pub fn build(spec: &TopologySpec, opts: &BuildOpts) -> Result<Fabric, TopologyError> {
+    let nodes = opts.nodes.unwrap_or(spec.cluster.default_nodes);
+    if nodes == 0 {
+        return Err(err(spec, "the number of nodes must be at least 1"));
+    }
+    if nodes > 1 << 17 {
+        return Err(err(spec, format!("{nodes} nodes is more than fabricsim supports (131072)")));
+    }
+    let tmpl = restrict_gpus(spec, opts.gpus_per_node)?;
+    let mut params = ModelParams::for_generation(spec.gpu.generation);
+    for t in [spec.params.as_ref(), opts.params.as_ref()].into_iter().flatten() {
+        params = params.overlay(t).map_err(|e| err(spec, format!("model parameters: {e}")))?;
+    }
+    let resolved = params.resolve();
+    let kind_latency = |kind: LinkKind, given: Option<SimTime>| {
+        given.unwrap_or(resolved.link_latency[params::kind_index(kind)])
+    };
+
+    if nodes > 1 && spec.cluster.network.is_none() && spec.cluster.domain.is_none() {
+        return Err(err(
+            spec,
+            format!(
+                "{nodes} nodes were asked for, but the topology declares neither [cluster.network] \
+                 nor [cluster.nvlink_domain], so node 1 would have no route to node 0; \
+                 use --nodes 1 or add a [cluster.network] section"
+            ),
+        ));
+    }
+
+    let mut devices = Vec::new();
+    let mut links = Vec::new();
+    let mut gpus = Vec::new();
+    let mut host_nodes = Vec::new();
+    let ndev = tmpl.devices.len() as u32;
+    for n in 0..nodes {
+        let dbase = devices.len() as u32;
+        let lbase = links.len() as u32;
+        for d in &tmpl.devices {
+            devices.push(Device {
+                name: format!("n{n}/{}", d.name),
+                kind: d.kind.clone(),
+                node: Some(n),
+                model: d.model.clone(),
+            });
+        }
+        for l in &tmpl.links {
+            let lat = kind_latency(l.kind, l.latency);
+            for (s, t) in [(l.a, l.b), (l.b, l.a)] {
+                links.push(Link {
+                    src: DeviceId(dbase + s),
+                    dst: DeviceId(dbase + t),
+                    kind: l.kind,
+                    bw: l.bw,
+                    latency: lat,
+                    lanes: l.lanes,
+                });
+            }
+        }
+        let r0 = gpus.len() as u32;
+        gpus.extend(tmpl.gpus.iter().map(|&g| DeviceId(dbase + g)));
+        host_nodes.push(HostNode {
+            ranks: r0..gpus.len() as u32,
+            devices: dbase..dbase + ndev,
+            links: lbase..links.len() as u32,
+            nics: tmpl.nics.iter().map(|&i| DeviceId(dbase + i)).collect(),
+            domain: n,
+        });
+    }
+
+    // NVLink domains.
+    let mut domains = Vec::new();
+    match &spec.cluster.domain {
+        Some(ds) => {
+            let per = ds.nodes;
+            let nd = nodes.div_ceil(per);
+            for d in 0..nd {
+                let n0 = d * per;
+                let n1 = (n0 + per).min(nodes);
+                let sw = DeviceId(devices.len() as u32);
+                devices.push(Device {
+                    name: format!("domain{d}/nvswitch"),
+                    kind: DeviceKind::NvSwitch { chips: ds.chips, nvls: ds.nvls },
+                    node: None,
+                    model: None,
+                });
+                let kind = LinkKind::NvLink { gen: ds.gen };
+                let bw = Bandwidth(lane_rate(kind).map(|r| r.0).unwrap_or(0) * ds.lanes as u64);
+                let lat = kind_latency(kind, ds.latency);
+                for hn in host_nodes.iter_mut().take(n1 as usize).skip(n0 as usize) {
+                    hn.domain = d;
+                }
+                for r in host_nodes[n0 as usize].ranks.start..host_nodes[n1 as usize - 1].ranks.end {
+                    let g = gpus[r as usize];
+                    for (s, t) in [(g, sw), (sw, g)] {
+                        links.push(Link { src: s, dst: t, kind, bw, latency: lat, lanes: ds.lanes });
+                    }
+                }
+                domains.push(NvlDomain {
+                    nodes: n0..n1,
+                    ranks: host_nodes[n0 as usize].ranks.start..host_nodes[n1 as usize - 1].ranks.end,
+                    nvswitch: Some(sw),
+                });
+            }
+        }
+        None => {
+            let local_sw = tmpl
+                .devices
+                .iter()
+                .position(|d| matches!(d.kind, DeviceKind::NvSwitch { .. }))
+                .map(|i| i as u32);
+            for (n, hn) in host_nodes.iter().enumerate() {
+                domains.push(NvlDomain {
+                    nodes: n as u32..n as u32 + 1,
+                    ranks: hn.ranks.clone(),
+                    nvswitch: local_sw.map(|i| DeviceId(hn.devices.start + i)),
+                });
+            }
+        }
+    }
+
+    // Scale-out network.
+    let mut network = None;
+    if let Some(ns) = &spec.cluster.network {
+        if nodes > 1 || domains.len() > 1 {
+            if tmpl.nics.is_empty() {
+                return Err(err(
+                    spec,
+                    "the cluster has a [cluster.network] but the node declares no device of kind \"nic\"",
+                ));
+            }
+            let nic_lat = kind_latency(LinkKind::Net, ns.link_latency);
+            network = Some(super::generators::build_network(
+                spec, ns, &host_nodes, &mut devices, &mut links, nic_lat, nodes,
+            )?);
+        }
+    }
+
+    let template = template_routes(spec, &tmpl)?;
+    let mut fabric = Fabric {
+        name: spec.name.clone(),
+        description: spec.description.clone(),
+        gpu: spec.gpu.clone(),
+        devices,
+        links,
+        gpus,
+        nodes: host_nodes,
+        domains,
+        network,
+        params,
+        cpu_vendor: tmpl.cpu_vendor,
+        out_start: Vec::new(),
+        out_links: Vec::new(),
+        template,
+    };
+    fabric.index_adjacency();
+    check_connectivity(spec, &fabric)?;
+    Ok(fabric)
+}
+
+/// The node template with only the first `n` GPUs kept (nccl-tests with fewer GPUs).
+fn restrict_gpus(spec: &TopologySpec, n: Option<u32>) -> Result<NodeTemplate, TopologyError> {
+    let t = &spec.node;
+    let Some(n) = n else { return Ok(t.clone()) };
+    let have = t.gpus.len() as u32;
+    if n == 0 || n > have {
+        return Err(err(
+            spec,
+            format!("--gpus {n} is not possible: a node of {} has {have} GPUs (valid: 1..={have})", spec.name),
+        ));
+    }
+    let drop: Vec<u32> = t.gpus[n as usize..].to_vec();
+    let keep = |i: u32| !drop.contains(&i);
+    let mut remap = vec![u32::MAX; t.devices.len()];
+    let mut devices = Vec::new();
+    for (i, d) in t.devices.iter().enumerate() {
+        if keep(i as u32) {
+            remap[i] = devices.len() as u32;
+            devices.push(d.clone());
+        }
+    }
+    let links = t
+        .links
+        .iter()
+        .filter(|l| keep(l.a) && keep(l.b))
+        .map(|l| LinkTemplate { a: remap[l.a as usize], b: remap[l.b as usize], ..l.clone() })
+        .collect();
+    Ok(NodeTemplate {
+        devices,
+        links,
+        gpus: t.gpus[..n as usize].iter().map(|&g| remap[g as usize]).collect(),
+        nics: t.nics.iter().map(|&g| remap[g as usize]).collect(),
+        cpu_vendor: t.cpu_vendor,
+    })
+}
+
+/// Routing cost of a template link: prefers wide links, then fewer hops.
+fn link_cost(l: &LinkTemplate) -> u64 {
+    1_000 + 1_000_000_000_000 / l.bw.0.max(1)
+}
+
+/// All-pairs routes between GPUs and NICs of the template (Dijkstra; GPUs and NICs are
+/// never transit devices).
+fn template_routes(spec: &TopologySpec, t: &NodeTemplate) -> Result<TemplateRoutes, TopologyError> {
+    let ndev = t.devices.len();
+    // Directed local links: 2j = a->b, 2j+1 = b->a.
+    let mut adj: Vec<Vec<(u32, u32, u64)>> = vec![Vec::new(); ndev];
+    for (j, l) in t.links.iter().enumerate() {
+        let c = link_cost(l);
+        adj[l.a as usize].push((l.b, 2 * j as u32, c));
+        adj[l.b as usize].push((l.a, 2 * j as u32 + 1, c));
+    }
+    let endpoint = |i: usize| matches!(t.devices[i].kind, DeviceKind::Gpu | DeviceKind::Nic { .. });
+    let mut paths = vec![None; ndev * ndev];
+    for src in 0..ndev {
+        if !endpoint(src) {
+            continue;
+        }
+        let mut dist = vec![u64::MAX; ndev];
+        let mut prev: Vec<Option<(u32, u32)>> = vec![None; ndev];
+        let mut heap = BinaryHeap::new();
+        dist[src] = 0;
+        heap.push(Reverse((0u64, src as u32)));
+        while let Some(Reverse((d, u))) = heap.pop() {
+            let u = u as usize;
+            if d > dist[u] {
+                continue;
+            }
+            if u != src && endpoint(u) {
+                continue; // do not route through GPUs or NICs
+            }
+            for &(v, lid, c) in &adj[u] {
+                let nd = d + c;
+                if nd < dist[v as usize] {
+                    dist[v as usize] = nd;
+                    prev[v as usize] = Some((u as u32, lid));
+                    heap.push(Reverse((nd, v)));
+                }
+            }
+        }
+        for dst in 0..ndev {
+            if dst == src || !endpoint(dst) || dist[dst] == u64::MAX {
+                continue;
+            }
+            let mut p = Vec::new();
+            let mut cur = dst;
+            while let Some((u, lid)) = prev[cur] {
+                p.push(lid);
+                cur = u as usize;
+            }
+            p.reverse();
+            let ty = classify_local(t, &p);
+            paths[src * ndev + dst] = Some((p, ty));
+        }
+    }
+    let _ = spec;
+    Ok(TemplateRoutes { ndev: ndev as u32, paths })
+}
+
+fn check_connectivity(spec: &TopologySpec, f: &Fabric) -> Result<(), TopologyError> {
+    let router = Router::new(f, 0);
+    let n = f.num_gpus();
+    // Within a node every GPU must reach every other; across nodes, node k's first GPU must
+    // reach node 0's first GPU and back (the rest follows from the node template).
+    let node0 = &f.nodes[0];
+    for a in node0.ranks.clone() {
+        for b in node0.ranks.clone() {
+            if a != b && router.route(a, b, &RouteOpts::default()).is_none() {
+                return Err(err(
+                    spec,
+                    format!(
+                        "GPU {} has no route to GPU {} inside a node: connect GPUs through an \
+                         nvswitch, a pcie_switch or a cpu, or declare a [cluster.nvlink_domain]",
+                        f.devices[f.gpus[a as usize].idx()].name,
+                        f.devices[f.gpus[b as usize].idx()].name
+                    ),
+                ));
+            }
+        }
+    }
+    for hn in f.nodes.iter().skip(1) {
+        let r = hn.ranks.start;
+        for (a, b) in [(r, 0), (0, r)] {
+            if router.route(a, b, &RouteOpts::default()).is_none() {
+                return Err(err(
+                    spec,
+                    format!(
+                        "rank {a} ({}) has no route to rank {b} ({}): {}",
+                        f.devices[f.gpus[a as usize].idx()].name,
+                        f.devices[f.gpus[b as usize].idx()].name,
+                        if f.network.is_none() {
+                            "the cluster has no network joining these nodes"
+                        } else {
+                            "the network does not connect their NICs (too few tiers?)"
+                        }
+                    ),
+                ));
+            }
+        }
+    }
+    let _ = n;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::file::parse_topology;
+    use std::path::Path;
+
+    pub(crate) const MINI: &str = r#"
+name = "mini"
+[gpu]
+model = "H100"
+sm = 90
+hbm = "80GB"
+hbm_bw = "3.35TB/s"
+[[node.devices]]
+name = "cpu"
+kind = "cpu"
+[[node.devices]]
+name = "nvs"
+kind = "nvswitch"
+nvls = true
+[[node.devices]]
+name = "gpu"
+kind = "gpu"
+count = 4
+[[node.devices]]
+name = "nic"
+kind = "nic"
+count = 4
+rate = "400Gbps"
+[[node.links]]
+between = ["gpu", "nvs"]
+kind = "nvlink"
+gen = 4
+lanes = 18
+[[node.links]]
+between = ["gpu", "nic"]
+kind = "pcie"
+gen = 5
+[[node.links]]
+between = ["nic", "cpu"]
+kind = "pcie"
+gen = 5
+[cluster.network]
+topology = "rail_optimized"
+rate = "400Gbps"
+nodes_per_su = 4
+switch = { model = "QM9700", radix = 16 }
+"#;
+
+    #[test]
+    fn builds_nodes_and_network() {
+        let spec = parse_topology(MINI, Path::new("mini.toml")).unwrap();
+        let f = build(&spec, &BuildOpts { nodes: Some(8), ..Default::default() }).unwrap();
+        assert_eq!(f.num_gpus(), 32);
+        assert_eq!(f.gpu_nvlink_bw(0).gbytes(), 450.0);
+        assert_eq!(f.gpu_network_bw(0).gbytes(), 50.0);
+        let net = f.network.as_ref().unwrap();
+        assert_eq!(net.tiers, 2);
+        let r = Router::new(&f, 1);
+        let route = r.route(0, 1, &RouteOpts::default()).unwrap();
+        assert_eq!(route.path_type, PathType::Nvl);
+        let route = r.route(0, 4, &RouteOpts::default()).unwrap();
+        assert_eq!(route.path_type, PathType::Net);
+        // gpu -> nic -> leaf -> nic -> gpu (same rail, same SU)
+        assert_eq!(route.links.len(), 4);
+        let route = r.route(0, 20, &RouteOpts::default()).unwrap();
+        // different SU: gpu, nic, leaf, spine, leaf, nic, gpu
+        assert_eq!(route.links.len(), 6);
+    }
+
+    #[test]
+    fn gpus_per_node_restricts() {
+        let spec = parse_topology(MINI, Path::new("mini.toml")).unwrap();
+        let f = build(&spec, &BuildOpts { gpus_per_node: Some(2), ..Default::default() }).unwrap();
+        assert_eq!(f.num_gpus(), 2);
+        assert!(build(&spec, &BuildOpts { gpus_per_node: Some(5), ..Default::default() }).is_err());
+    }
+}

@@ -1,0 +1,334 @@
+//! Model parameters: how fast the hardware really goes (link efficiencies and latencies,
+//! protocol costs, kernel launch, reduction rates, NVLS and SHARP costs). One set per GPU
+//! generation lives in `params.toml` next to this file, each number with its source; a
+//! topology file's `[params]` table or a calibration profile overrides any of them.
+//!
+//! Architecture invariant: parameters are plain data. Nothing else in the crate hard-codes
+//! a latency or an efficiency; the simulator and the analytical model both read them here.
+
+use serde::{Deserialize, Serialize};
+
+use super::spec::Generation;
+use super::LinkClass;
+use crate::units::{self, Bandwidth, SimTime};
+
+const DEFAULTS: &str = include_str!("params.toml");
+
+/// Per link class: payload efficiency of the line rate and the hop latency.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkParams {
+    /// Fraction of the line rate that carries payload (headers, flow control, DMA limits).
+    pub efficiency: f64,
+    /// Latency of one hop when the topology file does not give one (a duration string).
+    pub latency: String,
+}
+
+/// Link parameters by physical kind.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinksParams {
+    /// NVLink and NVSwitch ports.
+    pub nvlink: LinkParams,
+    /// PCIe links.
+    pub pcie: LinkParams,
+    /// CPU-to-CPU links.
+    pub inter_socket: LinkParams,
+    /// Grace-GPU C2C.
+    pub c2c: LinkParams,
+    /// Network ports (NIC-switch, switch-switch).
+    pub net: LinkParams,
+}
+
+/// Latency by NCCL's hardware class.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ByClass {
+    /// Over NVLink.
+    pub nvlink: String,
+    /// Over PCIe / host.
+    pub pcie: String,
+    /// Over the network.
+    pub net: String,
+}
+
+/// Costs of one NCCL protocol.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProtoParams {
+    /// Payload bytes per wire byte (LL 0.5, LL128 120/128, Simple 1).
+    pub payload: f64,
+    /// Throughput one channel (one CUDA block) can drive, in GB/s.
+    pub channel_gbps: f64,
+    /// Synchronisation latency of one step (flag, fence, proxy) by link class.
+    pub step_latency: ByClass,
+}
+
+/// Protocol parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProtocolsParams {
+    /// Low-latency protocol (8-byte flag per 8 bytes).
+    pub ll: ProtoParams,
+    /// LL128 (8-byte flag per 128-byte line).
+    pub ll128: ProtoParams,
+    /// Simple (bulk data plus fences).
+    pub simple: ProtoParams,
+}
+
+/// GPU-side costs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuParams {
+    /// Time from the host call until the first collective kernel runs.
+    pub launch: String,
+    /// Extra delay for each further GPU launched by the same host thread (nccl-tests `-g`).
+    pub launch_stagger: String,
+    /// Element-wise reduction throughput of one channel, GB/s of output.
+    pub reduce_channel_gbps: f64,
+}
+
+/// NVLink SHARP (NVSwitch multicast and reduction).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NvlsParams {
+    /// Efficiency of multimem traffic relative to plain NVLink payload.
+    pub efficiency: f64,
+    /// Fixed cost of one multimem reduce/multicast step.
+    pub step_latency: String,
+}
+
+/// InfiniBand SHARP (CollNet).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharpParams {
+    /// Efficiency of aggregation traffic relative to the port rate.
+    pub efficiency: f64,
+    /// Fixed cost of one aggregation operation (per chunk).
+    pub step_latency: String,
+}
+
+/// All model parameters of one fabric.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelParams {
+    /// Links.
+    pub link: LinksParams,
+    /// Protocols.
+    pub protocol: ProtocolsParams,
+    /// GPU.
+    pub gpu: GpuParams,
+    /// NVLS.
+    pub nvls: NvlsParams,
+    /// SHARP.
+    pub sharp: SharpParams,
+}
+
+/// A parameter value that does not parse, or an unknown key.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ParamsError(pub String);
+
+impl ModelParams {
+    /// The shipped defaults for a GPU generation.
+    pub fn for_generation(generation: Generation) -> ModelParams {
+        let all: toml::Table = match toml::from_str(DEFAULTS) {
+            Ok(t) => t,
+            Err(e) => unreachable_defaults(&e.to_string()),
+        };
+        let section = all
+            .get(generation.key())
+            .or_else(|| all.get("hopper"))
+            .cloned()
+            .unwrap_or(toml::Value::Table(Default::default()));
+        match section.try_into::<ModelParams>() {
+            Ok(p) => p,
+            Err(e) => unreachable_defaults(&e.to_string()),
+        }
+    }
+
+    /// These parameters with the keys of `table` replaced (a profile or `[params]`).
+    pub fn overlay(&self, table: &toml::Table) -> Result<ModelParams, ParamsError> {
+        let mut base = toml::Table::try_from(self).map_err(|e| ParamsError(e.to_string()))?;
+        super::file::merge_tables(&mut base, table.clone());
+        let p: ModelParams = toml::Value::Table(base).try_into().map_err(|e: toml::de::Error| {
+            ParamsError(format!(
+                "{} (valid sections: link.{{nvlink,pcie,inter_socket,c2c,net}}.{{efficiency,latency}}, \
+                 protocol.{{ll,ll128,simple}}.{{payload,channel_gbps,step_latency.{{nvlink,pcie,net}}}}, \
+                 gpu.{{launch,launch_stagger,reduce_channel_gbps}}, nvls.{{efficiency,step_latency}}, \
+                 sharp.{{efficiency,step_latency}})",
+                e.message()
+            ))
+        })?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Checks every value: efficiencies in (0, 1], durations parse, rates positive.
+    pub fn validate(&self) -> Result<(), ParamsError> {
+        let eff = |name: &str, v: f64| {
+            if v > 0.0 && v <= 1.0 {
+                Ok(())
+            } else {
+                Err(ParamsError(format!("{name} = {v} must be in (0, 1]")))
+            }
+        };
+        let dur = |name: &str, v: &str| {
+            units::parse_time(v).map(|_| ()).map_err(|e| ParamsError(format!("{name}: {e}")))
+        };
+        let pos = |name: &str, v: f64| {
+            if v > 0.0 && v.is_finite() {
+                Ok(())
+            } else {
+                Err(ParamsError(format!("{name} = {v} must be positive")))
+            }
+        };
+        for (n, l) in [
+            ("link.nvlink", &self.link.nvlink),
+            ("link.pcie", &self.link.pcie),
+            ("link.inter_socket", &self.link.inter_socket),
+            ("link.c2c", &self.link.c2c),
+            ("link.net", &self.link.net),
+        ] {
+            eff(&format!("{n}.efficiency"), l.efficiency)?;
+            dur(&format!("{n}.latency"), &l.latency)?;
+        }
+        for (n, p) in [
+            ("protocol.ll", &self.protocol.ll),
+            ("protocol.ll128", &self.protocol.ll128),
+            ("protocol.simple", &self.protocol.simple),
+        ] {
+            eff(&format!("{n}.payload"), p.payload)?;
+            pos(&format!("{n}.channel_gbps"), p.channel_gbps)?;
+            dur(&format!("{n}.step_latency.nvlink"), &p.step_latency.nvlink)?;
+            dur(&format!("{n}.step_latency.pcie"), &p.step_latency.pcie)?;
+            dur(&format!("{n}.step_latency.net"), &p.step_latency.net)?;
+        }
+        dur("gpu.launch", &self.gpu.launch)?;
+        dur("gpu.launch_stagger", &self.gpu.launch_stagger)?;
+        pos("gpu.reduce_channel_gbps", self.gpu.reduce_channel_gbps)?;
+        eff("nvls.efficiency", self.nvls.efficiency)?;
+        dur("nvls.step_latency", &self.nvls.step_latency)?;
+        eff("sharp.efficiency", self.sharp.efficiency)?;
+        dur("sharp.step_latency", &self.sharp.step_latency)?;
+        Ok(())
+    }
+
+    /// Resolved numbers for the hot path.
+    pub fn resolve(&self) -> Resolved {
+        let t = |s: &str| units::parse_time(s).unwrap_or(SimTime::ZERO);
+        let proto = |p: &ProtoParams| ResolvedProto {
+            payload: p.payload,
+            channel_bw: Bandwidth::from_gbytes(p.channel_gbps),
+            step_latency: [t(&p.step_latency.nvlink), t(&p.step_latency.pcie), t(&p.step_latency.net)],
+        };
+        Resolved {
+            link_eff: [
+                self.link.nvlink.efficiency,
+                self.link.pcie.efficiency,
+                self.link.inter_socket.efficiency,
+                self.link.c2c.efficiency,
+                self.link.net.efficiency,
+            ],
+            link_latency: [
+                t(&self.link.nvlink.latency),
+                t(&self.link.pcie.latency),
+                t(&self.link.inter_socket.latency),
+                t(&self.link.c2c.latency),
+                t(&self.link.net.latency),
+            ],
+            proto: [proto(&self.protocol.ll), proto(&self.protocol.ll128), proto(&self.protocol.simple)],
+            launch: t(&self.gpu.launch),
+            launch_stagger: t(&self.gpu.launch_stagger),
+            reduce_channel_bw: Bandwidth::from_gbytes(self.gpu.reduce_channel_gbps),
+            nvls_eff: self.nvls.efficiency,
+            nvls_step: t(&self.nvls.step_latency),
+            sharp_eff: self.sharp.efficiency,
+            sharp_step: t(&self.sharp.step_latency),
+        }
+    }
+}
+
+#[cold]
+fn unreachable_defaults(msg: &str) -> ! {
+    // The defaults are compiled in and covered by a unit test; reaching this is a build bug.
+    panic!("fabric/params.toml is invalid: {msg}")
+}
+
+/// Resolved protocol costs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ResolvedProto {
+    /// Payload fraction of wire bytes.
+    pub payload: f64,
+    /// Per-channel throughput.
+    pub channel_bw: Bandwidth,
+    /// Step latency by [`LinkClass`] (NVLink, PCIe, Net).
+    pub step_latency: [SimTime; 3],
+}
+
+impl ResolvedProto {
+    /// Step latency over a link class.
+    pub fn step(&self, class: LinkClass) -> SimTime {
+        self.step_latency[class as usize]
+    }
+}
+
+/// Parameters with durations parsed, indexed for the hot path.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resolved {
+    /// Efficiency by link kind index (nvlink, pcie, inter_socket, c2c, net).
+    pub link_eff: [f64; 5],
+    /// Default latency by link kind index.
+    pub link_latency: [SimTime; 5],
+    /// Protocols (LL, LL128, Simple).
+    pub proto: [ResolvedProto; 3],
+    /// Kernel launch.
+    pub launch: SimTime,
+    /// Launch stagger per extra GPU of one thread.
+    pub launch_stagger: SimTime,
+    /// Per-channel reduction rate.
+    pub reduce_channel_bw: Bandwidth,
+    /// NVLS efficiency.
+    pub nvls_eff: f64,
+    /// NVLS step latency.
+    pub nvls_step: SimTime,
+    /// SHARP efficiency.
+    pub sharp_eff: f64,
+    /// SHARP step latency.
+    pub sharp_step: SimTime,
+}
+
+/// Index of a link kind in [`Resolved::link_eff`].
+pub fn kind_index(kind: super::LinkKind) -> usize {
+    match kind {
+        super::LinkKind::NvLink { .. } => 0,
+        super::LinkKind::Pcie { .. } => 1,
+        super::LinkKind::InterSocket => 2,
+        super::LinkKind::C2c => 3,
+        super::LinkKind::Net => 4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_generation_has_valid_defaults() {
+        for g in [Generation::Volta, Generation::Ampere, Generation::Hopper, Generation::Blackwell] {
+            let p = ModelParams::for_generation(g);
+            p.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn overlay_replaces_and_rejects_unknown() {
+        let p = ModelParams::for_generation(Generation::Hopper);
+        let t: toml::Table = toml::from_str("[link.nvlink]\nefficiency = 0.5").unwrap();
+        assert_eq!(p.overlay(&t).unwrap().link.nvlink.efficiency, 0.5);
+        let bad: toml::Table = toml::from_str("[link.nvlnk]\nefficiency = 0.5").unwrap();
+        assert!(p.overlay(&bad).unwrap_err().0.contains("nvlnk"));
+        let bad: toml::Table = toml::from_str("[link.nvlink]\nefficiency = 1.5").unwrap();
+        assert!(p.overlay(&bad).is_err());
+    }
+}

@@ -1,0 +1,377 @@
+//! Routing: which directed links a transfer from rank a to rank b crosses, and the path
+//! type NCCL would give it (NVL, PIX, PXB, PHB, SYS, NET, PXN, ...).
+//!
+//! Inside a node the route comes from the node template's table (computed once, shared by
+//! all nodes). GPUs in one NVLink domain go through the domain's NVSwitch. Across nodes a
+//! transfer leaves through a NIC (the rail the caller asks for, or the receiver's rail with
+//! PXN, as NCCL does), crosses the network by up/down shortest paths with ECMP chosen by a
+//! seeded hash, and enters the destination node through the same rail.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use super::spec::NodeTemplate;
+use super::*;
+
+/// NCCL's path types, from best to worst (NCCL_FACTS §5.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PathType {
+    /// Same device.
+    Loc,
+    /// NVLink (direct or through NVSwitch).
+    Nvl,
+    /// NVLink through an intermediate GPU.
+    Nvb,
+    /// GPU-CPU C2C.
+    C2c,
+    /// At most one PCIe switch.
+    Pix,
+    /// Several PCIe switches, no host bridge.
+    Pxb,
+    /// GPU, C2C, CPU, PCIe, NIC.
+    P2c,
+    /// NVLink to a peer GPU, then its PCIe path to a NIC.
+    Pxn,
+    /// Through a PCIe host bridge (CPU).
+    Phb,
+    /// Across the CPU-to-CPU interconnect.
+    Sys,
+    /// Through the network.
+    Net,
+}
+
+impl PathType {
+    /// NCCL's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            PathType::Loc => "LOC",
+            PathType::Nvl => "NVL",
+            PathType::Nvb => "NVB",
+            PathType::C2c => "C2C",
+            PathType::Pix => "PIX",
+            PathType::Pxb => "PXB",
+            PathType::P2c => "P2C",
+            PathType::Pxn => "PXN",
+            PathType::Phb => "PHB",
+            PathType::Sys => "SYS",
+            PathType::Net => "NET",
+        }
+    }
+}
+
+/// A routed path.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    /// Links in order.
+    pub links: Vec<LinkId>,
+    /// NCCL path type of the whole route.
+    pub path_type: PathType,
+    /// Rail used across the network, if the route leaves the node.
+    pub rail: Option<u32>,
+    /// Rank whose NIC relays the send (PXN), if any.
+    pub relay: Option<u32>,
+}
+
+/// How to route.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteOpts {
+    /// Rail (NIC index within the node) to use on both ends; None: the receiver's rail.
+    pub rail: Option<u32>,
+    /// Allow PXN (relay through the GPU that owns the rail NIC), as `NCCL_PXN_DISABLE=0`.
+    pub pxn: bool,
+    /// Flow identifier mixed into the ECMP hash (e.g. the channel).
+    pub flow: u64,
+}
+
+impl Default for RouteOpts {
+    fn default() -> Self {
+        RouteOpts { rail: None, pxn: true, flow: 0 }
+    }
+}
+
+/// Computes routes on a fabric; caches per-destination network distances.
+pub struct Router<'f> {
+    fabric: &'f Fabric,
+    seed: u64,
+    /// For each local GPU index, its closest NICs (rails), best first.
+    gpu_rails: Vec<Vec<u32>>,
+    /// For each rail, the local GPU that owns it (closest), if any.
+    rail_owner: Vec<Option<u32>>,
+    leaf_dist: RefCell<BTreeMap<u32, Rc<Vec<u16>>>>,
+}
+
+/// SplitMix64 finaliser: the ECMP hash.
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+impl<'f> Router<'f> {
+    /// A router with an ECMP seed.
+    pub fn new(fabric: &'f Fabric, seed: u64) -> Router<'f> {
+        let t = &fabric.template;
+        let node0 = &fabric.nodes[0];
+        let gpus: Vec<u32> =
+            node0.ranks.clone().map(|r| fabric.gpus[r as usize].0 - node0.devices.start).collect();
+        let nics: Vec<u32> = node0.nics.iter().map(|d| d.0 - node0.devices.start).collect();
+        let mut gpu_rails = Vec::new();
+        for &g in &gpus {
+            let mut best: Vec<(PathType, usize, u32)> = nics
+                .iter()
+                .enumerate()
+                .filter_map(|(rail, &n)| t.get(g, n).map(|(p, ty)| (*ty, p.len(), rail as u32)))
+                .collect();
+            best.sort();
+            let top = best.first().map(|b| (b.0, b.1));
+            gpu_rails.push(
+                best.iter().filter(|b| Some((b.0, b.1)) == top).map(|b| b.2).collect::<Vec<_>>(),
+            );
+        }
+        let mut rail_owner = vec![None; nics.len()];
+        // Assign rails to GPUs round-robin among GPUs that share the same closest NICs.
+        for (gi, rails) in gpu_rails.iter().enumerate() {
+            for &r in rails {
+                if rail_owner[r as usize].is_none() {
+                    rail_owner[r as usize] = Some(gi as u32);
+                    break;
+                }
+            }
+        }
+        for (r, owner) in rail_owner.iter_mut().enumerate() {
+            if owner.is_none() {
+                *owner = gpu_rails.iter().position(|rs| rs.contains(&(r as u32))).map(|g| g as u32);
+            }
+        }
+        Router { fabric, seed, gpu_rails, rail_owner, leaf_dist: RefCell::new(BTreeMap::new()) }
+    }
+
+    /// The fabric routed on.
+    pub fn fabric(&self) -> &'f Fabric {
+        self.fabric
+    }
+
+    /// The rail NCCL would use for a GPU (by local index) on a channel.
+    pub fn rail_of(&self, local_gpu: u32, channel: u32) -> Option<u32> {
+        let rails = self.gpu_rails.get(local_gpu as usize)?;
+        if rails.is_empty() {
+            // No close NIC: spread channels over all NICs.
+            let n = self.rail_owner.len() as u32;
+            return (n > 0).then(|| (local_gpu + channel) % n);
+        }
+        Some(rails[channel as usize % rails.len()])
+    }
+
+    /// The local GPU that owns a rail (its closest GPU).
+    pub fn rail_owner(&self, rail: u32) -> Option<u32> {
+        self.rail_owner.get(rail as usize).copied().flatten()
+    }
+
+    /// Number of rails (NICs per node).
+    pub fn rails(&self) -> u32 {
+        self.rail_owner.len() as u32
+    }
+
+    fn local(&self, node: u32, local_dev_a: u32, local_dev_b: u32) -> Option<(Vec<LinkId>, PathType)> {
+        let hn = &self.fabric.nodes[node as usize];
+        let (p, ty) = self.fabric.template.get(local_dev_a, local_dev_b)?;
+        Some((p.iter().map(|&l| LinkId(hn.links.start + l)).collect(), *ty))
+    }
+
+    fn local_dev(&self, rank: u32) -> (u32, u32) {
+        let f = self.fabric;
+        let node = f.node_of_rank(rank);
+        (node, f.gpus[rank as usize].0 - f.nodes[node as usize].devices.start)
+    }
+
+    /// Route from rank `a` to rank `b`; None if they are not connected.
+    pub fn route(&self, a: u32, b: u32, opts: &RouteOpts) -> Option<Route> {
+        let f = self.fabric;
+        if a == b {
+            return Some(Route { links: vec![], path_type: PathType::Loc, rail: None, relay: None });
+        }
+        let (na, la) = self.local_dev(a);
+        let (nb, lb) = self.local_dev(b);
+        let local = if na == nb { self.local(na, la, lb) } else { None };
+        if let Some((links, PathType::Nvl)) = &local {
+            return Some(Route { links: links.clone(), path_type: PathType::Nvl, rail: None, relay: None });
+        }
+        let (da, db) = (f.nodes[na as usize].domain, f.nodes[nb as usize].domain);
+        if da == db {
+            if let Some(sw) = f.domains[da as usize].nvswitch {
+                let (ga, gb) = (f.gpus[a as usize], f.gpus[b as usize]);
+                if let (Some(l1), Some(l2)) = (f.link_between(ga, sw), f.link_between(sw, gb)) {
+                    return Some(Route { links: vec![l1, l2], path_type: PathType::Nvl, rail: None, relay: None });
+                }
+            }
+        }
+        if let Some((links, ty)) = local {
+            return Some(Route { links, path_type: ty, rail: None, relay: None });
+        }
+        self.net_route(a, b, opts)
+    }
+
+    /// Route that leaves node of `a` through the network to `b`.
+    fn net_route(&self, a: u32, b: u32, opts: &RouteOpts) -> Option<Route> {
+        let f = self.fabric;
+        let (na, la) = self.local_dev(a);
+        let (nb, lb) = self.local_dev(b);
+        let (ra, rb) = (f.local_rank(a), f.local_rank(b));
+        let chan = opts.flow as u32;
+        let dst_rail = match opts.rail {
+            Some(r) => r,
+            None => self.rail_of(rb, chan)?,
+        };
+        let own_rail = self.rail_of(ra, chan)?;
+        let hna = &f.nodes[na as usize];
+        let hnb = &f.nodes[nb as usize];
+        let mut links = Vec::new();
+        let mut relay = None;
+        let mut ty = PathType::Net;
+        // Source side: to the rail NIC, directly or through the rail owner (PXN).
+        let src_rail = if own_rail == dst_rail || !opts.pxn { own_rail } else { dst_rail };
+        let src_nic = *hna.nics.get(src_rail as usize)?;
+        let direct = self.local(na, la, src_nic.0 - hna.devices.start)?;
+        if src_rail != own_rail && direct.1 > PathType::Pxb {
+            // Relay through the rail owner over NVLink.
+            let owner = self.rail_owner(src_rail)?;
+            let owner_dev = f.gpus[(hna.ranks.start + owner) as usize].0 - hna.devices.start;
+            match self.local(na, la, owner_dev) {
+                Some((l1, PathType::Nvl)) => {
+                    let (l2, _) = self.local(na, owner_dev, src_nic.0 - hna.devices.start)?;
+                    links.extend(l1);
+                    links.extend(l2);
+                    relay = Some(hna.ranks.start + owner);
+                    ty = PathType::Pxn;
+                }
+                _ => links.extend(direct.0),
+            }
+        } else {
+            links.extend(direct.0);
+        }
+        let dst_nic = *hnb.nics.get(dst_rail as usize)?;
+        links.extend(self.nic_to_nic(src_nic, dst_nic, opts.flow ^ ((a as u64) << 32) ^ b as u64)?);
+        let (l3, _) = self.local(nb, dst_nic.0 - hnb.devices.start, lb)?;
+        links.extend(l3);
+        Some(Route { links, path_type: ty, rail: Some(dst_rail), relay })
+    }
+
+    /// Distances (in switch hops) from every network switch to `leaf`.
+    fn dist_to(&self, leaf: DeviceId) -> Rc<Vec<u16>> {
+        if let Some(d) = self.leaf_dist.borrow().get(&leaf.0) {
+            return d.clone();
+        }
+        let f = self.fabric;
+        let mut dist = vec![u16::MAX; f.devices.len()];
+        let mut queue = std::collections::VecDeque::new();
+        dist[leaf.idx()] = 0;
+        queue.push_back(leaf);
+        while let Some(u) = queue.pop_front() {
+            for &l in f.out_links(u) {
+                let v = f.links[l.idx()].dst;
+                if matches!(f.devices[v.idx()].kind, DeviceKind::NetSwitch { .. }) && dist[v.idx()] == u16::MAX {
+                    dist[v.idx()] = dist[u.idx()] + 1;
+                    queue.push_back(v);
+                }
+            }
+        }
+        let d = Rc::new(dist);
+        self.leaf_dist.borrow_mut().insert(leaf.0, d.clone());
+        d
+    }
+
+    fn switch_of(&self, nic: DeviceId) -> Option<(LinkId, DeviceId)> {
+        let f = self.fabric;
+        f.out_links(nic).iter().copied().find_map(|l| {
+            let d = f.links[l.idx()].dst;
+            matches!(f.devices[d.idx()].kind, DeviceKind::NetSwitch { .. }).then_some((l, d))
+        })
+    }
+
+    /// Shortest up/down path between two NICs, ECMP by hash.
+    pub fn nic_to_nic(&self, src: DeviceId, dst: DeviceId, flow: u64) -> Option<Vec<LinkId>> {
+        let f = self.fabric;
+        let (up, src_leaf) = self.switch_of(src)?;
+        let (_, dst_leaf) = self.switch_of(dst)?;
+        let down = f.link_between(dst_leaf, dst)?;
+        let dist = self.dist_to(dst_leaf);
+        if dist[src_leaf.idx()] == u16::MAX {
+            return None;
+        }
+        let mut links = vec![up];
+        let mut cur = src_leaf;
+        let mut hop = 0u64;
+        while cur != dst_leaf {
+            let d = dist[cur.idx()];
+            let cands: Vec<LinkId> = f
+                .out_links(cur)
+                .iter()
+                .copied()
+                .filter(|&l| {
+                    let v = f.links[l.idx()].dst;
+                    dist[v.idx()] == d - 1
+                })
+                .collect();
+            if cands.is_empty() {
+                return None;
+            }
+            let h = mix(self.seed ^ mix(src.0 as u64) ^ mix((dst.0 as u64) << 20) ^ mix(flow) ^ hop);
+            let l = cands[(h % cands.len() as u64) as usize];
+            links.push(l);
+            cur = f.links[l.idx()].dst;
+            hop += 1;
+        }
+        links.push(down);
+        Some(links)
+    }
+}
+
+/// NCCL path type of a template-local route.
+pub(crate) fn classify_local(t: &NodeTemplate, links: &[u32]) -> PathType {
+    let mut nvl = true;
+    let mut switches = 0;
+    let mut cpus = 0;
+    let mut inter = false;
+    let mut c2c = false;
+    for (i, &l) in links.iter().enumerate() {
+        let lt = &t.links[(l / 2) as usize];
+        let (s, d) = if l % 2 == 0 { (lt.a, lt.b) } else { (lt.b, lt.a) };
+        let _ = s;
+        match lt.kind {
+            LinkKind::NvLink { .. } => {}
+            LinkKind::InterSocket => {
+                nvl = false;
+                inter = true
+            }
+            LinkKind::C2c => {
+                nvl = false;
+                c2c = true
+            }
+            _ => nvl = false,
+        }
+        if i + 1 < links.len() {
+            match t.devices[d as usize].kind {
+                DeviceKind::PcieSwitch => switches += 1,
+                DeviceKind::Cpu { .. } => cpus += 1,
+                _ => {}
+            }
+        }
+    }
+    if nvl {
+        PathType::Nvl
+    } else if inter {
+        PathType::Sys
+    } else if c2c && cpus > 0 && links.len() > 2 {
+        PathType::P2c
+    } else if c2c {
+        PathType::C2c
+    } else if cpus > 0 {
+        PathType::Phb
+    } else if switches <= 1 {
+        PathType::Pix
+    } else {
+        PathType::Pxb
+    }
+}

@@ -1,0 +1,28 @@
+//! # fabricsim
+//!
+//! A discrete-event simulator of GPU clusters and their fabrics (NVLink/NVSwitch with NVLS,
+//! PCIe, InfiniBand fat trees and rail-optimized SuperPODs with SHARP) that replays NCCL's
+//! collective algorithms step by step.
+//!
+//! Data flows one way:
+//!
+//! ```text
+//! scenario ─► fabric (topology, routing) ┐
+//!          └► collective / workload ─────┴► schedule ─► exec (simulate | cpu | cuda) ─► results ─► report
+//! ```
+//!
+//! - [`units`]: integer-picosecond time, bytes, bandwidths and their parsers.
+//! - [`fabric`]: devices, links, topology files, cluster generators, routing, model parameters.
+//! - [`engine`]: the event queue and servers; knows nothing of collectives.
+//! - [`schedule`]: the IR every algorithm lowers to, and its validator.
+//! - [`collective`]: NCCL's algorithms and protocols as schedules; NCCL's tuner; the closed-form model.
+//! - [`exec`]: backends that run a schedule: the simulator, the CPU executor, CUDA (feature `cuda`).
+//! - [`calibrate`]: nccl-tests log parsing and calibration profiles.
+//! - [`scenario`]: scenario and sweep files.
+//! - [`report`]: tables, CSV/JSON, traces and plots.
+
+#![warn(missing_docs)]
+
+pub mod engine;
+pub mod fabric;
+pub mod units;
