@@ -23,6 +23,10 @@
 
 #![warn(missing_docs)]
 
+pub mod collective;
 pub mod engine;
+pub mod exec;
 pub mod fabric;
+pub mod schedule;
+pub mod report;
 pub mod units;

@@ -347,11 +347,13 @@ impl Fabric {
                 .sum(),
         )
     }
-    /// Network bandwidth available to one GPU in one direction: the rate of its rail NICs
-    /// divided among the GPUs that share them.
+    /// Network bandwidth available to one GPU in one direction: the line rate of its node's
+    /// NICs divided among the node's GPUs. It is the NICs' rate whether or not this cluster
+    /// instantiated a network (a single DGX H100 still has a 400G rail NIC per GPU: 50 GB/s);
+    /// zero only when the node has no NIC.
     pub fn gpu_network_bw(&self, rank: u32) -> Bandwidth {
         let node = &self.nodes[self.node_of_rank(rank) as usize];
-        if self.network.is_none() || node.nics.is_empty() {
+        if node.nics.is_empty() {
             return Bandwidth(0);
         }
         let total: u64 = node

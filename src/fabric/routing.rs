@@ -96,6 +96,9 @@ pub struct Router<'f> {
     seed: u64,
     /// For each local GPU index, its closest NICs (rails), best first.
     gpu_rails: Vec<Vec<u32>>,
+    /// For each local GPU, its position among the GPUs with the same closest NICs: GPUs
+    /// that share NICs start on different ones (NCCL: first NIC = index % local GPUs).
+    rail_offset: Vec<u32>,
     /// For each rail, the local GPU that owns it (closest), if any.
     rail_owner: Vec<Option<u32>>,
     leaf_dist: RefCell<BTreeMap<u32, Rc<Vec<u16>>>>,
@@ -145,7 +148,17 @@ impl<'f> Router<'f> {
                 *owner = gpu_rails.iter().position(|rs| rs.contains(&(r as u32))).map(|g| g as u32);
             }
         }
-        Router { fabric, seed, gpu_rails, rail_owner, leaf_dist: RefCell::new(BTreeMap::new()) }
+        let rail_offset = (0..gpu_rails.len())
+            .map(|g| gpu_rails[..g].iter().filter(|r| **r == gpu_rails[g]).count() as u32)
+            .collect();
+        Router {
+            fabric,
+            seed,
+            gpu_rails,
+            rail_offset,
+            rail_owner,
+            leaf_dist: RefCell::new(BTreeMap::new()),
+        }
     }
 
     /// The fabric routed on.
@@ -153,7 +166,9 @@ impl<'f> Router<'f> {
         self.fabric
     }
 
-    /// The rail NCCL would use for a GPU (by local index) on a channel.
+    /// The rail NCCL would use for a GPU (by local index) on a channel. GPUs that share
+    /// the same closest NICs start on different ones (as NCCL's `gpu.dev % localGpuCount`),
+    /// so two GPUs under one PCIe switch with two NICs use one NIC each.
     pub fn rail_of(&self, local_gpu: u32, channel: u32) -> Option<u32> {
         let rails = self.gpu_rails.get(local_gpu as usize)?;
         if rails.is_empty() {
@@ -161,7 +176,8 @@ impl<'f> Router<'f> {
             let n = self.rail_owner.len() as u32;
             return (n > 0).then(|| (local_gpu + channel) % n);
         }
-        Some(rails[channel as usize % rails.len()])
+        let offset = self.rail_offset[local_gpu as usize] as usize;
+        Some(rails[(offset + channel as usize) % rails.len()])
     }
 
     /// The local GPU that owns a rail (its closest GPU).
@@ -290,6 +306,84 @@ impl<'f> Router<'f> {
         })
     }
 
+    /// Walks from switch `from` to `to` by decreasing distance, ECMP by hash.
+    fn walk(&self, from: DeviceId, to: DeviceId, key: u64) -> Option<Vec<LinkId>> {
+        let f = self.fabric;
+        let dist = self.dist_to(to);
+        if dist[from.idx()] == u16::MAX {
+            return None;
+        }
+        let mut links = Vec::new();
+        let mut cur = from;
+        let mut hop = 0u64;
+        while cur != to {
+            let d = dist[cur.idx()];
+            let cands: Vec<LinkId> =
+                f.out_links(cur).iter().copied().filter(|&l| dist[f.links[l.idx()].dst.idx()] == d - 1).collect();
+            let l = *cands.get((mix(self.seed ^ mix(key) ^ hop) % cands.len().max(1) as u64) as usize)?;
+            links.push(l);
+            cur = f.links[l.idx()].dst;
+            hop += 1;
+        }
+        Some(links)
+    }
+
+    /// The SHARP aggregation tree of a set of ranks on different nodes: each member's path
+    /// from its GPU through its rail NIC up to a common root switch (the switch nearest to
+    /// all members' leaves), and the path back down. None if a member has no NIC.
+    pub fn sharp_tree(&self, members: &[u32]) -> Option<(Vec<Vec<LinkId>>, Vec<Vec<LinkId>>)> {
+        let f = self.fabric;
+        let mut ends = Vec::new();
+        for &m in members {
+            let (node, ldev) = self.local_dev(m);
+            let hn = &f.nodes[node as usize];
+            let rail = self.rail_of(f.local_rank(m), 0)?;
+            let nic = *hn.nics.get(rail as usize)?;
+            let (up, leaf) = self.switch_of(nic)?;
+            let down = f.link_between(leaf, nic)?;
+            let (g2n, _) = self.local(node, ldev, nic.0 - hn.devices.start)?;
+            let (n2g, _) = self.local(node, nic.0 - hn.devices.start, ldev)?;
+            ends.push((g2n, up, leaf, down, n2g));
+        }
+        let mut leaves: Vec<DeviceId> = ends.iter().map(|e| e.2).collect();
+        leaves.sort();
+        leaves.dedup();
+        let dists: Vec<Rc<Vec<u16>>> = leaves.iter().map(|&l| self.dist_to(l)).collect();
+        let key = members.iter().fold(0u64, |h, &m| mix(h ^ m as u64));
+        let mut best: Option<(u16, u64, DeviceId)> = None;
+        for (i, d) in f.devices.iter().enumerate() {
+            if !matches!(d.kind, DeviceKind::NetSwitch { .. }) {
+                continue;
+            }
+            let worst = dists.iter().map(|v| v[i]).max().unwrap_or(u16::MAX);
+            if worst == u16::MAX {
+                continue;
+            }
+            let h = mix(key ^ i as u64);
+            if best.is_none_or(|b| (worst, h) < (b.0, b.1)) {
+                best = Some((worst, h, DeviceId(i as u32)));
+            }
+        }
+        let root = best?.2;
+        let mut ups = Vec::new();
+        let mut downs = Vec::new();
+        for (g2n, up, leaf, down, n2g) in ends {
+            let mut u = g2n;
+            u.push(up);
+            u.extend(self.walk(leaf, root, key)?);
+            let mut d = self.walk_down(root, leaf, key)?;
+            d.push(down);
+            d.extend(n2g);
+            ups.push(u);
+            downs.push(d);
+        }
+        Some((ups, downs))
+    }
+
+    fn walk_down(&self, root: DeviceId, leaf: DeviceId, key: u64) -> Option<Vec<LinkId>> {
+        self.walk(root, leaf, key ^ 0x5bd1_e995)
+    }
+
     /// Shortest up/down path between two NICs, ECMP by hash.
     pub fn nic_to_nic(&self, src: DeviceId, dst: DeviceId, flow: u64) -> Option<Vec<LinkId>> {
         let f = self.fabric;
@@ -335,6 +429,7 @@ pub(crate) fn classify_local(t: &NodeTemplate, links: &[u32]) -> PathType {
     let mut cpus = 0;
     let mut inter = false;
     let mut c2c = false;
+    let mut pcie = false;
     for (i, &l) in links.iter().enumerate() {
         let lt = &t.links[(l / 2) as usize];
         let (s, d) = if l % 2 == 0 { (lt.a, lt.b) } else { (lt.b, lt.a) };
@@ -348,6 +443,10 @@ pub(crate) fn classify_local(t: &NodeTemplate, links: &[u32]) -> PathType {
             LinkKind::C2c => {
                 nvl = false;
                 c2c = true
+            }
+            LinkKind::Pcie { .. } => {
+                nvl = false;
+                pcie = true
             }
             _ => nvl = false,
         }
@@ -363,7 +462,8 @@ pub(crate) fn classify_local(t: &NodeTemplate, links: &[u32]) -> PathType {
         PathType::Nvl
     } else if inter {
         PathType::Sys
-    } else if c2c && cpus > 0 && links.len() > 2 {
+    } else if c2c && cpus > 0 && pcie {
+        // GPU -> C2C -> CPU -> PCIe -> NIC (Grace): NCCL merges C2C and PHB into P2C.
         PathType::P2c
     } else if c2c {
         PathType::C2c

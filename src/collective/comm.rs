@@ -1,0 +1,173 @@
+//! The communicator as NCCL sees it: ranks grouped into NCCL nodes (NVLink domains), local
+//! ranks, which GPU owns which rail NIC, and the capabilities that enable algorithms (NVLS,
+//! SHARP). Built from a fabric, or synthetically for tests that need no hardware.
+//!
+//! Architecture invariant: algorithms read the fabric only through this view.
+
+use crate::fabric::{CpuVendor, Fabric, Generation, PathType, RouteOpts, Router};
+
+/// The communicator.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Comm {
+    /// Ranks.
+    pub nranks: u32,
+    /// NCCL nodes (NVLink domains): their ranks in local order.
+    pub nodes: Vec<Vec<u32>>,
+    /// NCCL node of each rank.
+    pub node_of: Vec<u32>,
+    /// Local index of each rank in its NCCL node.
+    pub local_of: Vec<u32>,
+    /// For each NCCL node, the local indices of GPUs that own a rail NIC, in rail order.
+    /// Channel c enters and leaves a node through owner `c % len`.
+    pub nic_owners: Vec<Vec<u32>>,
+    /// Rail (NIC index in its host node) owned by each rank, if any.
+    pub rail_of: Vec<Option<u32>>,
+    /// NVLS available (NVSwitch with NVLink SHARP in every node, Hopper+).
+    pub nvls: bool,
+    /// SHARP available in the network.
+    pub sharp: bool,
+    /// GPU generation.
+    pub generation: Generation,
+    /// Compute capability.
+    pub sm: u32,
+    /// CPU vendor.
+    pub cpu_vendor: CpuVendor,
+    /// Path type between GPUs of one node (NVL on NVLink systems).
+    pub intra_type: PathType,
+    /// Path type from a GPU to its NIC.
+    pub nic_type: PathType,
+    /// NVLink (or PCIe) bandwidth per GPU per direction, GB/s (line rate).
+    pub gpu_intra_gbps: f64,
+    /// NIC bandwidth per NIC per direction, GB/s.
+    pub nic_gbps: f64,
+    /// NICs per NCCL node.
+    pub nics_per_node: u32,
+}
+
+impl Comm {
+    /// The communicator of all GPUs of a fabric.
+    pub fn from_fabric(f: &Fabric, router: &Router) -> Comm {
+        let n = f.num_gpus();
+        let mut nodes = Vec::new();
+        let mut node_of = vec![0; n as usize];
+        let mut local_of = vec![0; n as usize];
+        let mut nic_owners = Vec::new();
+        let mut rail_of = vec![None; n as usize];
+        for (d, dom) in f.domains.iter().enumerate() {
+            let ranks: Vec<u32> = dom.ranks.clone().collect();
+            let mut owners = Vec::new();
+            for (li, &r) in ranks.iter().enumerate() {
+                node_of[r as usize] = d as u32;
+                local_of[r as usize] = li as u32;
+                let host_local = f.local_rank(r);
+                // The GPU owns the rails for which it is the owner in its host node.
+                let rails: Vec<u32> =
+                    (0..router.rails()).filter(|&x| router.rail_owner(x) == Some(host_local)).collect();
+                if let Some(&first) = rails.first() {
+                    rail_of[r as usize] = Some(first);
+                    owners.push(li as u32);
+                }
+            }
+            nodes.push(ranks);
+            nic_owners.push(owners);
+        }
+        let intra_type = if n > 1 && f.nodes[0].ranks.len() > 1 {
+            let r0 = f.nodes[0].ranks.start;
+            router.route(r0, r0 + 1, &RouteOpts::default()).map(|r| r.path_type).unwrap_or(PathType::Sys)
+        } else if f.domains.first().is_some_and(|d| d.ranks.len() > 1) {
+            PathType::Nvl
+        } else {
+            PathType::Loc
+        };
+        let nic_type = {
+            let node0 = &f.nodes[0];
+            let g = f.gpus[node0.ranks.start as usize].0 - node0.devices.start;
+            router
+                .rail_of(0, 0)
+                .and_then(|rail| node0.nics.get(rail as usize))
+                .and_then(|nic| f.template.get(g, nic.0 - node0.devices.start))
+                .map(|p| p.1)
+                .unwrap_or(PathType::Phb)
+        };
+        let nic_gbps = f
+            .nodes
+            .first()
+            .and_then(|hn| hn.nics.first())
+            .map(|&d| match f.devices[d.idx()].kind {
+                crate::fabric::DeviceKind::Nic { rate, .. } => rate.gbytes(),
+                _ => 0.0,
+            })
+            .unwrap_or(0.0);
+        let nvl = f.gpu_nvlink_bw(0).gbytes();
+        Comm {
+            nranks: n,
+            nics_per_node: nic_owners.first().map(|o| o.len() as u32).unwrap_or(0),
+            nodes,
+            node_of,
+            local_of,
+            nic_owners,
+            rail_of,
+            nvls: f.has_nvls() && f.gpu.generation >= Generation::Hopper,
+            sharp: f.has_sharp(),
+            generation: f.gpu.generation,
+            sm: f.gpu.sm,
+            cpu_vendor: f.cpu_vendor,
+            intra_type,
+            nic_type,
+            gpu_intra_gbps: if nvl > 0.0 { nvl } else { 24.0 },
+            nic_gbps,
+        }
+    }
+
+    /// A communicator of `nodes x per_node` ranks with one NIC per GPU, for tests.
+    pub fn synthetic(nodes: u32, per_node: u32, nvls: bool, sharp: bool) -> Comm {
+        let n = nodes * per_node;
+        Comm {
+            nranks: n,
+            nodes: (0..nodes).map(|d| (d * per_node..(d + 1) * per_node).collect()).collect(),
+            node_of: (0..n).map(|r| r / per_node).collect(),
+            local_of: (0..n).map(|r| r % per_node).collect(),
+            nic_owners: (0..nodes).map(|_| (0..per_node).collect()).collect(),
+            rail_of: (0..n).map(|r| Some(r % per_node)).collect(),
+            nvls,
+            sharp,
+            generation: Generation::Hopper,
+            sm: 90,
+            cpu_vendor: CpuVendor::Intel,
+            intra_type: PathType::Nvl,
+            nic_type: PathType::Pix,
+            gpu_intra_gbps: 450.0,
+            nic_gbps: 50.0,
+            nics_per_node: per_node,
+        }
+    }
+
+    /// Number of NCCL nodes.
+    pub fn num_nodes(&self) -> u32 {
+        self.nodes.len() as u32
+    }
+
+    /// Ranks per NCCL node (of the largest node).
+    pub fn ppn(&self) -> u32 {
+        self.nodes.iter().map(|n| n.len() as u32).max().unwrap_or(0)
+    }
+
+    /// Whether every NCCL node has the same number of ranks.
+    pub fn uniform(&self) -> bool {
+        self.nodes.windows(2).all(|w| w[0].len() == w[1].len())
+    }
+
+    /// Local order of node `d` for channel `c`: a rotation starting at the GPU that owns the
+    /// channel's rail, so the channel enters and leaves the node through that rail.
+    pub fn node_order(&self, d: u32, c: u32) -> Vec<u32> {
+        let ranks = &self.nodes[d as usize];
+        let owners = &self.nic_owners[d as usize];
+        let start = if owners.is_empty() { c as usize % ranks.len() } else { owners[c as usize % owners.len()] as usize };
+        (0..ranks.len()).map(|i| ranks[(start + i) % ranks.len()]).collect()
+    }
+
+    /// The ring of channel `c`: nodes in order, each in its channel rotation.
+    pub fn ring(&self, c: u32) -> Vec<u32> {
+        (0..self.num_nodes()).flat_map(|d| self.node_order(d, c)).collect()
+    }
+}

@@ -1,0 +1,316 @@
+//! Ring algorithms (NCCL_FACTS §3.1): all-reduce as reduce-scatter then all-gather in
+//! 2(n-1) steps, all-gather and reduce-scatter in n-1 steps, and the pipelined chains of
+//! broadcast and reduce. Every channel has its own ring (a rotation per node that enters
+//! and leaves through the channel's rail) and its own contiguous part of the buffer;
+//! within a channel, data moves in loops of n chunks, each chunk in slices.
+//!
+//! One program per channel (and role, for broadcast and reduce) is shared by all ring
+//! positions: chunk indices are relative to the position, and a permutation maps ring
+//! positions to ranks where the buffer layout is by rank.
+
+use super::chunking::{chunking, slices_for, Chunking};
+use super::{channel_parts, Algo, CollArgs, CollError, Choice, Collective, Comm, Knobs};
+use crate::schedule::*;
+
+const NEXT: u8 = 0;
+const PREV: u8 = 1;
+
+/// One loop of a channel: chunks of `rc` elements starting at `lb`, in `nsl` slices of `sl`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Loop {
+    pub lb: u64,
+    pub rc: u64,
+    pub nsl: u64,
+    pub sl: u64,
+}
+
+/// Cuts `[off, off+len)` into loops of `n` chunks (`n = 1` for per-block loops).
+pub(crate) fn loops(off: u64, len: u64, n: u64, ch: &Chunking, elem: u64) -> Vec<Loop> {
+    let align = (16 / elem).max(1);
+    let chunk = (ch.chunk_bytes / elem).max(1);
+    let end = off + len;
+    let mut out = Vec::new();
+    let mut lb = off;
+    while lb < end {
+        let rem = end - lb;
+        let rc = chunk.min(rem.div_ceil(n)).div_ceil(align) * align;
+        let (nsl, sl) = slices_for(ch, rc, elem);
+        let sl = sl.div_ceil(align) * align;
+        let rc = nsl * sl;
+        out.push(Loop { lb, rc, nsl, sl });
+        lb += n * rc;
+    }
+    out
+}
+
+/// A single-rank collective: a local copy (or nothing).
+pub(crate) fn single_rank(args: &CollArgs, s: &mut Schedule) {
+    let (i, o) = args.buffer_elems(1);
+    let mut b = ProgramBuilder::new();
+    if o > 0 && i > 0 {
+        b.push(Step::copy(Addr::abs(Buf::Input, 0, i.min(o)), Addr::abs(Buf::Output, 0, i.min(o))));
+    }
+    let p = s.add_program(b.finish());
+    s.add_stream(0, 0, 0, 0, p, &[]);
+}
+
+fn base_schedule(comm: &Comm, args: &CollArgs, proto: Proto) -> Schedule {
+    let mut s = Schedule::new(comm.nranks, args.dtype, args.redop, proto);
+    let (i, o) = args.buffer_elems(comm.nranks);
+    s.buf_elems = [i, o, 0];
+    s
+}
+
+/// Builds a ring schedule.
+pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Result<Schedule, CollError> {
+    let mut s = base_schedule(comm, args, choice.proto);
+    let n = comm.nranks;
+    if n == 1 {
+        single_rank(args, &mut s);
+        return Ok(s);
+    }
+    let elem = args.dtype.size();
+    let ch = chunking(args.coll, Algo::Ring, choice.proto, knobs);
+    s.window = ch.window;
+    let parts = channel_parts(args.count, elem, choice.nchannels);
+    let mut used = 0;
+    for (c, &(off, len)) in parts.iter().enumerate() {
+        if len == 0 {
+            continue;
+        }
+        let c = c as u32;
+        let mut ring = comm.ring(c);
+        let end = off + len;
+        match args.coll {
+            Collective::AllReduce => {
+                let prog = s.add_program(allreduce(n, &loops(off, len, n as u64, &ch, elem), end));
+                add_ring_streams(&mut s, &ring, c, |_| prog);
+            }
+            Collective::AllGather | Collective::ReduceScatter => {
+                let perm = s.add_perm(ring.clone());
+                let lp = loops(off, len, 1, &ch, elem);
+                let prog = if args.coll == Collective::AllGather {
+                    allgather(n, &lp, end, args.count, perm)
+                } else {
+                    reducescatter(n, &lp, end, args.count, perm)
+                };
+                let prog = s.add_program(prog);
+                add_ring_streams(&mut s, &ring, c, |_| prog);
+            }
+            Collective::Broadcast | Collective::Reduce => {
+                // Rotate the ring so the root is first (broadcast) or last (reduce).
+                let at = ring.iter().position(|&r| r == args.root).unwrap_or(0);
+                ring.rotate_left(at);
+                if args.coll == Collective::Reduce {
+                    ring.rotate_left(1);
+                }
+                let lp = loops(off, len, 1, &ch, elem);
+                let roles = [ChainRole::First, ChainRole::Middle, ChainRole::Last];
+                let progs: Vec<u32> = roles
+                    .iter()
+                    .map(|&r| s.add_program(chain(args.coll, r, &lp, end)))
+                    .collect();
+                add_ring_streams(&mut s, &ring, c, |p| {
+                    if p == 0 {
+                        progs[0]
+                    } else if p + 1 == n {
+                        progs[2]
+                    } else {
+                        progs[1]
+                    }
+                });
+            }
+            _ => {
+                return Err(CollError::Unsupported {
+                    algo: Algo::Ring,
+                    coll: args.coll,
+                    hint: "all-to-all and send/recv run as P2P".into(),
+                })
+            }
+        }
+        used += 1;
+    }
+    s.set_channels(used.max(1));
+    // All ring channels are rotations of one another: one symmetry class.
+    s.channel_class = vec![0; used.max(1) as usize];
+    Ok(s)
+}
+
+fn add_ring_streams(s: &mut Schedule, ring: &[u32], c: u32, prog: impl Fn(u32) -> u32) {
+    let n = ring.len();
+    for p in 0..n {
+        let next = ring[(p + 1) % n];
+        let prev = ring[(p + n - 1) % n];
+        s.add_stream(
+            ring[p],
+            c,
+            c,
+            p as u32,
+            prog(p as u32),
+            &[Binding::Peer { rank: next, port: 0 }, Binding::Peer { rank: prev, port: 0 }],
+        );
+    }
+}
+
+fn step(recv: bool, send: bool, local: Option<Addr>, write: Option<Addr>, reduce: bool, postop: bool) -> Op {
+    Op::Step(Step {
+        recv: if recv { Slots::one(PREV) } else { Slots::NONE },
+        send: if send { Slots::one(NEXT) } else { Slots::NONE },
+        local,
+        write,
+        reduce,
+        postop,
+    })
+}
+
+/// Ring all-reduce: chunk `(p - 1 - j) mod n` is reduced at step j; the final value of
+/// chunk p is produced at step n-1 and then travels once around the ring.
+fn allreduce(n: u32, loops: &[Loop], end: u64) -> Program {
+    let mut b = ProgramBuilder::new();
+    let ni = n as i32;
+    for l in loops {
+        for j in 0..(2 * ni - 1) {
+            for sidx in 0..l.nsl {
+                let a = |buf: Buf, rel: i32| Addr {
+                    buf,
+                    base: l.lb + sidx * l.sl,
+                    stride: l.rc,
+                    rel,
+                    modulus: n,
+                    perm: 0,
+                    len: l.sl,
+                    limit: end,
+                    limit_stride: 0,
+                };
+                let op = if j == 0 {
+                    step(false, true, Some(a(Buf::Input, -1)), None, false, false)
+                } else if j < ni - 1 {
+                    step(true, true, Some(a(Buf::Input, -1 - j)), None, true, false)
+                } else if j == ni - 1 {
+                    step(true, true, Some(a(Buf::Input, 0)), Some(a(Buf::Output, 0)), true, true)
+                } else if j < 2 * ni - 2 {
+                    let i = j - ni;
+                    step(true, true, None, Some(a(Buf::Output, -1 - i)), false, false)
+                } else {
+                    step(true, false, None, Some(a(Buf::Output, 1)), false, false)
+                };
+                b.push(op);
+            }
+        }
+    }
+    b.finish()
+}
+
+/// Address of the slice of rank block `(pos + rel)` through the ring permutation.
+fn block(buf: Buf, l: &Loop, sidx: u64, rel: i32, n: u32, count: u64, end: u64, perm: u32) -> Addr {
+    Addr {
+        buf,
+        base: l.lb + sidx * l.sl,
+        stride: count,
+        rel,
+        modulus: n,
+        perm,
+        len: l.sl,
+        limit: end,
+        limit_stride: count,
+    }
+}
+
+fn own(buf: Buf, l: &Loop, sidx: u64, end: u64) -> Addr {
+    Addr { limit: end, ..Addr::abs(buf, l.lb + sidx * l.sl, l.sl) }
+}
+
+/// Ring all-gather: block of ring position `p - j` arrives at step j.
+fn allgather(n: u32, loops: &[Loop], end: u64, count: u64, perm: u32) -> Program {
+    let mut b = ProgramBuilder::new();
+    let ni = n as i32;
+    for l in loops {
+        for j in 0..ni {
+            for sidx in 0..l.nsl {
+                let out = block(Buf::Output, l, sidx, -j, n, count, end, perm);
+                let op = if j == 0 {
+                    step(false, true, Some(own(Buf::Input, l, sidx, end)), Some(out), false, false)
+                } else if j < ni - 1 {
+                    step(true, true, None, Some(out), false, false)
+                } else {
+                    step(true, false, None, Some(out), false, false)
+                };
+                b.push(op);
+            }
+        }
+    }
+    b.finish()
+}
+
+/// Ring reduce-scatter: the block destined to ring position `p - 1 - j` is reduced at step j.
+fn reducescatter(n: u32, loops: &[Loop], end: u64, count: u64, perm: u32) -> Program {
+    let mut b = ProgramBuilder::new();
+    let ni = n as i32;
+    for l in loops {
+        for j in 0..ni {
+            for sidx in 0..l.nsl {
+                let inp = |rel| block(Buf::Input, l, sidx, rel, n, count, end, perm);
+                let op = if j == 0 {
+                    step(false, true, Some(inp(-1)), None, false, false)
+                } else if j < ni - 1 {
+                    step(true, true, Some(inp(-1 - j)), None, true, false)
+                } else {
+                    step(true, false, Some(inp(0)), Some(own(Buf::Output, l, sidx, end)), true, true)
+                };
+                b.push(op);
+            }
+        }
+    }
+    b.finish()
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ChainRole {
+    First,
+    Middle,
+    Last,
+}
+
+/// Broadcast (root first) or reduce (root last) along the ring, chunk by chunk.
+fn chain(coll: Collective, role: ChainRole, loops: &[Loop], end: u64) -> Program {
+    let mut b = ProgramBuilder::new();
+    for l in loops {
+        for sidx in 0..l.nsl {
+            let io = |buf| own(buf, l, sidx, end);
+            let op = match (coll, role) {
+                (Collective::Broadcast, ChainRole::First) => {
+                    step(false, true, Some(io(Buf::Input)), Some(io(Buf::Output)), false, false)
+                }
+                (Collective::Broadcast, ChainRole::Middle) => step(true, true, None, Some(io(Buf::Output)), false, false),
+                (Collective::Broadcast, ChainRole::Last) => step(true, false, None, Some(io(Buf::Output)), false, false),
+                (_, ChainRole::First) => step(false, true, Some(io(Buf::Input)), None, false, false),
+                (_, ChainRole::Middle) => step(true, true, Some(io(Buf::Input)), None, true, false),
+                (_, ChainRole::Last) => step(true, false, Some(io(Buf::Input)), Some(io(Buf::Output)), true, true),
+            };
+            b.push(op);
+        }
+    }
+    b.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::validate;
+
+    fn args(coll: Collective, count: u64) -> CollArgs {
+        CollArgs { coll, count, dtype: DType::F32, redop: RedOp::Sum, root: 1 }
+    }
+
+    #[test]
+    fn ring_schedules_are_well_formed() {
+        let comm = Comm::synthetic(2, 4, false, false);
+        for coll in [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::Broadcast, Collective::Reduce] {
+            for count in [1, 7, 1000, 1 << 20] {
+                let ch = Choice { algo: Algo::Ring, proto: Proto::Simple, nchannels: 3 };
+                let s = build(&comm, &args(coll, count), &ch, &Knobs::default()).unwrap();
+                validate::check(&s).unwrap_or_else(|e| panic!("{coll} {count}: {e}"));
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! NCCL tuner (in progress)

@@ -1,0 +1,8 @@
+//! Backends that run a schedule: [`simulate`] times it on the discrete-event engine over a
+//! fabric; [`cpu`] applies its buffer semantics to real host arrays (the correctness
+//! oracle); `cuda` (feature `cuda`) runs it on real GPUs.
+//!
+//! Architecture invariant: backends consume a [`crate::schedule::Schedule`] and a fabric;
+//! they know nothing of which algorithm produced the schedule.
+
+pub mod simulate;

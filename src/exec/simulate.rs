@@ -1,0 +1,764 @@
+//! The simulate backend: runs a schedule on the discrete-event engine over a fabric.
+//!
+//! Every stream is an NCCL channel's CUDA block (or a CUDA stream): it issues its ops in
+//! order as soon as their inputs are there — messages on its connections, credits in the
+//! receiver's FIFO (the schedule's window), intra-stream dependencies — and each send
+//! becomes an engine flow over the sender's channel engine (the SM moving the data, at the
+//! protocol's per-channel rate, plus the GPU's reduction rate for reducing steps) and the
+//! routed links (at line rate times the link's payload efficiency, divided by the
+//! protocol's payload efficiency). A protocol step latency (flags, fences, proxies) is added
+//! to every message. In-switch operations become engine fans over the members' NVLinks
+//! (NVLS) or their NIC paths up to the SHARP aggregation root. Kernels start at the launch
+//! latency, staggered per GPU when one host thread launches several (nccl-tests `-g`).
+//!
+//! Symmetry: with `fold_channels`, only one representative channel of each symmetry class
+//! is simulated, and every link's bandwidth is scaled by the share of the class's traffic
+//! the representative carries on it (computed from the routes of all channels). A test
+//! holds the folded result to the full one within 1%.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::engine::{Engine, EngineApi, Granularity, Handler, NoObserver, Observer, PathRef, ResourceId};
+use crate::fabric::params::{kind_index, Resolved};
+use crate::fabric::{DeviceKind, Fabric, LinkClass, LinkId, LinkKind, PathType, RouteOpts, Router};
+use crate::schedule::{Binding, GroupKind, Op, Schedule, SwitchKind};
+use crate::units::{Bandwidth, SimTime};
+
+/// Options of a simulation.
+#[derive(Clone, Debug)]
+pub struct SimOpts {
+    /// Engine granularity.
+    pub granularity: Granularity,
+    /// Simulate one channel per symmetry class.
+    pub fold_channels: bool,
+    /// ECMP seed.
+    pub seed: u64,
+    /// GPUs launched by one host thread (nccl-tests `-g`); their kernels start staggered.
+    pub gpus_per_thread: u32,
+    /// Relay sends through the rail owner (NCCL's PXN).
+    pub pxn: bool,
+}
+
+impl Default for SimOpts {
+    fn default() -> Self {
+        SimOpts { granularity: Granularity::Path, fold_channels: true, seed: 0, gpus_per_thread: 1, pxn: true }
+    }
+}
+
+/// Traffic of one fabric link during a simulation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinkUse {
+    /// The link.
+    pub link: LinkId,
+    /// Payload-plus-overhead bytes carried (all channels, when folded).
+    pub bytes: u64,
+    /// Time the link was busy (of the simulated share).
+    pub busy: SimTime,
+}
+
+/// The outcome of a simulation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimResult {
+    /// Time from the host call to the last byte delivered.
+    pub time: SimTime,
+    /// Engine events processed.
+    pub events: u64,
+    /// Flows simulated.
+    pub flows: u64,
+    /// Streams simulated (after folding).
+    pub streams: usize,
+    /// Per-link traffic.
+    pub links: Vec<LinkUse>,
+}
+
+/// A schedule that cannot run on a fabric.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    /// Two ranks that must talk have no route.
+    #[error("rank {a} has no route to rank {b}")]
+    NoRoute {
+        /// Sender.
+        a: u32,
+        /// Receiver.
+        b: u32,
+    },
+    /// The schedule uses more ranks than the fabric has GPUs.
+    #[error("the schedule has {need} ranks but the fabric has {have} GPUs")]
+    TooManyRanks {
+        /// Ranks in the schedule.
+        need: u32,
+        /// GPUs in the fabric.
+        have: u32,
+    },
+    /// A switch group cannot be realised.
+    #[error("switch group {0}: {1}")]
+    Group(u32, String),
+    /// Streams wait for each other forever.
+    #[error("deadlock: {0}")]
+    Deadlock(String),
+}
+
+/// An observer that records every service interval (for traces and utilisation).
+#[derive(Debug, Default, Clone)]
+pub struct Recorder {
+    /// (resource, start, end, bytes).
+    pub services: Vec<(u32, SimTime, SimTime, u64)>,
+}
+
+impl Observer for Recorder {
+    fn on_service(&mut self, res: ResourceId, start: SimTime, end: SimTime, bytes: u64, _tag: u64) {
+        self.services.push((res.0, start, end, bytes));
+    }
+}
+
+/// What an engine resource stands for (for traces and link statistics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResourceRole {
+    /// A fabric link.
+    Link(LinkId),
+    /// The copy engine of a simulated stream.
+    Channel(u32),
+    /// The reduction engine of a simulated stream.
+    Reducer(u32),
+}
+
+/// Runs a schedule on a fabric.
+pub fn simulate(f: &Fabric, router: &Router, s: &Schedule, opts: &SimOpts) -> Result<SimResult, SimError> {
+    simulate_observed(f, router, s, opts, NoObserver).map(|(r, _, _)| r)
+}
+
+/// Runs a schedule and returns the observer and the role of every engine resource too.
+pub fn simulate_observed<O: Observer>(
+    f: &Fabric,
+    router: &Router,
+    s: &Schedule,
+    opts: &SimOpts,
+    observer: O,
+) -> Result<(SimResult, O, Vec<ResourceRole>), SimError> {
+    if s.nranks > f.num_gpus() {
+        return Err(SimError::TooManyRanks { need: s.nranks, have: f.num_gpus() });
+    }
+    let (mut sim, mut engine) = Sim::setup(f, router, s, opts, observer)?;
+    for k in 0..sim.streams.len() {
+        engine.timer(sim.streams[k].start, timer_tag(k as u32));
+    }
+    let end = engine.run(&mut sim);
+    sim.finish(engine, end)
+}
+
+struct ConnState {
+    path: PathRef,
+    reduce_path: PathRef,
+    step_latency: SimTime,
+    queue: VecDeque<u64>,
+    inflight: u32,
+    sender: u32,
+    receiver: u32,
+}
+
+struct StreamState {
+    pc: u32,
+    len: u32,
+    start: SimTime,
+    /// Per op: flows outstanding (u8::MAX: not issued).
+    pending: Vec<u8>,
+    /// (send conn, recv conn) per binding; u32::MAX where absent.
+    conns: Vec<(u32, u32)>,
+    engine_path: PathRef,
+    reducer_path: PathRef,
+    /// Switch ops issued per binding.
+    group_count: Vec<u32>,
+    finished: bool,
+    waiters: Vec<u32>,
+}
+
+#[derive(Clone, Copy)]
+enum FlowKind {
+    Send { conn: u32 },
+    Local,
+    Switch { group: u32, inst: u32, phase: u8 },
+    Compute,
+}
+
+#[derive(Clone, Copy)]
+struct FlowRec {
+    stream: u32,
+    op: u32,
+    bytes: u64,
+    kind: FlowKind,
+}
+
+struct GroupInst {
+    members: Vec<(u32, u32)>,
+}
+
+struct GroupState {
+    /// Schedule group id.
+    id: u32,
+    members: Vec<u32>,
+    ups: Vec<PathRef>,
+    downs: Vec<PathRef>,
+    pending: BTreeMap<u32, GroupInst>,
+    kind: GroupKind,
+}
+
+struct Sim<'a> {
+    s: &'a Schedule,
+    f: &'a Fabric,
+    p: Resolved,
+    roles: Vec<ResourceRole>,
+    streams: Vec<StreamState>,
+    sim_streams: Vec<u32>,
+    stream_index: Vec<u32>,
+    conns: Vec<ConnState>,
+    groups: Vec<GroupState>,
+    group_index: BTreeMap<u32, u32>,
+    flows: Vec<FlowRec>,
+    free: Vec<u32>,
+    nflows: u64,
+    elem: u64,
+    payload: f64,
+    compute_res: BTreeMap<u32, PathRef>,
+    end: SimTime,
+}
+
+fn granule(kind: LinkKind) -> u32 {
+    match kind {
+        LinkKind::Net => 4096,
+        _ => 256,
+    }
+}
+
+impl<'a> Sim<'a> {
+    fn setup<O: Observer>(
+        f: &'a Fabric,
+        router: &Router,
+        s: &'a Schedule,
+        opts: &SimOpts,
+        observer: O,
+    ) -> Result<(Self, Engine<O>), SimError> {
+        let p = f.params.resolve();
+        let proto = p.proto[s.proto as usize];
+        // Streams to simulate.
+        let rep = |ch: u32| s.channel_class.get(ch as usize).copied().unwrap_or(ch) == ch;
+        let sim_streams: Vec<u32> = (0..s.streams.len() as u32)
+            .filter(|&i| !opts.fold_channels || rep(s.streams[i as usize].channel))
+            .collect();
+        let mut stream_index = vec![u32::MAX; s.streams.len()];
+        for (k, &i) in sim_streams.iter().enumerate() {
+            stream_index[i as usize] = k as u32;
+        }
+        // Lane+rank -> stream.
+        let mut by_lane: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+        for (i, st) in s.streams.iter().enumerate() {
+            by_lane.insert((st.lane, st.rank), i as u32);
+        }
+        // Routes of every connection of every stream (all channels, for folding shares).
+        let mut route_cache: BTreeMap<(u32, u32, u32), (Vec<LinkId>, PathType)> = BTreeMap::new();
+        let mut route = |a: u32, b: u32, ch: u32| -> Result<(Vec<LinkId>, PathType), SimError> {
+            if let Some(r) = route_cache.get(&(a, b, ch)) {
+                return Ok(r.clone());
+            }
+            let ro = RouteOpts { rail: None, pxn: opts.pxn, flow: ch as u64 };
+            let r = router.route(a, b, &ro).ok_or(SimError::NoRoute { a, b })?;
+            let v = (r.links, r.path_type);
+            route_cache.insert((a, b, ch), v.clone());
+            Ok(v)
+        };
+        let mut uses_all = vec![0u32; f.links.len()];
+        let mut uses_rep = vec![0u32; f.links.len()];
+        let mut conn_keys: BTreeMap<(u32, u32, u32, u8), u32> = BTreeMap::new();
+        let mut conns: Vec<ConnState> = Vec::new();
+        let mut conn_routes: Vec<(Vec<LinkId>, PathType)> = Vec::new();
+        let mut stream_conns: Vec<Vec<(u32, u32)>> = Vec::new();
+        for (i, st) in s.streams.iter().enumerate() {
+            let simulated = stream_index[i] != u32::MAX;
+            let mut binds = Vec::new();
+            for b in s.stream_bindings(st) {
+                match *b {
+                    Binding::Peer { rank, port } => {
+                        let (links, _) = route(st.rank, rank, st.channel)?;
+                        for l in &links {
+                            uses_all[l.idx()] += 1;
+                            if simulated {
+                                uses_rep[l.idx()] += 1;
+                            }
+                        }
+                        if !simulated {
+                            continue;
+                        }
+                        let mut conn = |a: u32, b: u32| -> Result<u32, SimError> {
+                            let key = (st.lane, a, b, port);
+                            if let Some(&c) = conn_keys.get(&key) {
+                                return Ok(c);
+                            }
+                            let id = conns.len() as u32;
+                            conn_keys.insert(key, id);
+                            let sender = by_lane.get(&(st.lane, a)).copied().unwrap_or(u32::MAX);
+                            let receiver = by_lane.get(&(st.lane, b)).copied().unwrap_or(u32::MAX);
+                            conns.push(ConnState {
+                                path: PathRef::EMPTY,
+                                reduce_path: PathRef::EMPTY,
+                                step_latency: SimTime::ZERO,
+                                queue: VecDeque::new(),
+                                inflight: 0,
+                                sender,
+                                receiver,
+                            });
+                            conn_routes.push(route(a, b, st.channel)?);
+                            Ok(id)
+                        };
+                        let sc = conn(st.rank, rank)?;
+                        let rc = conn(rank, st.rank)?;
+                        binds.push((sc, rc));
+                    }
+                    Binding::Group(_) => binds.push((u32::MAX, u32::MAX)),
+                }
+            }
+            if simulated {
+                stream_conns.push(binds);
+            }
+        }
+        // Switch groups: paths of every member (all channels count for the shares).
+        let mut group_paths: BTreeMap<u32, (Vec<Vec<LinkId>>, Vec<Vec<LinkId>>)> = BTreeMap::new();
+        for (gi, g) in s.groups.iter().enumerate() {
+            let (ups, downs) = group_links(f, router, g.kind, &g.members).map_err(|e| SimError::Group(gi as u32, e))?;
+            group_paths.insert(gi as u32, (ups, downs));
+        }
+        let group_used_by_rep: Vec<bool> = (0..s.groups.len())
+            .map(|gi| {
+                s.streams.iter().enumerate().any(|(i, st)| {
+                    stream_index[i] != u32::MAX && s.stream_bindings(st).contains(&Binding::Group(gi as u32))
+                })
+            })
+            .collect();
+        for (gi, (ups, downs)) in &group_paths {
+            for l in ups.iter().chain(downs.iter()).flatten() {
+                uses_all[l.idx()] += 1;
+                if group_used_by_rep[*gi as usize] {
+                    uses_rep[l.idx()] += 1;
+                }
+            }
+        }
+
+        let mut engine = Engine::with_observer(opts.granularity, observer);
+        let mut roles = Vec::new();
+        let mut link_res = vec![u32::MAX; f.links.len()];
+        let mut res_of = |l: LinkId, engine: &mut Engine<O>, roles: &mut Vec<ResourceRole>| -> ResourceId {
+            if link_res[l.idx()] != u32::MAX {
+                return ResourceId(link_res[l.idx()]);
+            }
+            let link = f.link(l);
+            let mut eff = p.link_eff[kind_index(link.kind)];
+            if opts.fold_channels && uses_all[l.idx()] > 0 {
+                eff *= uses_rep[l.idx()].max(1) as f64 / uses_all[l.idx()] as f64;
+            }
+            let r = engine.add_resource(link.bw.scaled(eff), link.latency, granule(link.kind));
+            roles.push(ResourceRole::Link(l));
+            link_res[l.idx()] = r.0;
+            r
+        };
+        // Streams.
+        let stagger = |rank: u32| {
+            let g = opts.gpus_per_thread.max(1);
+            p.launch + SimTime(p.launch_stagger.0 * (rank % g) as u64)
+        };
+        let mut streams = Vec::with_capacity(sim_streams.len());
+        for (k, &i) in sim_streams.iter().enumerate() {
+            let st = &s.streams[i as usize];
+            let eng = engine.add_resource(proto.channel_bw, SimTime::ZERO, 4096);
+            roles.push(ResourceRole::Channel(i));
+            let red = engine.add_resource(p.reduce_channel_bw, SimTime::ZERO, 4096);
+            roles.push(ResourceRole::Reducer(i));
+            let len = s.instrs(st).len() as u32;
+            let ngroups = s.stream_bindings(st).len();
+            streams.push(StreamState {
+                pc: 0,
+                len,
+                start: stagger(st.rank),
+                pending: vec![u8::MAX; len as usize],
+                conns: std::mem::take(&mut stream_conns[k]),
+                engine_path: engine.add_path(&[eng]),
+                reducer_path: engine.add_path(&[red, eng]),
+                group_count: vec![0; ngroups],
+                finished: len == 0,
+                waiters: Vec::new(),
+            });
+        }
+        // Connection paths: sender's engine, then the links.
+        for (ci, c) in conns.iter_mut().enumerate() {
+            let (links, ty) = &conn_routes[ci];
+            let class = match ty {
+                PathType::Nvl | PathType::Nvb | PathType::Loc => LinkClass::NvLink,
+                PathType::Net | PathType::Pxn => LinkClass::Net,
+                _ => LinkClass::Pcie,
+            };
+            c.step_latency = proto.step(class);
+            if c.sender == u32::MAX || stream_index[c.sender as usize] == u32::MAX {
+                continue;
+            }
+            let ss = &streams[stream_index[c.sender as usize] as usize];
+            let mut servers: Vec<ResourceId> = engine.path(ss.engine_path).to_vec();
+            let mut rservers: Vec<ResourceId> = engine.path(ss.reducer_path).to_vec();
+            for &l in links {
+                let r = res_of(l, &mut engine, &mut roles);
+                servers.push(r);
+                rservers.push(r);
+            }
+            c.path = engine.add_path(&servers);
+            c.reduce_path = engine.add_path(&rservers);
+        }
+        // Groups.
+        let mut groups = Vec::new();
+        let mut group_index = BTreeMap::new();
+        for (gi, (ups, downs)) in group_paths {
+            if !group_used_by_rep[gi as usize] {
+                continue;
+            }
+            let g = &s.groups[gi as usize];
+            let mut up_refs = Vec::new();
+            for u in &ups {
+                let rs: Vec<ResourceId> = u.iter().map(|&l| res_of(l, &mut engine, &mut roles)).collect();
+                up_refs.push(engine.add_path(&rs));
+            }
+            let mut down_refs = Vec::new();
+            for d in &downs {
+                let rs: Vec<ResourceId> = d.iter().map(|&l| res_of(l, &mut engine, &mut roles)).collect();
+                down_refs.push(engine.add_path(&rs));
+            }
+            group_index.insert(gi, groups.len() as u32);
+            groups.push(GroupState {
+                id: gi,
+                members: g.members.clone(),
+                ups: up_refs,
+                downs: down_refs,
+                pending: BTreeMap::new(),
+                kind: g.kind,
+            });
+        }
+        // One compute server per rank that runs compute ops: it serves one "byte" per
+        // picosecond, so a flow of d bytes occupies it for d ps.
+        let mut compute_res = BTreeMap::new();
+        for &i in &sim_streams {
+            let st = &s.streams[i as usize];
+            if s.instrs(st).iter().any(|ins| matches!(ins.op, Op::Compute(_))) && !compute_res.contains_key(&st.rank) {
+                let r = engine.add_resource(Bandwidth(1_000_000_000_000), SimTime::ZERO, u32::MAX);
+                roles.push(ResourceRole::Channel(i));
+                compute_res.insert(st.rank, engine.add_path(&[r]));
+            }
+        }
+        let payload = proto.payload;
+        let sim = Sim {
+            s,
+            f,
+            p,
+            roles,
+            streams,
+            sim_streams,
+            stream_index,
+            conns,
+            groups,
+            group_index,
+            flows: Vec::new(),
+            free: Vec::new(),
+            nflows: 0,
+            elem: s.dtype.size(),
+            payload,
+            compute_res,
+            end: SimTime::ZERO,
+        };
+        Ok((sim, engine))
+    }
+
+    fn new_flow(&mut self, rec: FlowRec) -> u64 {
+        self.nflows += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.flows[i as usize] = rec;
+                i as u64
+            }
+            None => {
+                self.flows.push(rec);
+                (self.flows.len() - 1) as u64
+            }
+        }
+    }
+
+    fn wire(&self, bytes: u64) -> u64 {
+        (bytes as f64 / self.payload).ceil() as u64
+    }
+
+    /// Issues as many ops of stream `k` as possible.
+    fn advance(&mut self, api: &mut dyn EngineApi, k: u32) {
+        let now = api.now();
+        let ku = k as usize;
+        if now < self.streams[ku].start {
+            return;
+        }
+        let si = self.sim_streams[ku] as usize;
+        let st = &self.s.streams[si];
+        let instrs = &self.s.programs[st.program as usize].instrs;
+        loop {
+            let ss = &self.streams[ku];
+            if ss.pc >= ss.len {
+                break;
+            }
+            let i = ss.pc as usize;
+            let ins = &instrs[i];
+            if ins.after > 0 && ss.pending[i - ins.after as usize] != 0 {
+                return;
+            }
+            match &ins.op {
+                Op::Step(step) => {
+                    // Inputs and credits.
+                    for &b in step.recv.as_slice() {
+                        let rc = ss.conns[b as usize].1;
+                        if self.conns[rc as usize].queue.is_empty() {
+                            return;
+                        }
+                    }
+                    for &b in step.send.as_slice() {
+                        let sc = ss.conns[b as usize].0;
+                        if self.conns[sc as usize].inflight >= self.s.window {
+                            return;
+                        }
+                    }
+                    let mut bytes = step.local.map(|a| self.s.resolve(&a, st).len * self.elem);
+                    for &b in step.recv.as_slice() {
+                        let rc = self.streams[ku].conns[b as usize].1 as usize;
+                        let m = self.conns[rc].queue.pop_front().unwrap_or(0);
+                        bytes.get_or_insert(m);
+                        self.conns[rc].inflight -= 1;
+                        let sender = self.conns[rc].sender;
+                        if sender != u32::MAX {
+                            let sk = self.stream_index[sender as usize];
+                            if sk != u32::MAX && sk != k {
+                                api.timer(now, wake_tag(sk));
+                            }
+                        }
+                    }
+                    let bytes = bytes.unwrap_or(0);
+                    let mut n = 0u8;
+                    for &b in step.send.as_slice() {
+                        let sc = self.streams[ku].conns[b as usize].0 as usize;
+                        self.conns[sc].inflight += 1;
+                        let c = &self.conns[sc];
+                        let path = if step.reduce { c.reduce_path } else { c.path };
+                        let extra = c.step_latency;
+                        let wire = self.wire(bytes);
+                        let tag = self.new_flow(FlowRec { stream: k, op: i as u32, bytes, kind: FlowKind::Send { conn: sc as u32 } });
+                        api.flow(now, path, wire, extra, tag);
+                        n += 1;
+                    }
+                    if n == 0 {
+                        let path = if step.reduce { self.streams[ku].reducer_path } else { self.streams[ku].engine_path };
+                        let tag = self.new_flow(FlowRec { stream: k, op: i as u32, bytes, kind: FlowKind::Local });
+                        api.flow(now, path, bytes, SimTime::ZERO, tag);
+                        n = 1;
+                    }
+                    self.streams[ku].pending[i] = n;
+                }
+                Op::Switch(sw) => {
+                    let b = sw.group as usize;
+                    let Binding::Group(gid) = self.s.stream_bindings(st)[b] else { return };
+                    let Some(&gk) = self.group_index.get(&gid) else { return };
+                    let inst = self.streams[ku].group_count[b];
+                    self.streams[ku].group_count[b] += 1;
+                    self.streams[ku].pending[i] = 1;
+                    let g = &mut self.groups[gk as usize];
+                    let e = g.pending.entry(inst).or_insert_with(|| GroupInst { members: Vec::new() });
+                    e.members.push((k, i as u32));
+                    if e.members.len() == g.members.len() {
+                        let bytes = sw.len * self.elem;
+                        self.start_switch(api, gk, inst, 0, sw.kind, bytes);
+                    }
+                }
+                Op::Compute(c) => {
+                    let path = self.compute_res.get(&st.rank).copied().unwrap_or(PathRef::EMPTY);
+                    let ps = (self.compute_seconds(c.flops, c.bytes) * 1e12) as u64;
+                    let tag = self.new_flow(FlowRec { stream: k, op: i as u32, bytes: 0, kind: FlowKind::Compute });
+                    api.flow(now, path, ps, SimTime::ZERO, tag);
+                    self.streams[ku].pending[i] = 1;
+                }
+                Op::Wait { stream, op } => {
+                    let ws = self.stream_index[*stream as usize];
+                    if ws != u32::MAX && self.streams[ws as usize].pending[*op as usize] != 0 {
+                        self.streams[ws as usize].waiters.push(k);
+                        return;
+                    }
+                    self.streams[ku].pending[i] = 0;
+                }
+            }
+            self.streams[ku].pc += 1;
+        }
+        let ss = &mut self.streams[ku];
+        if ss.pc >= ss.len {
+            ss.finished = true;
+        }
+    }
+
+    /// Roofline time of a compute op on this fabric's GPU (BF16 tensor peak, HBM bandwidth).
+    fn compute_seconds(&self, flops: f64, bytes: u64) -> f64 {
+        let peak = self.f.gpu.flops.bf16.max(self.f.gpu.flops.fp32).max(1.0);
+        let hbm = self.f.gpu.hbm_bw.bytes_per_sec().max(1) as f64;
+        (flops / peak).max(bytes as f64 / hbm)
+    }
+
+    fn start_switch(&mut self, api: &mut dyn EngineApi, gk: u32, inst: u32, phase: u8, kind: SwitchKind, bytes: u64) {
+        let g = &self.groups[gk as usize];
+        let (eff, step) = match g.kind {
+            GroupKind::Nvls => (self.p.nvls_eff, self.p.nvls_step),
+            GroupKind::Sharp => (self.p.sharp_eff, self.p.sharp_step),
+        };
+        let wire = (bytes as f64 / eff).ceil() as u64;
+        let all_ups = g.ups.clone();
+        let all_downs = g.downs.clone();
+        let now = api.now();
+        let rec = FlowRec { stream: gk, op: inst, bytes, kind: FlowKind::Switch { group: gk, inst, phase } };
+        let tag = self.new_flow(rec);
+        match (kind, phase) {
+            (SwitchKind::AllReduce { head: Some(h) }, 0) => {
+                api.fan(now, &all_ups, &[all_downs[h as usize]], wire, step, tag)
+            }
+            (SwitchKind::AllReduce { head: Some(h) }, _) => {
+                api.fan(now, &[all_ups[h as usize]], &all_downs, wire, SimTime::ZERO, tag)
+            }
+            (SwitchKind::AllReduce { head: None }, _) => api.fan(now, &all_ups, &all_downs, wire, step, tag),
+            (SwitchKind::ReduceTo { to }, _) => api.fan(now, &all_ups, &[all_downs[to as usize]], wire, step, tag),
+            (SwitchKind::Multicast { from }, _) => {
+                api.fan(now, &[all_ups[from as usize]], &all_downs, wire, step, tag)
+            }
+        }
+    }
+
+    fn op_done(&mut self, api: &mut dyn EngineApi, k: u32, op: u32) {
+        let ss = &mut self.streams[k as usize];
+        let p = &mut ss.pending[op as usize];
+        if *p != u8::MAX && *p > 0 {
+            *p -= 1;
+        }
+        if *p == 0 {
+            let waiters = std::mem::take(&mut ss.waiters);
+            for w in waiters {
+                api.timer(api.now(), wake_tag(w));
+            }
+            api.timer(api.now(), wake_tag(k));
+        }
+    }
+
+    fn finish<O: Observer>(self, engine: Engine<O>, end: SimTime) -> Result<(SimResult, O, Vec<ResourceRole>), SimError> {
+        if let Some((k, ss)) = self.streams.iter().enumerate().find(|(_, ss)| !ss.finished || ss.pc < ss.len) {
+            let st = &self.s.streams[self.sim_streams[k] as usize];
+            return Err(SimError::Deadlock(format!(
+                "stream of rank {} on channel {} stopped at op {} of {}",
+                st.rank, st.channel, ss.pc, ss.len
+            )));
+        }
+        let mut links = Vec::new();
+        for (ri, role) in self.roles.iter().enumerate() {
+            if let ResourceRole::Link(l) = role {
+                let r = &engine.resources()[ri];
+                links.push(LinkUse { link: *l, bytes: r.bytes, busy: r.busy });
+            }
+        }
+        let result = SimResult {
+            time: end.max(self.end),
+            events: engine.events(),
+            flows: self.nflows,
+            streams: self.streams.len(),
+            links,
+        };
+        let roles = self.roles.clone();
+        Ok((result, engine.into_observer(), roles))
+    }
+}
+
+const TAG_KIND_SHIFT: u32 = 60;
+const TAG_FLOW: u64 = 0;
+const TAG_TIMER: u64 = 1;
+const TAG_WAKE: u64 = 2;
+
+fn timer_tag(k: u32) -> u64 {
+    (TAG_TIMER << TAG_KIND_SHIFT) | k as u64
+}
+fn wake_tag(k: u32) -> u64 {
+    (TAG_WAKE << TAG_KIND_SHIFT) | k as u64
+}
+
+impl Handler for Sim<'_> {
+    fn complete(&mut self, api: &mut dyn EngineApi, now: SimTime, tag: u64) {
+        self.end = self.end.max(now);
+        let id = tag & ((1 << TAG_KIND_SHIFT) - 1);
+        match tag >> TAG_KIND_SHIFT {
+            TAG_TIMER | TAG_WAKE => self.advance(api, id as u32),
+            _ => {
+                let rec = self.flows[id as usize];
+                self.free.push(id as u32);
+                match rec.kind {
+                    FlowKind::Send { conn } => {
+                        let c = &mut self.conns[conn as usize];
+                        c.queue.push_back(rec.bytes);
+                        let recv = c.receiver;
+                        self.op_done(api, rec.stream, rec.op);
+                        if recv != u32::MAX {
+                            let rk = self.stream_index[recv as usize];
+                            if rk != u32::MAX {
+                                self.advance(api, rk);
+                            }
+                        }
+                    }
+                    FlowKind::Local | FlowKind::Compute => self.op_done(api, rec.stream, rec.op),
+                    FlowKind::Switch { group, inst, phase } => {
+                        let g = &self.groups[group as usize];
+                        let gid = g.id;
+                        // Find the op kind of this instance from the first member.
+                        let members = g.pending.get(&inst).map(|e| e.members.clone()).unwrap_or_default();
+                        let Some(&(k0, op0)) = members.first() else { return };
+                        let st = &self.s.streams[self.sim_streams[k0 as usize] as usize];
+                        let kind = match self.s.programs[st.program as usize].instrs[op0 as usize].op {
+                            Op::Switch(sw) => sw.kind,
+                            _ => SwitchKind::AllReduce { head: None },
+                        };
+                        let _ = gid;
+                        if phase == 0 && matches!(kind, SwitchKind::AllReduce { head: Some(_) }) {
+                            self.start_switch(api, group, inst, 1, kind, rec.bytes);
+                            return;
+                        }
+                        self.groups[group as usize].pending.remove(&inst);
+                        for (k, op) in members {
+                            self.op_done(api, k, op);
+                        }
+                    }
+                }
+            }
+        }
+        let _ = TAG_FLOW;
+    }
+}
+
+/// Link paths of a switch group: for each member, the path up to the merge point and the
+/// path back down.
+fn group_links(f: &Fabric, router: &Router, kind: GroupKind, members: &[u32]) -> Result<(Vec<Vec<LinkId>>, Vec<Vec<LinkId>>), String> {
+    match kind {
+        GroupKind::Nvls => {
+            let mut ups = Vec::new();
+            let mut downs = Vec::new();
+            for &m in members {
+                let dom = &f.domains[f.domain_of_rank(m) as usize];
+                let sw = dom.nvswitch.ok_or("NVLS needs an NVSwitch")?;
+                let nvls = matches!(f.device(sw).kind, DeviceKind::NvSwitch { nvls: true, .. });
+                if !nvls {
+                    return Err("the NVSwitch does not support NVLS".into());
+                }
+                let g = f.gpus[m as usize];
+                let up = f.link_between(g, sw).ok_or("GPU not attached to the NVSwitch")?;
+                let down = f.link_between(sw, g).ok_or("GPU not attached to the NVSwitch")?;
+                ups.push(vec![up]);
+                downs.push(vec![down]);
+            }
+            Ok((ups, downs))
+        }
+        GroupKind::Sharp => router.sharp_tree(members).ok_or_else(|| "no SHARP aggregation tree joins these ranks".to_string()),
+    }
+}
+

@@ -1,0 +1,637 @@
+//! The schedule: the one intermediate representation every collective and every training
+//! step is lowered to, and that every backend (simulator, CPU executor, CUDA) runs.
+//!
+//! A schedule is a set of **streams**. A stream is what a CUDA block (an NCCL channel) or a
+//! CUDA stream executes on one rank: a **program** of ops, issued in order. Streams that
+//! talk to each other share a **lane** (a channel of a communicator); they exchange data
+//! through **bindings**: a stream's binding `Peer { rank, port }` is the connection to the
+//! stream of `rank` on the same lane, and messages on a connection arrive in order, like
+//! NCCL's FIFOs. A binding `Group(g)` names a set of ranks that meet in a switch (NVLS in
+//! an NVSwitch, SHARP in InfiniBand switches).
+//!
+//! Programs are shared between streams: addresses may be relative to the stream's
+//! position `pos` (a chunk index `(pos + rel) mod m`), and bindings are per stream, so a
+//! ring of 4096 ranks needs one program, not 4096. This keeps memory linear in the number
+//! of ranks while the number of transfers is quadratic.
+//!
+//! Ops:
+//! - [`Step`]: receive from up to three bindings, combine with an optional local operand
+//!   (reduce or copy), write the value locally and/or send it to up to three bindings.
+//!   This covers NCCL's send, recv, recvReduceSend, recvCopySend, recvReduceCopy and the
+//!   tree's multi-child steps.
+//! - [`SwitchOp`]: an in-switch reduction or multicast over a group.
+//! - [`Compute`]: GPU work (FLOPs and bytes) for training workloads.
+//! - A dependency `after = k` on any op delays it until op `i - k` of the same stream is
+//!   complete (e.g. a send of data a switch op produces); [`Op::Wait`] waits for an op of
+//!   another stream (CUDA events between a compute stream and a communication stream).
+//!
+//! Architecture invariant: this module knows nothing of fabrics, routing or time. It
+//! depends only on [`crate::units`].
+
+pub mod validate;
+
+use std::fmt;
+use std::ops::Range;
+
+/// Element type of a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// 32-bit float (`float` in nccl-tests).
+    F32,
+    /// 16-bit float (`half`).
+    F16,
+    /// bfloat16.
+    BF16,
+    /// 64-bit float (`double`).
+    F64,
+    /// 32-bit signed integer (`int32`).
+    I32,
+    /// 8-bit signed integer (`int8`).
+    I8,
+    /// 64-bit signed integer (`int64`).
+    I64,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::F64 | DType::I64 => 8,
+            DType::I8 => 1,
+        }
+    }
+    /// The name nccl-tests prints.
+    pub fn nccl_name(self) -> &'static str {
+        match self {
+            DType::F32 => "float",
+            DType::F16 => "half",
+            DType::BF16 => "bfloat16",
+            DType::F64 => "double",
+            DType::I32 => "int32",
+            DType::I8 => "int8",
+            DType::I64 => "int64",
+        }
+    }
+    /// Parses nccl-tests' `-d` names and common aliases.
+    pub fn parse(s: &str) -> Option<DType> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "float" | "f32" | "fp32" | "float32" => DType::F32,
+            "half" | "f16" | "fp16" | "float16" => DType::F16,
+            "bfloat16" | "bf16" => DType::BF16,
+            "double" | "f64" | "fp64" | "float64" => DType::F64,
+            "int32" | "i32" | "int" => DType::I32,
+            "int8" | "i8" | "char" => DType::I8,
+            "int64" | "i64" => DType::I64,
+            _ => return None,
+        })
+    }
+    /// All types.
+    pub const ALL: [DType; 7] =
+        [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I8, DType::I64];
+}
+
+/// Reduction operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RedOp {
+    /// Sum.
+    Sum,
+    /// Product.
+    Prod,
+    /// Maximum.
+    Max,
+    /// Minimum.
+    Min,
+    /// Average: a sum divided by the number of ranks once, at the end.
+    Avg,
+}
+
+impl RedOp {
+    /// nccl-tests' name.
+    pub fn nccl_name(self) -> &'static str {
+        match self {
+            RedOp::Sum => "sum",
+            RedOp::Prod => "prod",
+            RedOp::Max => "max",
+            RedOp::Min => "min",
+            RedOp::Avg => "avg",
+        }
+    }
+    /// Parses nccl-tests' `-o` names.
+    pub fn parse(s: &str) -> Option<RedOp> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "sum" => RedOp::Sum,
+            "prod" => RedOp::Prod,
+            "max" => RedOp::Max,
+            "min" => RedOp::Min,
+            "avg" => RedOp::Avg,
+            _ => return None,
+        })
+    }
+}
+
+/// Which buffer of a rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Buf {
+    /// The send buffer (initialised with the rank's data).
+    Input = 0,
+    /// The receive buffer.
+    Output = 1,
+    /// Temporary space (e.g. a head's partial sums).
+    Scratch = 2,
+}
+
+/// A resolved region of a buffer, in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// Buffer.
+    pub buf: Buf,
+    /// First element.
+    pub offset: u64,
+    /// Elements.
+    pub len: u64,
+}
+
+/// A region of a rank's buffer, possibly relative to the stream's position.
+///
+/// The region is block `k` of a buffer cut into `stride`-element blocks, at `base` within
+/// it: offset `base + stride * k`. For an absolute region `k = 0` (`modulus == 0`);
+/// otherwise `k = perm[(pos + rel) mod modulus]`, where `perm` names one of the schedule's
+/// permutations (0: identity). Its length is `len`, clipped to end at or before
+/// `limit + limit_stride * k` (it may become empty): this expresses the short last chunk
+/// of an uneven split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Addr {
+    /// Buffer.
+    pub buf: Buf,
+    /// Offset of block 0.
+    pub base: u64,
+    /// Elements between consecutive blocks.
+    pub stride: u64,
+    /// Added to the stream position before the modulus.
+    pub rel: i32,
+    /// Modulus of the block index (0: absolute address).
+    pub modulus: u32,
+    /// Permutation applied to the block index (index into [`Schedule::perms`] plus one; 0 none).
+    pub perm: u32,
+    /// Length in elements before clipping.
+    pub len: u64,
+    /// Exclusive end of block 0 the region is clipped to.
+    pub limit: u64,
+    /// Added to `limit` per block.
+    pub limit_stride: u64,
+}
+
+impl Addr {
+    /// An absolute region.
+    pub fn abs(buf: Buf, offset: u64, len: u64) -> Addr {
+        Addr { buf, base: offset, stride: 0, rel: 0, modulus: 0, perm: 0, len, limit: offset + len, limit_stride: 0 }
+    }
+    /// Block `(pos + rel) mod modulus` of `stride`-sized blocks starting at `base`, `len`
+    /// long, clipped to the global end `limit`.
+    pub fn chunk(buf: Buf, base: u64, stride: u64, rel: i32, modulus: u32, limit: u64) -> Addr {
+        Addr { buf, base, stride, rel, modulus, perm: 0, len: stride, limit, limit_stride: 0 }
+    }
+    /// Resolves for a stream position, given the schedule's permutations.
+    #[inline]
+    pub fn resolve(&self, pos: u32, perms: &[Vec<u32>]) -> Span {
+        let k = if self.modulus == 0 {
+            0
+        } else {
+            let m = self.modulus as i64;
+            let i = (pos as i64 + self.rel as i64).rem_euclid(m) as usize;
+            match self.perm {
+                0 => i as u64,
+                p => perms.get(p as usize - 1).and_then(|v| v.get(i)).copied().unwrap_or(0) as u64,
+            }
+        };
+        let offset = self.base + self.stride * k;
+        let limit = self.limit + self.limit_stride * k;
+        Span { buf: self.buf, offset, len: self.len.min(limit.saturating_sub(offset)) }
+    }
+    /// The largest element index + 1 any position can touch.
+    pub fn max_end(&self) -> u64 {
+        let kmax = if self.modulus == 0 { 0 } else { self.modulus as u64 - 1 };
+        let off = self.base + self.stride * kmax;
+        (off + self.len).min(self.limit + self.limit_stride * kmax).max(self.base)
+    }
+}
+
+/// Up to three binding indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Slots {
+    ids: [u8; 3],
+    n: u8,
+}
+
+impl Slots {
+    /// No binding.
+    pub const NONE: Slots = Slots { ids: [0; 3], n: 0 };
+    /// One binding.
+    pub fn one(a: u8) -> Slots {
+        Slots { ids: [a, 0, 0], n: 1 }
+    }
+    /// From a list of at most three bindings (extra ones are an error of the caller and
+    /// are rejected by the validator).
+    pub fn from_slice(s: &[u8]) -> Slots {
+        let mut ids = [0; 3];
+        for (i, &x) in s.iter().take(3).enumerate() {
+            ids[i] = x;
+        }
+        Slots { ids, n: s.len().min(3) as u8 }
+    }
+    /// The bindings.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.ids[..self.n as usize]
+    }
+    /// Number of bindings.
+    pub fn len(&self) -> usize {
+        self.n as usize
+    }
+    /// No bindings.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+}
+
+/// A point-to-point step (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// Bindings to receive one message each from.
+    pub recv: Slots,
+    /// Bindings to send the resulting value to.
+    pub send: Slots,
+    /// Local operand.
+    pub local: Option<Addr>,
+    /// Where to write the value locally.
+    pub write: Option<Addr>,
+    /// Combine all inputs with the reduction operator (else exactly one input is taken as is).
+    pub reduce: bool,
+    /// Apply the operator's final step to the value (division by the rank count for Avg).
+    pub postop: bool,
+}
+
+/// The kind of an in-switch operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwitchKind {
+    /// Every member contributes `src`; every member receives the reduction in `dst`.
+    /// With `head = Some(h)` the reduction is pulled by member h and multicast by it
+    /// (NVLS `multimem.ld_reduce` then `multimem.st`).
+    AllReduce {
+        /// Member (group position) that pulls and stores, if any.
+        head: Option<u32>,
+    },
+    /// Every member contributes `src`; only member `to` receives the reduction in `dst`.
+    ReduceTo {
+        /// Receiving member (group position).
+        to: u32,
+    },
+    /// Member `from` sends `src`; every member receives it in `dst`.
+    Multicast {
+        /// Sending member (group position).
+        from: u32,
+    },
+}
+
+/// An in-switch operation over a group; every member's stream issues it, and the k-th such
+/// op of each member on the same group is the same operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwitchOp {
+    /// Binding of the group.
+    pub group: u8,
+    /// What the switch does.
+    pub kind: SwitchKind,
+    /// Contribution of this member (None for members that only receive a multicast).
+    pub src: Option<Addr>,
+    /// Where this member receives the result (None if it does not receive).
+    pub dst: Option<Addr>,
+    /// Elements processed (the same for every member).
+    pub len: u64,
+    /// Apply the operator's final step (Avg) to the result.
+    pub postop: bool,
+}
+
+/// GPU work of a training workload.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Compute {
+    /// Floating-point operations.
+    pub flops: f64,
+    /// HBM bytes read and written.
+    pub bytes: u64,
+    /// Label index into [`Schedule::labels`].
+    pub label: u32,
+}
+
+/// One operation of a program.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    /// Point-to-point step.
+    Step(Step),
+    /// In-switch reduction or multicast.
+    Switch(SwitchOp),
+    /// GPU compute.
+    Compute(Compute),
+    /// Wait until op `op` of stream `stream` is complete.
+    Wait {
+        /// Stream index in the schedule.
+        stream: u32,
+        /// Op index in that stream's program.
+        op: u32,
+    },
+}
+
+/// An op with its intra-stream dependency.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Instr {
+    /// The operation.
+    pub op: Op,
+    /// If k > 0, issue only once op `i - k` of this stream is complete.
+    pub after: u32,
+}
+
+impl Instr {
+    /// An op with no intra-stream dependency.
+    pub fn new(op: Op) -> Instr {
+        Instr { op, after: 0 }
+    }
+}
+
+/// A sequence of instructions shared by any number of streams.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Program {
+    /// Instructions in issue order.
+    pub instrs: Vec<Instr>,
+}
+
+/// What a stream's binding refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Binding {
+    /// The stream of `rank` on the same lane; `port` tells apart several connections to the
+    /// same peer (e.g. the two trees).
+    Peer {
+        /// Peer rank.
+        rank: u32,
+        /// Connection index.
+        port: u8,
+    },
+    /// A switch group.
+    Group(u32),
+}
+
+/// A stream: a program run on one rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stream {
+    /// Rank.
+    pub rank: u32,
+    /// Lane: streams of different ranks with the same lane are connected.
+    pub lane: u32,
+    /// Channel index (for reporting and for channel folding in the simulator).
+    pub channel: u32,
+    /// Position used by relative addresses.
+    pub pos: u32,
+    /// Program index.
+    pub program: u32,
+    /// Bindings (range in [`Schedule::bindings`]).
+    pub bindings: Range<u32>,
+}
+
+/// How the switch of a group combines data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupKind {
+    /// NVLink SHARP in the NVSwitch of one NVLink domain.
+    Nvls,
+    /// InfiniBand SHARP across nodes.
+    Sharp,
+}
+
+/// A set of ranks that meet in a switch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// Member ranks; a member's position is its index here.
+    pub members: Vec<u32>,
+    /// Switch kind.
+    pub kind: GroupKind,
+}
+
+/// NCCL protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    /// LL: 8-byte flag for 8 bytes of data.
+    LL = 0,
+    /// LL128: 8-byte flag per 128-byte line.
+    LL128 = 1,
+    /// Simple: bulk copies and fences.
+    Simple = 2,
+}
+
+impl Proto {
+    /// NCCL's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::LL => "LL",
+            Proto::LL128 => "LL128",
+            Proto::Simple => "Simple",
+        }
+    }
+    /// All protocols in NCCL's order.
+    pub const ALL: [Proto; 3] = [Proto::LL, Proto::LL128, Proto::Simple];
+    /// Parses a case-insensitive name.
+    pub fn parse(s: &str) -> Option<Proto> {
+        match s.to_ascii_lowercase().as_str() {
+            "ll" => Some(Proto::LL),
+            "ll128" => Some(Proto::LL128),
+            "simple" => Some(Proto::Simple),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A complete schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    /// Ranks in the communicator.
+    pub nranks: u32,
+    /// Element type.
+    pub dtype: DType,
+    /// Reduction operator.
+    pub redop: RedOp,
+    /// Elements of each rank's input, output and scratch buffers.
+    pub buf_elems: [u64; 3],
+    /// Protocol of every point-to-point step (the simulator's costs depend on it).
+    pub proto: Proto,
+    /// Flow-control window of a connection, in messages (NCCL_STEPS / steps per message).
+    pub window: u32,
+    /// Programs.
+    pub programs: Vec<Program>,
+    /// Streams.
+    pub streams: Vec<Stream>,
+    /// Binding table.
+    pub bindings: Vec<Binding>,
+    /// Switch groups.
+    pub groups: Vec<Group>,
+    /// Channels (streams with the same `channel` and isomorphic programs form a class).
+    pub channels: u32,
+    /// For each channel, the channel that represents its symmetry class (itself if none).
+    pub channel_class: Vec<u32>,
+    /// Labels of compute ops.
+    pub labels: Vec<String>,
+    /// Permutations used by relative addresses (e.g. ring position to rank).
+    pub perms: Vec<Vec<u32>>,
+}
+
+impl Schedule {
+    /// An empty schedule for `nranks` ranks.
+    pub fn new(nranks: u32, dtype: DType, redop: RedOp, proto: Proto) -> Schedule {
+        Schedule {
+            nranks,
+            dtype,
+            redop,
+            buf_elems: [0; 3],
+            proto,
+            window: 8,
+            programs: Vec::new(),
+            streams: Vec::new(),
+            bindings: Vec::new(),
+            groups: Vec::new(),
+            channels: 1,
+            channel_class: vec![0],
+            labels: Vec::new(),
+            perms: Vec::new(),
+        }
+    }
+
+    /// Adds a permutation; returns the value to put in [`Addr::perm`].
+    pub fn add_perm(&mut self, p: Vec<u32>) -> u32 {
+        self.perms.push(p);
+        self.perms.len() as u32
+    }
+
+    /// Resolves an address for a stream.
+    pub fn resolve(&self, a: &Addr, s: &Stream) -> Span {
+        a.resolve(s.pos, &self.perms)
+    }
+
+    /// Adds a program; returns its index.
+    pub fn add_program(&mut self, p: Program) -> u32 {
+        self.programs.push(p);
+        (self.programs.len() - 1) as u32
+    }
+
+    /// Adds a group; returns its index.
+    pub fn add_group(&mut self, g: Group) -> u32 {
+        self.groups.push(g);
+        (self.groups.len() - 1) as u32
+    }
+
+    /// Adds a stream with its bindings; returns its index.
+    pub fn add_stream(&mut self, rank: u32, lane: u32, channel: u32, pos: u32, program: u32, bindings: &[Binding]) -> u32 {
+        let start = self.bindings.len() as u32;
+        self.bindings.extend_from_slice(bindings);
+        self.streams.push(Stream {
+            rank,
+            lane,
+            channel,
+            pos,
+            program,
+            bindings: start..self.bindings.len() as u32,
+        });
+        (self.streams.len() - 1) as u32
+    }
+
+    /// Bindings of a stream.
+    pub fn stream_bindings(&self, s: &Stream) -> &[Binding] {
+        &self.bindings[s.bindings.start as usize..s.bindings.end as usize]
+    }
+
+    /// Instructions of a stream.
+    pub fn instrs(&self, s: &Stream) -> &[Instr] {
+        &self.programs[s.program as usize].instrs
+    }
+
+    /// Total ops over all streams.
+    pub fn total_ops(&self) -> u64 {
+        self.streams.iter().map(|s| self.programs[s.program as usize].instrs.len() as u64).sum()
+    }
+
+    /// Marks every channel as its own class.
+    pub fn set_channels(&mut self, n: u32) {
+        self.channels = n;
+        self.channel_class = (0..n).collect();
+    }
+}
+
+/// Builds programs conveniently.
+#[derive(Debug, Default)]
+pub struct ProgramBuilder {
+    instrs: Vec<Instr>,
+}
+
+impl ProgramBuilder {
+    /// An empty builder.
+    pub fn new() -> ProgramBuilder {
+        ProgramBuilder::default()
+    }
+    /// Appends an instruction; returns its index.
+    pub fn push(&mut self, op: Op) -> u32 {
+        self.instrs.push(Instr::new(op));
+        (self.instrs.len() - 1) as u32
+    }
+    /// Appends an instruction that waits for instruction `dep` of the same program.
+    pub fn push_after(&mut self, op: Op, dep: u32) -> u32 {
+        let i = self.instrs.len() as u32;
+        self.instrs.push(Instr { op, after: i - dep });
+        i
+    }
+    /// Number of instructions so far.
+    pub fn len(&self) -> usize {
+        self.instrs.len()
+    }
+    /// No instructions yet.
+    pub fn is_empty(&self) -> bool {
+        self.instrs.is_empty()
+    }
+    /// The program.
+    pub fn finish(self) -> Program {
+        Program { instrs: self.instrs }
+    }
+}
+
+/// Shorthand constructors for steps.
+impl Step {
+    /// Send a local region.
+    pub fn send(to: u8, src: Addr) -> Op {
+        Op::Step(Step { recv: Slots::NONE, send: Slots::one(to), local: Some(src), write: None, reduce: false, postop: false })
+    }
+    /// Receive into a region.
+    pub fn recv(from: u8, dst: Addr) -> Op {
+        Op::Step(Step { recv: Slots::one(from), send: Slots::NONE, local: None, write: Some(dst), reduce: false, postop: false })
+    }
+    /// Local copy.
+    pub fn copy(src: Addr, dst: Addr) -> Op {
+        Op::Step(Step { recv: Slots::NONE, send: Slots::NONE, local: Some(src), write: Some(dst), reduce: false, postop: false })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_addresses_wrap_and_clip() {
+        let a = Addr::chunk(Buf::Input, 0, 10, -1, 4, 35);
+        assert_eq!(a.resolve(0, &[]), Span { buf: Buf::Input, offset: 30, len: 5 });
+        assert_eq!(a.resolve(1, &[]), Span { buf: Buf::Input, offset: 0, len: 10 });
+        let b = Addr::chunk(Buf::Output, 100, 10, 0, 4, 120);
+        assert_eq!(b.resolve(3, &[]).len, 0);
+        // Blocks through a permutation, clipped per block.
+        let c = Addr { perm: 1, limit: 7, limit_stride: 10, len: 5, base: 4, ..Addr::chunk(Buf::Output, 4, 10, 0, 3, 0) };
+        assert_eq!(c.resolve(0, &[vec![2, 0, 1]]), Span { buf: Buf::Output, offset: 24, len: 3 });
+    }
+}
