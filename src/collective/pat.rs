@@ -1,7 +1,173 @@
-//! (in progress)
-use super::{CollArgs, CollError, Choice, Comm, Knobs};
-use crate::schedule::Schedule;
-/// Builds the schedule.
-pub fn build(_comm: &Comm, args: &CollArgs, choice: &Choice, _knobs: &Knobs) -> Result<Schedule, CollError> {
-    Err(CollError::Unsupported { algo: choice.algo, coll: args.coll, hint: "in progress".into() })
+//! PAT, parallel aggregated trees (NCCL_FACTS §3.6; Jeaugey, arXiv 2506.20252), for
+//! all-gather and reduce-scatter with one GPU per node.
+//!
+//! All-gather is a Bruck-style exchange with the dimension order reversed: at step i a
+//! rank sends to the rank `d_i = 2^(L-1-i)` ahead every block it holds that the other does
+//! not, so each block spreads along a binomial tree rooted at its owner, far dimensions
+//! first, and sends to one peer are aggregated: `ceil(log2 n)` steps and `(n-1)/n` of the
+//! data per rank. Reduce-scatter runs the same exchange backwards, reducing partial sums
+//! as they travel toward their owner. The block sets are the same for every rank up to a
+//! rotation, so one program serves all ranks through rank-relative addresses.
+
+use super::chunking::chunking;
+use super::ring::{loops, single_rank, Loop};
+use super::tree::step;
+use super::{channel_parts, Algo, CollArgs, CollError, Choice, Collective, Comm, Knobs};
+use crate::schedule::*;
+
+/// The exchange: for each step, the distance and the block offsets (relative to the
+/// sender) it sends.
+pub fn pat_steps(n: u32) -> Vec<(u32, Vec<u32>)> {
+    let levels = 32 - (n.max(1) - 1).leading_zeros();
+    let mut have = vec![false; n as usize];
+    have[0] = true;
+    let mut steps = Vec::new();
+    for i in 0..levels {
+        let d = 1u32 << (levels - 1 - i);
+        if d >= n {
+            continue;
+        }
+        // Send what I have that the rank d ahead lacks: offset t with have[t] and not
+        // have[(t - d) mod n] (its set is mine shifted by d).
+        let send: Vec<u32> =
+            (0..n).filter(|&t| have[t as usize] && !have[((t + n - d) % n) as usize]).collect();
+        // I receive the same pattern from d behind: offsets t - d.
+        for &t in &send {
+            have[((t + n - d) % n) as usize] = true;
+        }
+        steps.push((d, send));
+    }
+    steps
+}
+
+/// Builds a PAT schedule.
+pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Result<Schedule, CollError> {
+    let n = comm.nranks;
+    let mut s = Schedule::new(n, args.dtype, args.redop, choice.proto);
+    let (i, o) = args.buffer_elems(n);
+    s.buf_elems = [i, o, if args.coll == Collective::ReduceScatter { i } else { 0 }];
+    if n == 1 {
+        single_rank(args, &mut s);
+        return Ok(s);
+    }
+    let elem = args.dtype.size();
+    let mut ch = chunking(args.coll, Algo::Pat, Proto::Simple, knobs);
+    // Halve the chunk for small calls (NCCL_FACTS §4.3).
+    let nbytes = args.size_bytes(n);
+    let mult = if args.coll == Collective::AllGather { 32 } else { 16 };
+    while ch.chunk_bytes * choice.nchannels as u64 * mult > nbytes && ch.chunk_bytes > 64 << 10 {
+        ch.chunk_bytes /= 2;
+    }
+    let steps = pat_steps(n);
+    // One binding per step toward the peer ahead and one toward the peer behind; the
+    // port tells steps apart when the two are the same rank.
+    let parts = channel_parts(args.count, elem, choice.nchannels);
+    let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
+    for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
+        let c = c as u32;
+        let end = off + len;
+        let lp = loops(off, len, 1, &ch, elem);
+        let prog = if args.coll == Collective::AllGather {
+            allgather(n, &steps, &lp, end, args.count)
+        } else {
+            reducescatter(n, &steps, &lp, end, args.count)
+        };
+        let prog = s.add_program(prog);
+        for r in 0..n {
+            let mut binds = Vec::new();
+            for (k, &(d, _)) in steps.iter().enumerate() {
+                binds.push(Binding::Peer { rank: (r + d) % n, port: k as u8 });
+                binds.push(Binding::Peer { rank: (r + n - d) % n, port: k as u8 });
+            }
+            s.add_stream(r, c, c, r, prog, &binds);
+        }
+    }
+    s.set_channels(used.max(1));
+    s.channel_class = vec![0; used.max(1) as usize];
+    Ok(s)
+}
+
+/// Block `(pos + rel) mod n` of `count`-element blocks, at this loop's offset.
+fn blk(buf: Buf, l: &Loop, rel: i64, n: u32, count: u64, end: u64) -> Addr {
+    Addr {
+        buf,
+        base: l.lb,
+        stride: count,
+        rel: rel as i32,
+        modulus: n,
+        perm: 0,
+        len: l.rc,
+        limit: end,
+        limit_stride: count,
+    }
+}
+
+fn allgather(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count: u64) -> Program {
+    let mut b = ProgramBuilder::new();
+    for l in lp {
+        let own = Addr { limit: end, ..Addr::abs(Buf::Input, l.lb, l.rc) };
+        b.push(Step::copy(own, blk(Buf::Output, l, 0, n, count, end)));
+        for (k, (d, send)) in steps.iter().enumerate() {
+            let (ahead, behind) = (2 * k as u16, 2 * k as u16 + 1);
+            for &t in send {
+                b.push(step(&[], &[ahead], Some(blk(Buf::Output, l, t as i64, n, count, end)), None, false, false));
+            }
+            for &t in send {
+                let rel = t as i64 - *d as i64;
+                b.push(step(&[behind], &[], None, Some(blk(Buf::Output, l, rel, n, count, end)), false, false));
+            }
+        }
+    }
+    b.finish()
+}
+
+fn reducescatter(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count: u64) -> Program {
+    let mut b = ProgramBuilder::new();
+    for l in lp {
+        // Whether the partial of relative block t already lives in scratch.
+        let mut acc = vec![false; n as usize];
+        let src = |acc: &[bool], t: i64| {
+            let tu = t.rem_euclid(n as i64) as usize;
+            blk(if acc[tu] { Buf::Scratch } else { Buf::Input }, l, t, n, count, end)
+        };
+        for (k, (d, send)) in steps.iter().enumerate().rev() {
+            let (ahead, behind) = (2 * k as u16, 2 * k as u16 + 1);
+            // Backwards: partials of blocks I received in the all-gather go back behind.
+            for &t in send {
+                let rel = t as i64 - *d as i64;
+                b.push(step(&[], &[behind], Some(src(&acc, rel)), None, false, false));
+            }
+            // And I receive, from ahead, partials of the blocks I sent forward.
+            for &t in send {
+                let local = src(&acc, t as i64);
+                b.push(step(&[ahead], &[], Some(local), Some(blk(Buf::Scratch, l, t as i64, n, count, end)), true, false));
+                acc[t as usize] = true;
+            }
+        }
+        let out = Addr { limit: end, ..Addr::abs(Buf::Output, l.lb, l.rc) };
+        b.push(Op::Step(Step {
+            recv: Slots::NONE,
+            send: Slots::NONE,
+            local: Some(src(&acc, 0)),
+            write: Some(out),
+            reduce: false,
+            postop: true,
+        }));
+    }
+    b.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pat_gathers_everything_in_log_steps() {
+        for n in 2..70u32 {
+            let steps = pat_steps(n);
+            assert_eq!(steps.len() as u32, 32 - (n - 1).leading_zeros(), "n={n}");
+            let sent: usize = steps.iter().map(|s| s.1.len()).sum();
+            assert_eq!(sent as u32, n - 1, "n={n}: every rank receives n-1 blocks once");
+        }
+    }
 }

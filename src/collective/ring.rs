@@ -12,8 +12,8 @@ use super::chunking::{chunking, slices_for, Chunking};
 use super::{channel_parts, Algo, CollArgs, CollError, Choice, Collective, Comm, Knobs};
 use crate::schedule::*;
 
-const NEXT: u8 = 0;
-const PREV: u8 = 1;
+const NEXT: u16 = 0;
+const PREV: u16 = 1;
 
 /// One loop of a channel: chunks of `rc` elements starting at `lb`, in `nsl` slices of `sl`.
 #[derive(Clone, Copy, Debug)]

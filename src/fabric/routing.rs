@@ -247,9 +247,18 @@ impl<'f> Router<'f> {
         let mut relay = None;
         let mut ty = PathType::Net;
         // Source side: to the rail NIC, directly or through the rail owner (PXN).
-        let src_rail = if own_rail == dst_rail || !opts.pxn { own_rail } else { dst_rail };
-        let src_nic = *hna.nics.get(src_rail as usize)?;
-        let direct = self.local(na, la, src_nic.0 - hna.devices.start)?;
+        let mut src_rail = if own_rail == dst_rail || !opts.pxn { own_rail } else { dst_rail };
+        let mut src_nic = *hna.nics.get(src_rail as usize)?;
+        let mut direct = self.local(na, la, src_nic.0 - hna.devices.start);
+        if direct.is_none() && src_rail != own_rail && opts.rail.is_none() {
+            // The receiver's rail NIC is out of this GPU's reach inside the node (a NIC on
+            // the other Grace of a GB200 tray): leave on our own rail and cross rails in the
+            // network instead.
+            src_rail = own_rail;
+            src_nic = *hna.nics.get(src_rail as usize)?;
+            direct = self.local(na, la, src_nic.0 - hna.devices.start);
+        }
+        let direct = direct?;
         if src_rail != own_rail && direct.1 > PathType::Pxb {
             // Relay through the rail owner over NVLink.
             let owner = self.rail_owner(src_rail)?;

@@ -28,6 +28,7 @@
 //! Architecture invariant: this module knows nothing of fabrics, routing or time. It
 //! depends only on [`crate::units`].
 
+pub mod interp;
 pub mod validate;
 
 use std::fmt;
@@ -221,7 +222,7 @@ impl Addr {
 /// Up to three binding indices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Slots {
-    ids: [u8; 3],
+    ids: [u16; 3],
     n: u8,
 }
 
@@ -229,12 +230,12 @@ impl Slots {
     /// No binding.
     pub const NONE: Slots = Slots { ids: [0; 3], n: 0 };
     /// One binding.
-    pub fn one(a: u8) -> Slots {
+    pub fn one(a: u16) -> Slots {
         Slots { ids: [a, 0, 0], n: 1 }
     }
     /// From a list of at most three bindings (extra ones are an error of the caller and
     /// are rejected by the validator).
-    pub fn from_slice(s: &[u8]) -> Slots {
+    pub fn from_slice(s: &[u16]) -> Slots {
         let mut ids = [0; 3];
         for (i, &x) in s.iter().take(3).enumerate() {
             ids[i] = x;
@@ -242,7 +243,7 @@ impl Slots {
         Slots { ids, n: s.len().min(3) as u8 }
     }
     /// The bindings.
-    pub fn as_slice(&self) -> &[u8] {
+    pub fn as_slice(&self) -> &[u16] {
         &self.ids[..self.n as usize]
     }
     /// Number of bindings.
@@ -299,7 +300,7 @@ pub enum SwitchKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SwitchOp {
     /// Binding of the group.
-    pub group: u8,
+    pub group: u16,
     /// What the switch does.
     pub kind: SwitchKind,
     /// Contribution of this member (None for members that only receive a multicast).
@@ -606,11 +607,11 @@ impl ProgramBuilder {
 /// Shorthand constructors for steps.
 impl Step {
     /// Send a local region.
-    pub fn send(to: u8, src: Addr) -> Op {
+    pub fn send(to: u16, src: Addr) -> Op {
         Op::Step(Step { recv: Slots::NONE, send: Slots::one(to), local: Some(src), write: None, reduce: false, postop: false })
     }
     /// Receive into a region.
-    pub fn recv(from: u8, dst: Addr) -> Op {
+    pub fn recv(from: u16, dst: Addr) -> Op {
         Op::Step(Step { recv: Slots::one(from), send: Slots::NONE, local: None, write: Some(dst), reduce: false, postop: false })
     }
     /// Local copy.

@@ -1,11 +1,23 @@
-//! Static validation of a schedule: every reference resolves (programs, bindings, groups,
-//! slots), every rank is inside the communicator, every address fits its buffer for every
-//! position, steps have a meaning (exactly one input unless they reduce), and peers that
-//! send to each other have matching streams. Dynamic checks (reads of bytes nobody wrote,
-//! deadlocks and dependency cycles) run the schedule symbolically: see [`super::interp`].
+//! Validation of a schedule.
+//!
+//! [`check`] is static: every reference resolves (programs, bindings, groups, slots), every
+//! rank is inside the communicator, every address fits its buffer for every position, steps
+//! have a meaning (exactly one input unless they reduce), and peers that send to each other
+//! have matching streams.
+//!
+//! [`check_dynamic`] runs the schedule symbolically on the reference interpreter
+//! ([`super::interp`]) under one interleaving: it tracks, per rank and buffer, which element
+//! ranges have been written (the input buffer is written from the start, output and scratch
+//! are not) and reports a read of unwritten elements (a step's local operand, a switch op's
+//! source), steps whose inputs or write disagree in length, deadlocks (with what each stuck
+//! stream waits for), dependency cycles through waits, and messages nobody receives.
+//! [`validate`] runs both.
+//!
+//! Architecture invariant: validation knows nothing of fabrics, time or element values.
 
 use std::collections::BTreeSet;
 
+use super::interp::{self, Effects, OpRef, SwitchExec};
 use super::*;
 
 /// A malformed schedule.
@@ -33,6 +45,22 @@ pub enum ScheduleError {
     /// No stream can make progress but some have not finished: a cycle of dependencies.
     #[error("deadlock: {0}")]
     Deadlock(String),
+    /// Sizes that must agree do not: a step's inputs, a step's value and its write, the
+    /// members of a switch op.
+    #[error("stream {stream} (rank {rank}) op {op}: {detail}")]
+    Mismatch {
+        /// Stream.
+        stream: u32,
+        /// Rank.
+        rank: u32,
+        /// Op index.
+        op: u32,
+        /// What disagrees.
+        detail: String,
+    },
+    /// Messages that would be sent and never received.
+    #[error("undelivered messages: {0}")]
+    Undelivered(String),
 }
 
 fn bad(msg: String) -> ScheduleError {
@@ -165,12 +193,12 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
             }
         }
         for (i, ins) in prog.instrs.iter().enumerate() {
-            let slots: Vec<u8> = match &ins.op {
-                Op::Step(st) => st.recv.as_slice().iter().chain(st.send.as_slice()).copied().collect(),
-                Op::Switch(sw) => vec![sw.group],
-                _ => vec![],
+            let (recv, send, group): (&[_], &[_], &[_]) = match &ins.op {
+                Op::Step(st) => (st.recv.as_slice(), st.send.as_slice(), &[]),
+                Op::Switch(sw) => (&[], &[], std::slice::from_ref(&sw.group)),
+                _ => (&[], &[], &[]),
             };
-            for sl in slots {
+            for &sl in recv.iter().chain(send).chain(group) {
                 let Some(b) = binds.get(sl as usize) else {
                     return Err(bad(format!("stream {si} op {i} uses binding {sl}, but the stream has {}", binds.len())));
                 };
@@ -195,4 +223,164 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
         }
     }
     Ok(())
+}
+
+/// Runs [`check`], then the schedule symbolically under the interleaving drawn from `seed`
+/// (see the module documentation). Different seeds explore different interleavings.
+pub fn check_dynamic(s: &Schedule, seed: u64) -> Result<(), ScheduleError> {
+    let mut fx = Symbolic::new(s);
+    interp::run(s, &mut fx, seed).map(|_| ())
+}
+
+/// Static and dynamic validation ([`check`] then [`check_dynamic`]).
+pub fn validate(s: &Schedule, seed: u64) -> Result<(), ScheduleError> {
+    check_dynamic(s, seed)
+}
+
+/// A set of element ranges: sorted, disjoint, non-adjacent half-open intervals.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Ranges(Vec<(u64, u64)>);
+
+impl Ranges {
+    /// Adds `[a, b)`.
+    pub(crate) fn insert(&mut self, a: u64, b: u64) {
+        if a >= b {
+            return;
+        }
+        let v = &mut self.0;
+        // Intervals that touch [a, b) are v[i..j].
+        let i = v.partition_point(|r| r.1 < a);
+        let j = v.partition_point(|r| r.0 <= b);
+        if i == j {
+            v.insert(i, (a, b));
+        } else {
+            let merged = (v[i].0.min(a), v[j - 1].1.max(b));
+            v[i] = merged;
+            v.drain(i + 1..j);
+        }
+    }
+
+    /// The first part of `[a, b)` that is not in the set.
+    pub(crate) fn first_gap(&self, a: u64, b: u64) -> Option<(u64, u64)> {
+        if a >= b {
+            return None;
+        }
+        let v = &self.0;
+        let i = v.partition_point(|r| r.1 <= a);
+        match v.get(i) {
+            Some(&(s, e)) if s <= a => {
+                if e >= b {
+                    None
+                } else {
+                    let end = v.get(i + 1).map_or(b, |r| r.0.min(b));
+                    Some((e, end))
+                }
+            }
+            Some(&(s, _)) => Some((a, s.min(b))),
+            None => Some((a, b)),
+        }
+    }
+}
+
+/// Symbolic effects: messages are lengths, buffers are sets of written ranges.
+struct Symbolic {
+    written: Vec<[Ranges; 3]>,
+}
+
+impl Symbolic {
+    fn new(s: &Schedule) -> Symbolic {
+        let mut input = Ranges::default();
+        input.insert(0, s.buf_elems[Buf::Input as usize]);
+        Symbolic { written: (0..s.nranks).map(|_| [input.clone(), Ranges::default(), Ranges::default()]).collect() }
+    }
+
+    fn read(&self, at: OpRef, sp: Span) -> Result<(), ScheduleError> {
+        match self.written[at.rank as usize][sp.buf as usize].first_gap(sp.offset, sp.offset + sp.len) {
+            None => Ok(()),
+            Some((start, end)) => Err(ScheduleError::ReadBeforeWrite {
+                stream: at.stream,
+                rank: at.rank,
+                op: at.op,
+                buf: sp.buf,
+                start,
+                end,
+            }),
+        }
+    }
+
+    fn write(&mut self, rank: u32, sp: Span) {
+        self.written[rank as usize][sp.buf as usize].insert(sp.offset, sp.offset + sp.len);
+    }
+}
+
+impl Effects for Symbolic {
+    type Msg = u64;
+
+    fn len(m: &u64) -> u64 {
+        *m
+    }
+
+    fn step(
+        &mut self,
+        at: OpRef,
+        step: &Step,
+        recvd: &mut Vec<u64>,
+        local: Option<Span>,
+        write: Option<Span>,
+    ) -> Result<Option<u64>, ScheduleError> {
+        if let Some(sp) = local {
+            self.read(at, sp)?;
+        }
+        let len = recvd.first().copied().or(local.map(|sp| sp.len)).unwrap_or(0);
+        if let Some(w) = write {
+            self.write(at.rank, w);
+        }
+        Ok((!step.send.is_empty()).then_some(len))
+    }
+
+    fn duplicate(&mut self, m: &u64) -> u64 {
+        *m
+    }
+
+    fn switch(&mut self, op: &SwitchExec<'_>) -> Result<(), ScheduleError> {
+        for (m, p) in op.parts.iter().enumerate() {
+            if let (true, Some(sp)) = (op.reads(m), p.src) {
+                self.read(p.at, sp)?;
+            }
+        }
+        for (m, p) in op.parts.iter().enumerate() {
+            if let (true, Some(sp)) = (op.writes(m), p.dst) {
+                self.write(p.at.rank, sp);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_and_find_gaps() {
+        let mut r = Ranges::default();
+        r.insert(10, 20);
+        r.insert(30, 40);
+        assert_eq!(r.first_gap(10, 20), None);
+        assert_eq!(r.first_gap(5, 15), Some((5, 10)));
+        assert_eq!(r.first_gap(15, 35), Some((20, 30)));
+        assert_eq!(r.first_gap(35, 50), Some((40, 50)));
+        assert_eq!(r.first_gap(20, 25), Some((20, 25)));
+        assert_eq!(r.first_gap(7, 7), None);
+        r.insert(20, 30); // adjacent on both sides: one interval
+        assert_eq!(r.0, vec![(10, 40)]);
+        r.insert(0, 5);
+        r.insert(50, 60);
+        r.insert(3, 55);
+        assert_eq!(r.0, vec![(0, 60)]);
+        r.insert(70, 80);
+        r.insert(62, 65);
+        assert_eq!(r.0, vec![(0, 60), (62, 65), (70, 80)]);
+        assert_eq!(r.first_gap(0, 100), Some((60, 62)));
+    }
 }
