@@ -23,10 +23,12 @@
 
 #![warn(missing_docs)]
 
+pub mod calibrate;
 pub mod collective;
 pub mod engine;
 pub mod exec;
 pub mod fabric;
+pub mod scenario;
 pub mod schedule;
 pub mod report;
 pub mod units;

@@ -19,6 +19,8 @@ struct Args {
 enum Command {
     /// Summarise a topology: devices, links, per-GPU bandwidth, rails, bisection; --dot, --json, --path.
     Topo(cli::topo::TopoArgs),
+    /// nccl-tests-style collective benchmark on a simulated fabric (-c -b -e -f -d -o -g).
+    Bench(cli::bench::BenchArgs),
     /// Draw a line chart (PNG and SVG) from a results CSV: --x, --y, --series, --facet, --filter.
     Plot(cli::plot::PlotArgs),
 }
@@ -27,6 +29,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.command {
         Command::Topo(a) => cli::topo::run(a),
+        Command::Bench(a) => cli::bench::run(a),
         Command::Plot(a) => cli::plot::run(a),
     };
     match result {

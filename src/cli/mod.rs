@@ -1,5 +1,6 @@
 //! One module per subcommand: argument structs (clap) and the glue that calls the library.
 //! Only this binary-side code prints to the terminal or touches the process.
 
+pub mod bench;
 pub mod plot;
 pub mod topo;

@@ -142,13 +142,11 @@ fn direct(s: &mut Schedule, comm: &Comm, c: u32, lp: &[Loop], end: u64, heads: &
             // Slots: one per other local rank (by local index), then my SHARP group.
             let others: Vec<usize> = (0..node.len()).filter(|&q| q != pos).collect();
             let slot_of = |q: usize| others.iter().position(|&x| x == q).map(|i| i as u16);
-            let mut binds: Vec<Binding> = others.iter().map(|&q| Binding::Peer { rank: node[q], port: 0 }).collect();
-            let sharp_slot = binds.len() as u16;
-            if let Some(j) = my_head {
-                binds.push(Binding::Group(sharp[j]));
-            }
+            let binds: Vec<Binding> = others.iter().map(|&q| Binding::Peer { rank: node[q], port: 0 }).collect();
+            // Lane A: scatter my pieces to their heads; a head then reduces its piece from
+            // every local rank. Lane C (heads): SHARP on each reduced piece. Lane B: broadcast.
             let mut a = ProgramBuilder::new();
-            let mut handoff = Vec::new();
+            let mut reduced = Vec::new();
             for l in lp {
                 for (j, &h) in heads.iter().enumerate() {
                     if my_head != Some(j) {
@@ -160,41 +158,55 @@ fn direct(s: &mut Schedule, comm: &Comm, c: u32, lp: &[Loop], end: u64, heads: &
                 if let Some(j) = my_head {
                     let p = |buf| piece(buf, l, j as u64, end);
                     let mut last = None;
-                    let mut first = true;
-                    for &q in &others {
+                    for (k, &q) in others.iter().enumerate() {
                         let sl = slot_of(q).unwrap_or(0);
-                        let local = if first { p(Buf::Input) } else { p(Buf::Output) };
+                        let local = if k == 0 { p(Buf::Input) } else { p(Buf::Output) };
                         last = Some(a.push(step(&[sl], &[], Some(local), Some(p(Buf::Output)), true, false)));
-                        first = false;
                     }
-                    let r = match last {
+                    reduced.push(match last {
                         Some(r) => r,
                         None => a.push(step(&[], &[], Some(p(Buf::Input)), Some(p(Buf::Output)), false, false)),
-                    };
-                    let len = p(Buf::Output).resolve(0, &[]).len;
-                    handoff.push(a.push_after(sharp_op(sharp_slot, p(Buf::Output), len), r));
+                    });
                 }
             }
             let prog = s.add_program(a.finish());
-            let stream_a = s.add_stream(me, 2 * c, c, pos as u32, prog, &binds);
+            let peers: Vec<Binding> = binds[..others.len()].to_vec();
+            let stream_a = s.add_stream(me, 3 * c, c, pos as u32, prog, &peers);
+            let mut handoff = Vec::new();
+            let mut stream_c = 0;
+            if let Some(j) = my_head {
+                let mut cb = ProgramBuilder::new();
+                for (l, &r) in lp.iter().zip(&reduced) {
+                    let p = piece(Buf::Output, l, j as u64, end);
+                    cb.push(Op::Wait { stream: stream_a, op: r });
+                    handoff.push(cb.push(sharp_op(0, p, p.resolve(0, &[]).len)));
+                }
+                let prog = s.add_program(cb.finish());
+                stream_c = s.add_stream(me, 3 * c + 2, c, pos as u32, prog, &[Binding::Group(sharp[j])]);
+            }
             let mut b = ProgramBuilder::new();
             let mut hand = handoff.into_iter();
+            // A head first sends its own piece, then takes the others' (in head order), so
+            // the heads' broadcasts overlap instead of waiting on one another.
             for l in lp {
-                for (j, &h) in heads.iter().enumerate() {
+                if let Some(j) = my_head {
                     let p = piece(Buf::Output, l, j as u64, end);
-                    if my_head == Some(j) {
-                        b.push(Op::Wait { stream: stream_a, op: hand.next().unwrap_or(0) });
-                        for chunk in others.chunks(3) {
-                            let sl: Vec<u16> = chunk.iter().filter_map(|&q| slot_of(q)).collect();
-                            b.push(step(&[], &sl, Some(p), None, false, false));
+                    b.push(Op::Wait { stream: stream_c, op: hand.next().unwrap_or(0) });
+                    for chunk in others.chunks(3) {
+                        let sl: Vec<u16> = chunk.iter().filter_map(|&q| slot_of(q)).collect();
+                        b.push(step(&[], &sl, Some(p), None, false, false));
+                    }
+                }
+                for (j, &h) in heads.iter().enumerate() {
+                    if my_head != Some(j) {
+                        if let Some(sl) = slot_of(h as usize) {
+                            b.push(step(&[sl], &[], None, Some(piece(Buf::Output, l, j as u64, end)), false, false));
                         }
-                    } else if let Some(sl) = slot_of(h as usize) {
-                        b.push(step(&[sl], &[], None, Some(p), false, false));
                     }
                 }
             }
             let prog = s.add_program(b.finish());
-            s.add_stream(me, 2 * c + 1, c, pos as u32, prog, &binds);
+            s.add_stream(me, 3 * c + 1, c, pos as u32, prog, &peers);
         }
     }
 }

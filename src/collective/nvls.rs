@@ -22,7 +22,7 @@ use crate::schedule::*;
 
 /// Loops of switch operations a channel keeps in flight (NVLS buffers hold a few chunks per
 /// head; NCCL_FACTS §3.5).
-const LOOPS_IN_FLIGHT: u32 = 4;
+const LOOPS_IN_FLIGHT: u32 = 2;
 
 fn piece(buf: Buf, l: &Loop, j: u64, end: u64) -> Addr {
     Addr { limit: end, ..Addr::abs(buf, l.lb + j * l.rc, l.rc) }
@@ -212,38 +212,41 @@ fn multi_node_allreduce(s: &mut Schedule, comm: &Comm, c: u32, lp: &[Loop], end:
             })
             .collect()
     };
-    let (lane_a, lane_b) = (2 * c, 2 * c + 1);
+    // Lane A: the in-switch reductions (never blocks but for its window); lane C (heads):
+    // the inter-node step of each finished piece; lane B: tree broadcast and multicast.
+    let (lane_a, lane_b, lane_c) = (3 * c, 3 * c + 1, 3 * c + 2);
     for d in 0..nodes {
         let node = &comm.nodes[d as usize];
         for (pos, &me) in node.iter().enumerate() {
             let my_head = heads.iter().position(|&h| h as usize == pos);
-            // Bindings: 0 = intra group; then SHARP group or tree parent and children.
-            let mut binds_a = vec![Binding::Group(red[d as usize])];
+            // Bindings of lanes B and C: SHARP group or tree parent and children.
+            let binds_a = vec![Binding::Group(red[d as usize])];
             let mut binds_b = vec![Binding::Group(mc[d as usize])];
+            let mut binds_c = Vec::new();
             let (mut parent_slot, mut kid_slots) = (None, Vec::new());
             if let Some(j) = my_head {
                 if tree {
                     let head_of = |nd: u32| comm.nodes[nd as usize][heads[j] as usize];
                     if let Some(p) = parents[d as usize] {
-                        parent_slot = Some(binds_a.len() as u16);
-                        binds_a.push(Binding::Peer { rank: head_of(p), port: 0 });
+                        parent_slot = Some(binds_b.len() as u16);
                         binds_b.push(Binding::Peer { rank: head_of(p), port: 0 });
+                        binds_c.push(Binding::Peer { rank: head_of(p), port: 0 });
                     }
                     for &k in &kids[d as usize] {
-                        kid_slots.push(binds_a.len() as u16);
-                        binds_a.push(Binding::Peer { rank: head_of(k), port: 0 });
+                        kid_slots.push(binds_b.len() as u16);
                         binds_b.push(Binding::Peer { rank: head_of(k), port: 0 });
+                        binds_c.push(Binding::Peer { rank: head_of(k), port: 0 });
                     }
                 } else {
-                    binds_a.push(Binding::Group(sharp[j]));
+                    binds_c.push(Binding::Group(sharp[j]));
                 }
             }
+            // Lane C numbers its slots from 0 (no intra group binding).
+            let c_parent = parent_slot.map(|x| x - 1);
+            let c_kids: Vec<u16> = kid_slots.iter().map(|x| x - 1).collect();
             let mut a = ProgramBuilder::new();
-            let mut handoff = Vec::new();
-            // Index of each loop's first reduce, to keep a bounded number of loops in flight.
-            let mut loop_start: Vec<u32> = Vec::new();
-            for l in lp {
-                loop_start.push(a.len() as u32);
+            let mut reduces = Vec::new();
+            for (li, l) in lp.iter().enumerate() {
                 for (j, &h) in heads.iter().enumerate() {
                     let p = |buf| piece(buf, l, j as u64, end);
                     let len = p(Buf::Input).resolve(0, &[]).len;
@@ -256,37 +259,44 @@ fn multi_node_allreduce(s: &mut Schedule, comm: &Comm, c: u32, lp: &[Loop], end:
                         len,
                         postop: false,
                     });
-                    let rt = match (j, loop_start.len().checked_sub(1 + LOOPS_IN_FLIGHT as usize)) {
-                        (0, Some(old)) => a.push_after(op, loop_start[old] + heads.len() as u32 - 1),
-                        _ => a.push(op),
-                    };
-                    if !mine {
-                        continue;
+                    let i = a.len() as u32;
+                    push_windowed(&mut a, op, i, LOOPS_IN_FLIGHT * heads.len() as u32);
+                    if mine {
+                        reduces.push((li, i));
                     }
-                    let done = if tree {
-                        let op = match parent_slot {
-                            Some(ps) => step(&kid_slots, &[ps], Some(p(Buf::Output)), None, true, false),
-                            None => step(&kid_slots, &[], Some(p(Buf::Output)), Some(p(Buf::Output)), true, true),
-                        };
-                        a.push_after(op, rt)
-                    } else {
-                        a.push_after(
-                            Op::Switch(SwitchOp {
-                                group: 1,
-                                kind: SwitchKind::AllReduce { head: None },
-                                src: Some(p(Buf::Output)),
-                                dst: Some(p(Buf::Output)),
-                                len,
-                                postop: true,
-                            }),
-                            rt,
-                        )
-                    };
-                    handoff.push(done);
                 }
             }
             let prog_a = s.add_program(a.finish());
             let stream_a = s.add_stream(me, lane_a, c, pos as u32, prog_a, &binds_a);
+            let mut handoff = Vec::new();
+            let mut stream_c = 0;
+            if let Some(j) = my_head {
+                let mut cb = ProgramBuilder::new();
+                for &(li, rt) in &reduces {
+                    let l = &lp[li];
+                    let p = |buf| piece(buf, l, j as u64, end);
+                    let len = p(Buf::Output).resolve(0, &[]).len;
+                    cb.push(Op::Wait { stream: stream_a, op: rt });
+                    let op = if tree {
+                        match c_parent {
+                            Some(ps) => step(&c_kids, &[ps], Some(p(Buf::Output)), None, true, false),
+                            None => step(&c_kids, &[], Some(p(Buf::Output)), Some(p(Buf::Output)), true, true),
+                        }
+                    } else {
+                        Op::Switch(SwitchOp {
+                            group: 0,
+                            kind: SwitchKind::AllReduce { head: None },
+                            src: Some(p(Buf::Output)),
+                            dst: Some(p(Buf::Output)),
+                            len,
+                            postop: true,
+                        })
+                    };
+                    handoff.push(cb.push(op));
+                }
+                let prog_c = s.add_program(cb.finish());
+                stream_c = s.add_stream(me, lane_c, c, pos as u32, prog_c, &binds_c);
+            }
             let mut b = ProgramBuilder::new();
             let mut next_handoff = handoff.into_iter();
             for l in lp {
@@ -301,13 +311,13 @@ fn multi_node_allreduce(s: &mut Schedule, comm: &Comm, c: u32, lp: &[Loop], end:
                                 b.push(step(&[ps], &kid_slots, None, Some(p(Buf::Output)), false, false));
                             }
                             (true, None) => {
-                                b.push(Op::Wait { stream: stream_a, op });
+                                b.push(Op::Wait { stream: stream_c, op });
                                 if !kid_slots.is_empty() {
                                     b.push(step(&[], &kid_slots, Some(p(Buf::Output)), None, false, false));
                                 }
                             }
                             (false, _) => {
-                                b.push(Op::Wait { stream: stream_a, op });
+                                b.push(Op::Wait { stream: stream_c, op });
                             }
                         }
                     }

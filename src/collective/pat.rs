@@ -109,10 +109,10 @@ fn allgather(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count: u6
         b.push(Step::copy(own, blk(Buf::Output, l, 0, n, count, end)));
         for (k, (d, send)) in steps.iter().enumerate() {
             let (ahead, behind) = (2 * k as u16, 2 * k as u16 + 1);
+            // Alternate sends and receives so that no more than one message per peer
+            // waits for a credit (a step may carry more blocks than the FIFO holds).
             for &t in send {
                 b.push(step(&[], &[ahead], Some(blk(Buf::Output, l, t as i64, n, count, end)), None, false, false));
-            }
-            for &t in send {
                 let rel = t as i64 - *d as i64;
                 b.push(step(&[behind], &[], None, Some(blk(Buf::Output, l, rel, n, count, end)), false, false));
             }
@@ -133,12 +133,11 @@ fn reducescatter(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count
         for (k, (d, send)) in steps.iter().enumerate().rev() {
             let (ahead, behind) = (2 * k as u16, 2 * k as u16 + 1);
             // Backwards: partials of blocks I received in the all-gather go back behind.
+            // And I receive, from ahead, partials of the blocks I sent forward; sends and
+            // receives alternate (see the all-gather).
             for &t in send {
                 let rel = t as i64 - *d as i64;
                 b.push(step(&[], &[behind], Some(src(&acc, rel)), None, false, false));
-            }
-            // And I receive, from ahead, partials of the blocks I sent forward.
-            for &t in send {
                 let local = src(&acc, t as i64);
                 b.push(step(&[ahead], &[], Some(local), Some(blk(Buf::Scratch, l, t as i64, n, count, end)), true, false));
                 acc[t as usize] = true;

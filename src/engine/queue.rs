@@ -1,16 +1,17 @@
-//! The event queue: a binary min-heap of `(time, sequence, payload)` triples. The sequence
+//! The event queue: a 4-ary min-heap of `(time, sequence, payload)` triples. The sequence
 //! number makes the order total, so equal-time events pop in insertion order and a run is
 //! deterministic. Nothing here allocates once the heap has grown to its working size.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+
+use dary_heap::QuaternaryHeap;
 
 use crate::units::SimTime;
 
 /// A deterministic priority queue of events carrying a `u64` payload.
 #[derive(Debug, Default)]
 pub struct EventQueue {
-    heap: BinaryHeap<Reverse<(u64, u64, u64)>>,
+    heap: QuaternaryHeap<Reverse<(u128, u64)>>,
     seq: u64,
 }
 
@@ -23,19 +24,19 @@ impl EventQueue {
     /// Schedules `payload` at `at`.
     #[inline]
     pub fn push(&mut self, at: SimTime, payload: u64) {
-        self.heap.push(Reverse((at.0, self.seq, payload)));
+        self.heap.push(Reverse((((at.0 as u128) << 64) | self.seq as u128, payload)));
         self.seq += 1;
     }
 
     /// Removes the earliest event.
     #[inline]
     pub fn pop(&mut self) -> Option<(SimTime, u64)> {
-        self.heap.pop().map(|Reverse((t, _, p))| (SimTime(t), p))
+        self.heap.pop().map(|Reverse((k, p))| (SimTime((k >> 64) as u64), p))
     }
 
     /// Time of the earliest event.
     pub fn peek_time(&self) -> Option<SimTime> {
-        self.heap.peek().map(|Reverse((t, _, _))| SimTime(*t))
+        self.heap.peek().map(|Reverse((k, _))| SimTime((*k >> 64) as u64))
     }
 
     /// Pending events.

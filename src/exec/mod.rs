@@ -6,4 +6,5 @@
 //! they know nothing of which algorithm produced the schedule.
 
 pub mod cpu;
+pub mod analytic;
 pub mod simulate;

@@ -169,7 +169,8 @@ struct StreamState {
     /// Switch ops issued per binding.
     group_count: Vec<u32>,
     finished: bool,
-    waiters: Vec<u32>,
+    /// Streams blocked on a Wait for one of this stream's ops: (op, waiting stream).
+    waiters: Vec<(u32, u32)>,
 }
 
 #[derive(Clone, Copy)]
@@ -220,6 +221,8 @@ struct Sim<'a> {
     payload: f64,
     compute_res: BTreeMap<u32, PathRef>,
     end: SimTime,
+    /// Streams to advance once the current one is done (avoids re-entrancy).
+    pending_wakes: Vec<u32>,
 }
 
 fn granule(kind: LinkKind) -> u32 {
@@ -271,17 +274,39 @@ impl<'a> Sim<'a> {
         let mut conns: Vec<ConnState> = Vec::new();
         let mut conn_routes: Vec<(Vec<LinkId>, PathType)> = Vec::new();
         let mut stream_conns: Vec<Vec<(u32, u32)>> = Vec::new();
+        // Which binding slots each program sends on: only those directions carry traffic.
+        let sends: Vec<Vec<bool>> = s
+            .programs
+            .iter()
+            .map(|p| {
+                let mut v = Vec::new();
+                for ins in &p.instrs {
+                    if let Op::Step(st) = &ins.op {
+                        for &b in st.send.as_slice() {
+                            if v.len() <= b as usize {
+                                v.resize(b as usize + 1, false);
+                            }
+                            v[b as usize] = true;
+                        }
+                    }
+                }
+                v
+            })
+            .collect();
         for (i, st) in s.streams.iter().enumerate() {
             let simulated = stream_index[i] != u32::MAX;
             let mut binds = Vec::new();
-            for b in s.stream_bindings(st) {
+            for (slot, b) in s.stream_bindings(st).iter().enumerate() {
                 match *b {
                     Binding::Peer { rank, port } => {
-                        let (links, _) = route(st.rank, rank, st.channel)?;
-                        for l in &links {
-                            uses_all[l.idx()] += 1;
-                            if simulated {
-                                uses_rep[l.idx()] += 1;
+                        let sends_here = sends[st.program as usize].get(slot).copied().unwrap_or(false);
+                        if sends_here {
+                            let (links, _) = route(st.rank, rank, st.channel)?;
+                            for l in &links {
+                                uses_all[l.idx()] += 1;
+                                if simulated {
+                                    uses_rep[l.idx()] += 1;
+                                }
                             }
                         }
                         if !simulated {
@@ -466,6 +491,7 @@ impl<'a> Sim<'a> {
             payload,
             compute_res,
             end: SimTime::ZERO,
+            pending_wakes: Vec::new(),
         };
         Ok((sim, engine))
     }
@@ -533,7 +559,7 @@ impl<'a> Sim<'a> {
                         if sender != u32::MAX {
                             let sk = self.stream_index[sender as usize];
                             if sk != u32::MAX && sk != k {
-                                api.timer(now, wake_tag(sk));
+                                self.pending_wakes.push(sk);
                             }
                         }
                     }
@@ -583,7 +609,10 @@ impl<'a> Sim<'a> {
                 Op::Wait { stream, op } => {
                     let ws = self.stream_index[*stream as usize];
                     if ws != u32::MAX && self.streams[ws as usize].pending[*op as usize] != 0 {
-                        self.streams[ws as usize].waiters.push(k);
+                        let w = &mut self.streams[ws as usize].waiters;
+                        if !w.contains(&(*op, k)) {
+                            w.push((*op, k));
+                        }
                         return;
                     }
                     self.streams[ku].pending[i] = 0;
@@ -631,18 +660,39 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn op_done(&mut self, api: &mut dyn EngineApi, k: u32, op: u32) {
+    fn op_done(&mut self, k: u32, op: u32) {
         let ss = &mut self.streams[k as usize];
         let p = &mut ss.pending[op as usize];
         if *p != u8::MAX && *p > 0 {
             *p -= 1;
         }
-        if *p == 0 {
-            let waiters = std::mem::take(&mut ss.waiters);
-            for w in waiters {
-                api.timer(api.now(), wake_tag(w));
+        if *p != 0 {
+            return;
+        }
+        // Wake the streams waiting for exactly this op, and this stream if its next op
+        // depends on it.
+        let mut i = 0;
+        while i < ss.waiters.len() {
+            if ss.waiters[i].0 == op {
+                let (_, w) = ss.waiters.swap_remove(i);
+                self.pending_wakes.push(w);
+            } else {
+                i += 1;
             }
-            api.timer(api.now(), wake_tag(k));
+        }
+        let si = self.sim_streams[k as usize] as usize;
+        let prog = &self.s.programs[self.s.streams[si].program as usize].instrs;
+        if let Some(next) = prog.get(ss.pc as usize) {
+            if next.after > 0 && ss.pc - next.after == op {
+                self.pending_wakes.push(k);
+            }
+        }
+    }
+
+    /// Advances every stream queued for waking.
+    fn run_wakes(&mut self, api: &mut dyn EngineApi) {
+        while let Some(w) = self.pending_wakes.pop() {
+            self.advance(api, w);
         }
     }
 
@@ -699,15 +749,15 @@ impl Handler for Sim<'_> {
                         let c = &mut self.conns[conn as usize];
                         c.queue.push_back(rec.bytes);
                         let recv = c.receiver;
-                        self.op_done(api, rec.stream, rec.op);
+                        self.op_done(rec.stream, rec.op);
                         if recv != u32::MAX {
                             let rk = self.stream_index[recv as usize];
                             if rk != u32::MAX {
-                                self.advance(api, rk);
+                                self.pending_wakes.push(rk);
                             }
                         }
                     }
-                    FlowKind::Local | FlowKind::Compute => self.op_done(api, rec.stream, rec.op),
+                    FlowKind::Local | FlowKind::Compute => self.op_done(rec.stream, rec.op),
                     FlowKind::Switch { group, inst, phase } => {
                         let g = &self.groups[group as usize];
                         let gid = g.id;
@@ -726,12 +776,13 @@ impl Handler for Sim<'_> {
                         }
                         self.groups[group as usize].pending.remove(&inst);
                         for (k, op) in members {
-                            self.op_done(api, k, op);
+                            self.op_done(k, op);
                         }
                     }
                 }
             }
         }
+        self.run_wakes(api);
         let _ = TAG_FLOW;
     }
 }

@@ -57,6 +57,16 @@ pub fn build(spec: &TopologySpec, opts: &BuildOpts) -> Result<Fabric, TopologyEr
         return Err(err(spec, format!("{nodes} nodes is more than fabricsim supports (131072)")));
     }
     let tmpl = restrict_gpus(spec, opts.gpus_per_node)?;
+    let total = nodes as u64 * tmpl.devices.len() as u64;
+    if total > 8_000_000 {
+        return Err(err(
+            spec,
+            format!(
+                "{nodes} nodes of {} devices make {total} devices, more than fabricsim builds (8M)",
+                tmpl.devices.len()
+            ),
+        ));
+    }
     let mut params = ModelParams::for_generation(spec.gpu.generation);
     for t in [spec.params.as_ref(), opts.params.as_ref()].into_iter().flatten() {
         params = params.overlay(t).map_err(|e| err(spec, format!("model parameters: {e}")))?;

@@ -12,6 +12,11 @@
 //! [[node.links]]                # between = ["gpu", "nvswitch"], kind = nvlink|pcie|inter_socket|c2c, ...
 //! [cluster]                     # nodes, [cluster.nvlink_domain], [cluster.network]
 //! ```
+//!
+//! `[cluster.network]` keys: `topology` (rail_optimized | fat_tree), `rate`, `latency`,
+//! `switch = { model, radix, latency, sharp = { generation, alu_bw, max_trees, dtypes } }`,
+//! `nodes_per_su`, `tiers`, `two_tier_max_leaves` (leaves a two-tier fabric may hold before
+//! a core tier is added; default the radix) and `oversubscription`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -186,6 +191,7 @@ struct NetworkFile {
     switch: SwitchFile,
     nodes_per_su: Option<Spanned<u32>>,
     tiers: Option<Spanned<u8>>,
+    two_tier_max_leaves: Option<Spanned<u32>>,
     oversubscription: Option<Spanned<f64>>,
 }
 
@@ -332,8 +338,26 @@ pub fn merge_tables(base: &mut toml::Table, over: toml::Table) {
 
 // ---------------------------------------------------------------- validation
 
+/// Most bandwidth one link or memory may have (1 PB/s): far above any hardware, low enough
+/// that sums over a node's links cannot overflow.
+const MAX_BW: Bandwidth = Bandwidth(1_000_000_000_000_000);
+
+/// Most lanes one link may aggregate, and most devices one node may declare.
+const MAX_LANES: u32 = 256;
+const MAX_NODE_DEVICES: usize = 1024;
+
 fn parse_bw(src: &Source, s: &Spanned<String>) -> Result<Bandwidth, TopologyError> {
-    units::parse_bandwidth(s.get_ref()).map_err(|e| src.at(s.span(), e.to_string()))
+    let bw = units::parse_bandwidth(s.get_ref()).map_err(|e| src.at(s.span(), e.to_string()))?;
+    if bw > MAX_BW {
+        return Err(src.at(
+            s.span(),
+            format!(
+                "{:?} is more than any link or memory carries; valid: up to 1 PB/s",
+                s.get_ref()
+            ),
+        ));
+    }
+    Ok(bw)
 }
 
 fn parse_lat(src: &Source, s: &Option<Spanned<String>>) -> Result<Option<SimTime>, TopologyError> {
@@ -472,9 +496,17 @@ fn to_node(src: &Source, n: &NodeFile) -> Result<NodeTemplate, TopologyError> {
             return Err(src.at(d.name.span(), format!("device name {name:?} is declared twice")));
         }
         let count = d.count.as_ref().map(|c| *c.get_ref()).unwrap_or(1);
-        if count == 0 {
-            if let Some(c) = &d.count {
+        if let Some(c) = &d.count {
+            if count == 0 {
                 return Err(src.at(c.span(), "count must be at least 1"));
+            }
+            if devices.len() + count as usize > MAX_NODE_DEVICES {
+                return Err(src.at(
+                    c.span(),
+                    format!(
+                        "a node holds at most {MAX_NODE_DEVICES} devices; count = {count} goes beyond"
+                    ),
+                ));
             }
         }
         let kind_name = d.kind.get_ref().as_str();
@@ -548,6 +580,12 @@ fn to_node(src: &Source, n: &NodeFile) -> Result<NodeTemplate, TopologyError> {
             devices.push(DeviceTemplate { name: inst, kind, model: d.model.clone() });
         }
         groups.insert(name.clone(), (first, count));
+    }
+    if devices.len() > MAX_NODE_DEVICES {
+        return Err(src.invalid(format!(
+            "a node holds at most {MAX_NODE_DEVICES} devices, this one {}",
+            devices.len()
+        )));
     }
     if gpus.is_empty() {
         return Err(src.invalid("the node declares no device of kind \"gpu\""));
@@ -644,8 +682,9 @@ fn to_links(src: &Source, l: &LinkFile, groups: &Groups) -> Result<Vec<LinkTempl
         }
     };
     let lanes = match (&l.lanes, kind) {
-        (Some(n), _) if *n.get_ref() == 0 => {
-            return Err(src.at(n.span(), "lanes must be at least 1"));
+        (Some(n), _) if !(1..=MAX_LANES).contains(n.get_ref()) => {
+            let msg = format!("lanes = {} is not valid; valid: 1 to {MAX_LANES}", n.get_ref());
+            return Err(src.at(n.span(), msg));
         }
         (Some(n), _) => *n.get_ref(),
         (None, LinkKind::Pcie { width, .. }) => width as u32,
@@ -719,8 +758,14 @@ fn to_domain(src: &Source, d: &DomainFile) -> Result<DomainSpec, TopologyError> 
     if *d.nodes.get_ref() == 0 {
         return Err(src.at(d.nodes.span(), "nvlink_domain.nodes must be at least 1"));
     }
-    if *d.lanes.get_ref() == 0 {
-        return Err(src.at(d.lanes.span(), "nvlink_domain.lanes must be at least 1"));
+    if !(1..=MAX_LANES).contains(d.lanes.get_ref()) {
+        return Err(src.at(
+            d.lanes.span(),
+            format!(
+                "nvlink_domain.lanes = {} is not valid; valid: 1 to {MAX_LANES}",
+                d.lanes.get_ref()
+            ),
+        ));
     }
     let gen = *d.gen.get_ref();
     if !(2..=5).contains(&gen) {
@@ -749,8 +794,11 @@ fn to_network(src: &Source, n: &NetworkFile) -> Result<NetworkSpec, TopologyErro
     };
     let rate = parse_bw(src, &n.rate)?;
     let radix = *n.switch.radix.get_ref();
-    if radix < 2 {
-        return Err(src.at(n.switch.radix.span(), "switch radix must be at least 2"));
+    if !(2..=1024).contains(&radix) {
+        return Err(src.at(
+            n.switch.radix.span(),
+            format!("switch radix {radix} is not valid; valid: 2 to 1024 ports"),
+        ));
     }
     let sharp = match &n.switch.sharp {
         Some(s) => {
@@ -784,6 +832,18 @@ fn to_network(src: &Source, n: &NetworkFile) -> Result<NetworkSpec, TopologyErro
             return Err(src.at(t.span(), "tiers must be 1, 2 or 3"));
         }
     }
+    if let Some(m) = &n.two_tier_max_leaves {
+        if !(2..=radix).contains(m.get_ref()) {
+            return Err(src.at(
+                m.span(),
+                format!(
+                    "two_tier_max_leaves = {} must be between 2 and the switch radix {radix} \
+                     (a spine has one port per leaf at least)",
+                    m.get_ref()
+                ),
+            ));
+        }
+    }
     let nodes_per_su = n.nodes_per_su.as_ref().map(|s| *s.get_ref()).unwrap_or(32);
     if nodes_per_su == 0 {
         return Err(src.at(n.nodes_per_su.as_ref().map(|s| s.span()).unwrap_or(n.topology.span()),
@@ -801,6 +861,7 @@ fn to_network(src: &Source, n: &NetworkFile) -> Result<NetworkSpec, TopologyErro
         },
         nodes_per_su,
         tiers: n.tiers.as_ref().map(|t| *t.get_ref()),
+        two_tier_max_leaves: n.two_tier_max_leaves.as_ref().map(|m| *m.get_ref()),
         oversubscription: over,
     })
 }

@@ -4,10 +4,12 @@
 //!
 //! Sizing rules (checked against the DGX SuperPOD reference architectures, HARDWARE_FACTS
 //! §6.2-6.3): a leaf serves `nodes_per_su` nodes on one rail and has as many uplinks
-//! divided by the oversubscription; spines take `leaves * uplinks / radix` switches; when
-//! the leaves outnumber a spine's ports the fabric grows a core tier and leaves are grouped
+//! divided by the oversubscription; spines take `leaves * uplinks / radix` switches,
+//! rounded up to a divisor of the uplinks so that every leaf reaches every spine alike; when
+//! the leaves outnumber a spine's ports (or the network's `two_tier_max_leaves`, 32 for
+//! the DGX H100 SuperPOD) the fabric grows a core tier and leaves are grouped
 //! into pods of `radix / 2 / rails` scalable units. For H100 (radix 64, 8 rails, 32 nodes
-//! per SU) this gives 8/4, 16/8, 32/16 leaf/spine switches for 1, 2, 4 SUs, and for B200 at
+//! per SU) this gives 8/4, 16/8, 24/16, 32/16 leaf/spine switches for 1-4 SUs, and for B200 at
 //! 16 SUs 128 leaves, 128 spines and 64 cores, as in the reference architectures.
 
 use super::spec::{NetTopology, NetworkSpec, TopologySpec};
@@ -45,6 +47,9 @@ impl Net<'_> {
     }
 }
 
+/// Which leaf NIC `rail` of node `n` plugs into.
+type LeafOf = Box<dyn Fn(u32, u32) -> u32>;
+
 fn err(spec: &TopologySpec, msg: impl Into<String>) -> TopologyError {
     TopologyError::Invalid { file: spec.source.display().to_string(), msg: msg.into() }
 }
@@ -66,11 +71,11 @@ pub(crate) fn build_network(
     let sw_hop = net.sw_lat + net.cable;
 
     // Leaves and which leaf each NIC plugs into.
-    let (down, up, nleaves, leaf_of): (u32, u32, u32, Box<dyn Fn(u32, u32) -> u32>) = match ns.topology {
+    let (down, up, nleaves, leaf_of): (u32, u32, u32, LeafOf) = match ns.topology {
         NetTopology::RailOptimized => {
             let s = ns.nodes_per_su;
             let up = (s as f64 / ns.oversubscription).ceil() as u32;
-            if s + up > radix {
+            if s as u64 + up as u64 > radix as u64 {
                 return Err(err(
                     spec,
                     format!(
@@ -98,7 +103,7 @@ pub(crate) fn build_network(
     let tiers = match ns.tiers {
         Some(t) => t,
         None if single => 1,
-        None if nleaves <= radix => 2,
+        None if nleaves <= ns.two_tier_max_leaves.unwrap_or(radix).min(radix) => 2,
         None => 3,
     };
     let leaf_name = |i: u32| match ns.topology {
@@ -124,12 +129,19 @@ pub(crate) fn build_network(
                     ),
                 ));
             }
-            let nspines = (nleaves * up).div_ceil(radix).max(1).min(up);
+            // The fewest spines whose ports hold every uplink, rounded up to a divisor of
+            // the uplinks so that every leaf has the same number of cables to every spine
+            // (the DGX H100 SuperPOD RA uses 16 spines for 3 SUs as for 4 [S11]).
+            let need = (nleaves * up).div_ceil(radix).max(1).min(up);
+            let nspines = (need..=up).find(|d| up % d == 0).unwrap_or(up);
             let spines: Vec<DeviceId> =
                 (0..nspines).map(|j| net.switch(format!("spine{j}"), 1, ns)).collect();
-            for &leaf in &leaves {
+            // Leaf i's k-th uplink goes to spine (i * up + k) mod spines: every spine gets
+            // the same number of downlinks even when `up` is not a multiple of the spines.
+            for (i, &leaf) in leaves.iter().enumerate() {
                 for k in 0..up {
-                    net.cable(leaf, spines[(k % nspines) as usize], sw_hop, sw_hop);
+                    let j = (i as u32 * up + k) % nspines;
+                    net.cable(leaf, spines[j as usize], sw_hop, sw_hop);
                 }
             }
         }
@@ -156,9 +168,10 @@ pub(crate) fn build_network(
                     .collect();
                 let l0 = p * leaves_per_pod;
                 let l1 = (l0 + leaves_per_pod).min(nleaves);
-                for &leaf in &leaves[l0 as usize..l1 as usize] {
+                for (i, &leaf) in leaves[l0 as usize..l1 as usize].iter().enumerate() {
                     for k in 0..up {
-                        net.cable(leaf, spines[(k % spines_per_pod) as usize], sw_hop, sw_hop);
+                        let j = (i as u32 * up + k) % spines_per_pod;
+                        net.cable(leaf, spines[j as usize], sw_hop, sw_hop);
                     }
                 }
                 for (j, &sp) in spines.iter().enumerate() {

@@ -2,7 +2,7 @@
 //! switches), the directed links between them, how a cluster is assembled from a node type,
 //! how traffic is routed, and the model parameters that say how fast it really goes.
 //!
-//! Topology files (`topologies/*.toml`) are read by [`file`], turned into validated
+//! Topology files (`topologies/*.toml`) are read by [`file`](mod@file), turned into validated
 //! [`spec`] values, and instantiated into a frozen [`Fabric`] by [`build`]. [`routing`]
 //! answers "which links does a transfer from rank a to rank b cross", [`nccl_xml`] imports
 //! the XML that NCCL dumps, and [`params`] holds the per-generation model parameters that

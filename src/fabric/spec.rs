@@ -193,6 +193,11 @@ pub struct NetworkSpec {
     pub nodes_per_su: u32,
     /// Forced number of tiers (None: the fewest that fit).
     pub tiers: Option<u8>,
+    /// Most leaf switches a two-tier fabric holds before a core tier is added (None: the
+    /// switch radix). The DGX H100 SuperPOD cables every leaf twice to each of 16 spines and
+    /// so stops at 32 leaves (4 SUs); the DGX B200 one cables once to each of 32 spines and
+    /// stops at 64 leaves (8 SUs).
+    pub two_tier_max_leaves: Option<u32>,
     /// Leaf down:up ratio (1.0 non-blocking, 2.0 means half the uplinks).
     pub oversubscription: f64,
 }
@@ -229,9 +234,9 @@ pub struct TopologySpec {
 
 /// Per-lane, per-direction line rate of a link kind, as published.
 ///
-/// NVLink 2/3/4: 25 GB/s per link per direction; NVLink 5: 50 GB/s [S1][S3][S9].
+/// NVLink 2/3/4: 25 GB/s per link per direction; NVLink 5: 50 GB/s \[S1\]\[S3\]\[S9\].
 /// PCIe x1 per direction: Gen3 0.985, Gen4 1.969, Gen5 3.938, Gen6 7.877 GB/s
-/// (8/16/32/64 GT/s with 128b/130b; Gen6 FLIT overhead not subtracted) [S46].
+/// (8/16/32/64 GT/s with 128b/130b; Gen6 FLIT overhead not subtracted) \[S46\].
 pub fn lane_rate(kind: LinkKind) -> Option<Bandwidth> {
     match kind {
         LinkKind::NvLink { gen } => match gen {

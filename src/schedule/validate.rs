@@ -11,7 +11,7 @@
 //! are not) and reports a read of unwritten elements (a step's local operand, a switch op's
 //! source), steps whose inputs or write disagree in length, deadlocks (with what each stuck
 //! stream waits for), dependency cycles through waits, and messages nobody receives.
-//! [`validate`] runs both.
+//! [`validate()`] runs both.
 //!
 //! Architecture invariant: validation knows nothing of fabrics, time or element values.
 
@@ -70,15 +70,24 @@ fn bad(msg: String) -> ScheduleError {
 fn check_addr(s: &Schedule, a: &Addr, what: &str, p: usize, i: usize) -> Result<(), ScheduleError> {
     let size = s.buf_elems[a.buf as usize];
     if a.perm as usize > s.perms.len() {
-        return Err(bad(format!("program {p} op {i}: {what} address uses permutation {}, which does not exist", a.perm)));
+        return Err(bad(format!(
+            "program {p} op {i}: {what} address uses permutation {}, which does not exist",
+            a.perm
+        )));
     }
     if a.perm > 0 && s.perms[a.perm as usize - 1].len() < a.modulus as usize {
-        return Err(bad(format!("program {p} op {i}: {what} permutation is shorter than the modulus")));
+        return Err(bad(format!(
+            "program {p} op {i}: {what} permutation is shorter than the modulus"
+        )));
     }
     let kmax = if a.modulus == 0 {
         0
     } else if a.perm > 0 {
-        s.perms[a.perm as usize - 1].iter().copied().max().unwrap_or(0) as u64
+        s.perms[a.perm as usize - 1]
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0) as u64
     } else {
         a.modulus as u64 - 1
     };
@@ -101,19 +110,28 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
     for (p, prog) in s.programs.iter().enumerate() {
         for (i, ins) in prog.instrs.iter().enumerate() {
             if ins.after as usize > i {
-                return Err(bad(format!("program {p} op {i} waits for op {} before the start", i as i64 - ins.after as i64)));
+                return Err(bad(format!(
+                    "program {p} op {i} waits for op {} before the start",
+                    i as i64 - ins.after as i64
+                )));
             }
             match &ins.op {
                 Op::Step(st) => {
                     let inputs = st.recv.len() + st.local.is_some() as usize;
                     if inputs == 0 {
-                        return Err(bad(format!("program {p} op {i}: a step needs an input (recv or local)")));
+                        return Err(bad(format!(
+                            "program {p} op {i}: a step needs an input (recv or local)"
+                        )));
                     }
                     if !st.reduce && inputs != 1 {
-                        return Err(bad(format!("program {p} op {i}: {inputs} inputs but no reduction")));
+                        return Err(bad(format!(
+                            "program {p} op {i}: {inputs} inputs but no reduction"
+                        )));
                     }
                     if st.send.is_empty() && st.write.is_none() {
-                        return Err(bad(format!("program {p} op {i}: a step must send or write its value")));
+                        return Err(bad(format!(
+                            "program {p} op {i}: a step must send or write its value"
+                        )));
                     }
                     for (what, a) in [("local", &st.local), ("write", &st.write)] {
                         if let Some(a) = a {
@@ -130,15 +148,23 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                 }
                 Op::Compute(c) => {
                     if !(c.flops >= 0.0 && c.flops.is_finite()) {
-                        return Err(bad(format!("program {p} op {i}: compute with {} FLOPs", c.flops)));
+                        return Err(bad(format!(
+                            "program {p} op {i}: compute with {} FLOPs",
+                            c.flops
+                        )));
                     }
                     if c.label as usize >= s.labels.len().max(1) && !s.labels.is_empty() {
-                        return Err(bad(format!("program {p} op {i}: unknown label {}", c.label)));
+                        return Err(bad(format!(
+                            "program {p} op {i}: unknown label {}",
+                            c.label
+                        )));
                     }
                 }
                 Op::Wait { stream, op } => {
                     let Some(st) = s.streams.get(*stream as usize) else {
-                        return Err(bad(format!("program {p} op {i}: waits on stream {stream}, which does not exist")));
+                        return Err(bad(format!(
+                            "program {p} op {i}: waits on stream {stream}, which does not exist"
+                        )));
                     };
                     if *op as usize >= s.programs[st.program as usize].instrs.len() {
                         return Err(bad(format!("program {p} op {i}: waits on op {op} of stream {stream}, which has fewer ops")));
@@ -150,7 +176,10 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
     for g in &s.groups {
         for &m in &g.members {
             if m >= s.nranks {
-                return Err(bad(format!("group member rank {m} is outside the communicator of {} ranks", s.nranks)));
+                return Err(bad(format!(
+                    "group member rank {m} is outside the communicator of {} ranks",
+                    s.nranks
+                )));
             }
         }
         let uniq: BTreeSet<u32> = g.members.iter().copied().collect();
@@ -161,16 +190,25 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
     let mut lanes = BTreeSet::new();
     for (si, st) in s.streams.iter().enumerate() {
         if st.rank >= s.nranks {
-            return Err(bad(format!("stream {si} runs on rank {}, outside the communicator of {} ranks", st.rank, s.nranks)));
+            return Err(bad(format!(
+                "stream {si} runs on rank {}, outside the communicator of {} ranks",
+                st.rank, s.nranks
+            )));
         }
         let Some(prog) = s.programs.get(st.program as usize) else {
-            return Err(bad(format!("stream {si} uses program {}, which does not exist", st.program)));
+            return Err(bad(format!(
+                "stream {si} uses program {}, which does not exist",
+                st.program
+            )));
         };
         if st.bindings.end as usize > s.bindings.len() || st.bindings.start > st.bindings.end {
             return Err(bad(format!("stream {si} has an invalid binding range")));
         }
         if !lanes.insert((st.lane, st.rank)) {
-            return Err(bad(format!("rank {} has two streams on lane {}", st.rank, st.lane)));
+            return Err(bad(format!(
+                "rank {} has two streams on lane {}",
+                st.rank, st.lane
+            )));
         }
         let binds = s.stream_bindings(st);
         for b in binds {
@@ -179,14 +217,21 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                     return Err(bad(format!("stream {si} (rank {}) binds peer rank {rank}, outside the communicator of {} ranks", st.rank, s.nranks)));
                 }
                 Binding::Peer { rank, .. } if rank == st.rank => {
-                    return Err(bad(format!("stream {si} binds its own rank {rank} as a peer")));
+                    return Err(bad(format!(
+                        "stream {si} binds its own rank {rank} as a peer"
+                    )));
                 }
                 Binding::Group(g) => {
                     let Some(grp) = s.groups.get(g as usize) else {
-                        return Err(bad(format!("stream {si} binds group {g}, which does not exist")));
+                        return Err(bad(format!(
+                            "stream {si} binds group {g}, which does not exist"
+                        )));
                     };
                     if !grp.members.contains(&st.rank) {
-                        return Err(bad(format!("stream {si} (rank {}) binds group {g} but is not a member", st.rank)));
+                        return Err(bad(format!(
+                            "stream {si} (rank {}) binds group {g} but is not a member",
+                            st.rank
+                        )));
                     }
                 }
                 _ => {}
@@ -200,11 +245,16 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
             };
             for &sl in recv.iter().chain(send).chain(group) {
                 let Some(b) = binds.get(sl as usize) else {
-                    return Err(bad(format!("stream {si} op {i} uses binding {sl}, but the stream has {}", binds.len())));
+                    return Err(bad(format!(
+                        "stream {si} op {i} uses binding {sl}, but the stream has {}",
+                        binds.len()
+                    )));
                 };
                 let want_group = matches!(ins.op, Op::Switch(_));
                 if want_group != matches!(b, Binding::Group(_)) {
-                    return Err(bad(format!("stream {si} op {i}: binding {sl} is of the wrong kind")));
+                    return Err(bad(format!(
+                        "stream {si} op {i}: binding {sl} is of the wrong kind"
+                    )));
                 }
             }
         }
@@ -291,11 +341,17 @@ impl Symbolic {
     fn new(s: &Schedule) -> Symbolic {
         let mut input = Ranges::default();
         input.insert(0, s.buf_elems[Buf::Input as usize]);
-        Symbolic { written: (0..s.nranks).map(|_| [input.clone(), Ranges::default(), Ranges::default()]).collect() }
+        Symbolic {
+            written: (0..s.nranks)
+                .map(|_| [input.clone(), Ranges::default(), Ranges::default()])
+                .collect(),
+        }
     }
 
     fn read(&self, at: OpRef, sp: Span) -> Result<(), ScheduleError> {
-        match self.written[at.rank as usize][sp.buf as usize].first_gap(sp.offset, sp.offset + sp.len) {
+        match self.written[at.rank as usize][sp.buf as usize]
+            .first_gap(sp.offset, sp.offset + sp.len)
+        {
             None => Ok(()),
             Some((start, end)) => Err(ScheduleError::ReadBeforeWrite {
                 stream: at.stream,
@@ -331,7 +387,11 @@ impl Effects for Symbolic {
         if let Some(sp) = local {
             self.read(at, sp)?;
         }
-        let len = recvd.first().copied().or(local.map(|sp| sp.len)).unwrap_or(0);
+        let len = recvd
+            .first()
+            .copied()
+            .or(local.map(|sp| sp.len))
+            .unwrap_or(0);
         if let Some(w) = write {
             self.write(at.rank, w);
         }

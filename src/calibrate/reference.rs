@@ -1,0 +1,219 @@
+//! Published nccl-tests measurements and how fabricsim scores against them: the manifest
+//! `validate/reference/datasets.toml` (which CSV, which shipped topology, which launch
+//! configuration), the CSV reader (nccl-tests columns, `#` source lines), and the error
+//! statistics the README table and the accuracy test report.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::collective::Collective;
+use crate::fabric::build::{build, BuildOpts};
+use crate::scenario::bench::{run_bench, BenchConfig, Fidelity};
+
+/// One measured point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measured {
+    /// Size as nccl-tests printed it.
+    pub size_bytes: u64,
+    /// Out-of-place time, µs (None when only busbw was published).
+    pub time_us: Option<f64>,
+    /// Bus bandwidth of the metric compared, GB/s.
+    pub busbw_gbps: f64,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+struct Manifest {
+    dataset: Vec<Dataset>,
+}
+
+/// A dataset of the manifest.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Dataset {
+    /// CSV file name in the reference folder.
+    pub file: String,
+    /// healthy, caveat or degraded (as tagged in the sources).
+    pub quality: String,
+    /// Whether the accuracy test asserts its bounds.
+    pub asserted: bool,
+    /// Why it is not asserted.
+    pub reason: Option<String>,
+    /// Topology file (relative to the crate root).
+    pub topology: Option<String>,
+    /// Nodes.
+    pub nodes: Option<u32>,
+    /// GPUs per node used.
+    pub gpus: Option<u32>,
+    /// Collective.
+    pub collective: Option<String>,
+    /// nccl-tests `-g`.
+    pub ngpus: Option<u32>,
+    /// "time" (default) or "inplace_busbw".
+    pub metric: Option<String>,
+    /// NCCL variables of the run.
+    #[serde(default)]
+    pub nccl: toml::Table,
+    /// Free note.
+    pub note: Option<String>,
+}
+
+/// Errors reading reference data.
+#[derive(Debug, thiserror::Error)]
+pub enum ReferenceError {
+    /// A file could not be read.
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    /// A file is malformed.
+    #[error("{0}")]
+    Format(String),
+}
+
+/// Loads the manifest.
+pub fn load_manifest(dir: &Path) -> Result<Vec<Dataset>, ReferenceError> {
+    let path = dir.join("datasets.toml");
+    let text = std::fs::read_to_string(&path).map_err(|e| ReferenceError::Io(path.display().to_string(), e))?;
+    let m: Manifest = toml::from_str(&text).map_err(|e| {
+        let (l, c) = e.span().map(|s| crate::fabric::file::line_col(&text, s.start)).unwrap_or((0, 0));
+        ReferenceError::Format(format!("{}:{l}:{c}: {}", path.display(), e.message()))
+    })?;
+    Ok(m.dataset)
+}
+
+/// Reads a reference CSV (skipping `#` lines); `inplace` selects the in-place busbw column.
+pub fn load_csv(path: &Path, inplace: bool) -> Result<Vec<Measured>, ReferenceError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ReferenceError::Io(path.display().to_string(), e))?;
+    let body: String = text.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect();
+    let mut rdr = csv::Reader::from_reader(body.as_bytes());
+    let headers = rdr.headers().map_err(|e| ReferenceError::Format(format!("{}: {e}", path.display())))?.clone();
+    let col = |name: &str| headers.iter().position(|h| h == name);
+    let size_i = col("size_bytes").ok_or_else(|| ReferenceError::Format(format!("{}: no size_bytes column", path.display())))?;
+    let time_i = col("time_us");
+    let bus_i = if inplace { col("inplace_busbw_GBps") } else { col("busbw_GBps") }
+        .ok_or_else(|| ReferenceError::Format(format!("{}: no busbw column", path.display())))?;
+    let mut out = Vec::new();
+    for rec in rdr.records() {
+        let rec = rec.map_err(|e| ReferenceError::Format(format!("{}: {e}", path.display())))?;
+        let size: u64 = rec.get(size_i).and_then(|s| s.parse().ok()).unwrap_or(0);
+        if size == 0 {
+            continue;
+        }
+        let time_us = if inplace { None } else { time_i.and_then(|i| rec.get(i)).and_then(|s| s.parse().ok()) };
+        let busbw: f64 = rec.get(bus_i).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+        out.push(Measured { size_bytes: size, time_us, busbw_gbps: busbw });
+    }
+    Ok(out)
+}
+
+/// Simulated against measured, per point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PointError {
+    /// Size.
+    pub size_bytes: u64,
+    /// Measured busbw, GB/s.
+    pub measured: f64,
+    /// Simulated busbw, GB/s.
+    pub simulated: f64,
+    /// Relative busbw error (simulated / measured - 1).
+    pub error: f64,
+    /// Algorithm and protocol simulated.
+    pub choice: String,
+}
+
+/// The score of one dataset.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Score {
+    /// The dataset.
+    pub file: String,
+    /// Quality tag.
+    pub quality: String,
+    /// Asserted by the accuracy test.
+    pub asserted: bool,
+    /// Points.
+    pub points: Vec<PointError>,
+    /// Median |error| over sizes >= 1 MiB.
+    pub median_large: f64,
+    /// Median |error| over all sizes.
+    pub median_all: f64,
+    /// Median signed error over sizes >= 1 MiB.
+    pub bias_large: f64,
+    /// Largest |error|.
+    pub worst: Option<PointError>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Runs one dataset through the simulator. `root` is the crate root (topology paths are
+/// relative to it); `params` an optional calibration overlay.
+pub fn score(root: &Path, d: &Dataset, fidelity: Fidelity, params: Option<&toml::Table>) -> Result<Option<Score>, String> {
+    let (Some(topo), Some(coll)) = (&d.topology, &d.collective) else { return Ok(None) };
+    let coll = Collective::parse(coll).ok_or_else(|| format!("{}: unknown collective {coll}", d.file))?;
+    let inplace = d.metric.as_deref() == Some("inplace_busbw");
+    let dir = root.join("validate/reference");
+    let measured = load_csv(&dir.join(&d.file), inplace).map_err(|e| e.to_string())?;
+    let spec = crate::fabric::load_topology(&root.join(topo)).map_err(|e| e.to_string())?;
+    let f = build(&spec, &BuildOpts { nodes: d.nodes, gpus_per_node: d.gpus, params: params.cloned() })
+        .map_err(|e| e.to_string())?;
+    let mut cfg = BenchConfig {
+        coll,
+        sizes: measured.iter().map(|m| m.size_bytes).collect(),
+        fidelity,
+        gpus_per_thread: d.ngpus.unwrap_or(1),
+        ..Default::default()
+    };
+    for (k, v) in &d.nccl {
+        let v = match v {
+            toml::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        cfg.env.set(k, &v, coll).map_err(|e| format!("{}: {e}", d.file))?;
+    }
+    let rows = run_bench(&f, &cfg).map_err(|e| format!("{}: {e}", d.file))?;
+    let mut points = Vec::new();
+    for m in &measured {
+        let Some(r) = rows.iter().find(|r| r.size_bytes == m.size_bytes || (r.size_bytes <= m.size_bytes && m.size_bytes - r.size_bytes < 64 * f.num_gpus() as u64)) else {
+            continue;
+        };
+        let (measured_bw, error) = match m.time_us {
+            Some(t) if t > 0.0 => (m.busbw_gbps, t / r.time_us - 1.0),
+            _ if m.busbw_gbps > 0.0 => (m.busbw_gbps, r.busbw_gbps / m.busbw_gbps - 1.0),
+            _ => continue,
+        };
+        points.push(PointError {
+            size_bytes: m.size_bytes,
+            measured: measured_bw,
+            simulated: r.busbw_gbps,
+            error,
+            choice: format!("{}/{}", r.algo, r.proto),
+        });
+    }
+    let large: Vec<&PointError> = points.iter().filter(|p| p.size_bytes >= 1 << 20).collect();
+    let worst = points.iter().max_by(|a, b| a.error.abs().total_cmp(&b.error.abs())).cloned();
+    Ok(Some(Score {
+        file: d.file.clone(),
+        quality: d.quality.clone(),
+        asserted: d.asserted,
+        median_large: median(large.iter().map(|p| p.error.abs()).collect()),
+        median_all: median(points.iter().map(|p| p.error.abs()).collect()),
+        bias_large: median(large.iter().map(|p| p.error).collect()),
+        worst,
+        points,
+    }))
+}
+
+/// The reference folder under a crate root.
+pub fn reference_dir(root: &Path) -> PathBuf {
+    root.join("validate/reference")
+}

@@ -1,0 +1,345 @@
+//! The analytical backend: each algorithm's time in closed form, from the same physical
+//! parameters, chunking and routes the event simulator uses, with static link-sharing
+//! factors instead of queues (the kind of model NCCL's tuner is, but with fabricsim's
+//! calibrated costs). Microseconds per collective; it agrees with the event mode when
+//! nothing is contended (tested), and it is what large sweeps use first.
+//!
+//! Per algorithm the time is the launch, the latency of the dependency chain a piece of
+//! data travels (steps times hop latency, protocol step latency and one message), and the
+//! pipeline: the remaining messages at the bottleneck's service time, or at the rate the
+//! flow-control window allows when latency dominates.
+
+use std::collections::BTreeMap;
+
+use crate::collective::chunking::{chunking, Chunking};
+use crate::collective::{channel_parts, tree, Algo, CollArgs, CollError, Choice, Collective, Comm, Knobs};
+use crate::fabric::params::{kind_index, Resolved};
+use crate::fabric::{DeviceKind, Fabric, LinkClass, LinkId, PathType, RouteOpts, Router};
+use crate::units::{Bandwidth, SimTime};
+
+/// Cost of sending one message over one connection class.
+#[derive(Clone, Copy, Debug)]
+struct Hop {
+    /// Route latency (links plus one packet per link).
+    lat: f64,
+    /// Per-channel bandwidth in bytes per µs after static sharing.
+    bw: f64,
+    /// Protocol step latency, µs.
+    step: f64,
+}
+
+impl Hop {
+    fn t(&self, bytes: f64) -> f64 {
+        bytes / self.bw
+    }
+    /// One message end to end.
+    fn msg(&self, bytes: f64) -> f64 {
+        self.lat + self.step + self.t(bytes)
+    }
+}
+
+/// Link loads of a set of connections: how many connections cross each link.
+fn loads(f: &Fabric, router: &Router, edges: &[(u32, u32, u32)]) -> (BTreeMap<LinkId, u32>, Vec<(Vec<LinkId>, PathType)>) {
+    let mut load = BTreeMap::new();
+    let mut routes = Vec::new();
+    for &(a, b, c) in edges {
+        let r = router.route(a, b, &RouteOpts { rail: None, pxn: true, flow: c as u64 });
+        let (links, ty) = r.map(|r| (r.links, r.path_type)).unwrap_or((Vec::new(), PathType::Loc));
+        for l in &links {
+            *load.entry(*l).or_insert(0u32) += 1;
+        }
+        routes.push((links, ty));
+    }
+    (load, routes)
+}
+
+fn class_of(ty: PathType) -> LinkClass {
+    match ty {
+        PathType::Nvl | PathType::Nvb | PathType::Loc => LinkClass::NvLink,
+        PathType::Net | PathType::Pxn => LinkClass::Net,
+        _ => LinkClass::Pcie,
+    }
+}
+
+fn hop_of(f: &Fabric, p: &Resolved, proto: usize, links: &[LinkId], ty: PathType, load: &BTreeMap<LinkId, u32>, scale: f64) -> Hop {
+    let pr = &p.proto[proto];
+    let mut bw = pr.channel_bw.0 as f64 / 1e6;
+    let mut lat = 0.0;
+    for l in links {
+        let link = f.link(*l);
+        let eff = p.link_eff[kind_index(link.kind)];
+        let share = (*load.get(l).unwrap_or(&1) as f64 * scale).max(1.0);
+        let b = link.bw.0 as f64 * eff / 1e6;
+        bw = bw.min(b / share);
+        let granule = if link.kind == crate::fabric::LinkKind::Net { 4096.0 } else { 256.0 };
+        lat += link.latency.as_us() + granule / b;
+    }
+    Hop { lat, bw, step: pr.step(class_of(ty)).as_us() }
+}
+
+/// Worst hop of each class among routes.
+fn worst(hops: impl Iterator<Item = Hop>) -> Vec<Hop> {
+    let mut v: Vec<Hop> = Vec::new();
+    for h in hops {
+        if !v.iter().any(|x| x.bw == h.bw && x.lat == h.lat && x.step == h.step) {
+            v.push(h);
+        }
+    }
+    v
+}
+
+fn wire(bytes: f64, payload: f64) -> f64 {
+    (bytes / payload).ceil()
+}
+
+/// Closed-form time of one collective call.
+pub fn time(
+    f: &Fabric,
+    router: &Router,
+    comm: &Comm,
+    args: &CollArgs,
+    choice: &Choice,
+    knobs: &Knobs,
+    gpus_per_thread: u32,
+) -> Result<SimTime, CollError> {
+    crate::collective::check_supported(comm, args.coll, choice.algo, choice.proto)?;
+    let p = f.params.resolve();
+    let n = comm.nranks;
+    let g = gpus_per_thread.clamp(1, n.max(1));
+    let t0 = p.launch.as_us() + p.launch_stagger.as_us() * (g - 1) as f64;
+    if n == 1 {
+        return Ok(SimTime::from_us_f64(t0));
+    }
+    let e = args.dtype.size();
+    let nch = choice.nchannels.max(1);
+    let parts = channel_parts(args.count, e, nch);
+    let used = parts.iter().filter(|x| x.1 > 0).count().max(1) as u32;
+    let per_ch = parts.first().map(|x| x.1).unwrap_or(0) as f64;
+    let proto = choice.proto as usize;
+    let payload = p.proto[proto].payload;
+    let reduce_bw = p.reduce_channel_bw.0 as f64 / 1e6;
+    let body = match choice.algo {
+        Algo::Ring => {
+            // Connections of every channel's ring.
+            let mut edges = Vec::new();
+            for c in 0..used {
+                let ring = comm.ring(c);
+                for i in 0..ring.len() {
+                    edges.push((ring[i], ring[(i + 1) % ring.len()], c));
+                }
+            }
+            let (load, routes) = loads(f, router, &edges);
+            let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, 1.0)));
+            let ch = chunking(args.coll, Algo::Ring, choice.proto, knobs);
+            ring_time(args.coll, n, per_ch, e as f64, &ch, &hops, payload, reduce_bw, args.count as f64 * e as f64, nch)
+        }
+        Algo::Tree => {
+            let mut edges = Vec::new();
+            let mut depth = 0u32;
+            for c in 0..used {
+                let (parent, _) = tree::rank_tree(comm, c);
+                for (r, pr) in parent.iter().enumerate() {
+                    if let Some(pr) = pr {
+                        edges.push((r as u32, *pr, c));
+                        edges.push((*pr, r as u32, c));
+                    }
+                }
+                // Longest path to the root.
+                for r in 0..n {
+                    let mut d = 0;
+                    let mut x = r;
+                    while let Some(px) = parent[x as usize] {
+                        d += 1;
+                        x = px;
+                    }
+                    depth = depth.max(d);
+                }
+            }
+            let (load, routes) = loads(f, router, &edges);
+            let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, 1.0)));
+            let ch = chunking(args.coll, Algo::Tree, choice.proto, knobs);
+            let chunk = (ch.chunk_bytes as f64).min(per_ch * e as f64).max(e as f64);
+            let k = (per_ch * e as f64 / chunk).ceil().max(1.0);
+            let m = wire(chunk, payload);
+            let slow = hops.iter().copied().fold(None, |a: Option<Hop>, h| Some(a.map_or(h, |a| if h.msg(m) > a.msg(m) { h } else { a })));
+            let slow = slow.unwrap_or(Hop { lat: 0.0, bw: 1.0, step: 0.0 });
+            let tau = hops.iter().map(|h| h.t(m)).fold(0.0, f64::max).max(chunk / reduce_bw);
+            let window = ch.window as f64;
+            2.0 * depth as f64 * slow.msg(m) + (k - 1.0) * tau.max(slow.msg(m) / window)
+        }
+        Algo::Nvls | Algo::NvlsTree | Algo::CollNetDirect | Algo::CollNetChain => {
+            nvls_collnet_time(f, router, comm, args, choice, &p, per_ch * e as f64, used)
+        }
+        Algo::Pat => {
+            let steps = crate::collective::pat::pat_steps(n);
+            let mut edges = Vec::new();
+            for r in 0..n {
+                for (d, _) in &steps {
+                    edges.push((r, (r + d) % n, 0));
+                }
+            }
+            let (load, routes) = loads(f, router, &edges);
+            let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, used as f64 / steps.len().max(1) as f64)));
+            let block = per_ch * e as f64;
+            let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
+            let bw = hops.iter().map(|h| h.bw).fold(f64::INFINITY, f64::min);
+            steps.len() as f64 * slow + (n - 1) as f64 * wire(block, payload) / bw
+        }
+        Algo::P2p => {
+            let rounds = if args.coll == Collective::SendRecv { 1 } else { n - 1 };
+            let mut edges = Vec::new();
+            for r in 0..n {
+                for d in 1..=rounds {
+                    edges.push((r, (r + d) % n, 0));
+                }
+            }
+            let (load, routes) = loads(f, router, &edges);
+            let scale = used as f64 / rounds as f64;
+            let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, scale)));
+            let bytes = per_ch * e as f64;
+            let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
+            let per_round = hops.iter().map(|h| h.t(wire(bytes, payload))).fold(0.0, f64::max);
+            rounds as f64 * per_round + slow
+        }
+    };
+    Ok(SimTime::from_us_f64(t0 + body))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ring_time(
+    coll: Collective,
+    n: u32,
+    per_ch: f64,
+    e: f64,
+    ch: &Chunking,
+    hops: &[Hop],
+    payload: f64,
+    reduce_bw: f64,
+    total: f64,
+    nch: u32,
+) -> f64 {
+    let _ = (total, nch);
+    let per_ch_bytes = per_ch * e;
+    let chain = matches!(coll, Collective::Broadcast | Collective::Reduce);
+    let (steps, block) = match coll {
+        Collective::AllReduce => (2 * (n - 1), n as f64),
+        Collective::AllGather | Collective::ReduceScatter => (n - 1, 1.0),
+        _ => (n - 1, 1.0),
+    };
+    // Loops as the schedule builds them.
+    let chunk = ch.chunk_bytes as f64;
+    let mut left = per_ch_bytes;
+    let mut total_t = 0.0;
+    let window = ch.window as f64;
+    let mut first = true;
+    while left > 0.0 {
+        let rc = chunk.min((left / block).ceil().max(e));
+        let nsl = (rc / ch.min_slice_bytes.max(1) as f64).ceil().clamp(1.0, ch.slices as f64);
+        let sl = (rc / nsl).ceil();
+        let m = wire(sl, payload);
+        let reduces = coll.reduces();
+        let step_time = hops
+            .iter()
+            .map(|h| {
+                let t = h.t(m).max(if reduces { sl / reduce_bw } else { 0.0 });
+                (nsl * t).max(t + h.lat + h.step).max((t + h.lat + h.step) * nsl / window)
+            })
+            .fold(0.0, f64::max);
+        if chain {
+            // Pipelined chain: the first message crosses n-1 hops, the rest follow at the
+            // bottleneck's pace.
+            let msg = hops.iter().map(|h| h.msg(m)).fold(0.0, f64::max);
+            let tau = hops.iter().map(|h| h.t(m)).fold(0.0, f64::max).max(msg / window);
+            total_t += if first { steps as f64 * msg + (nsl - 1.0) * tau } else { nsl * tau };
+        } else {
+            total_t += steps as f64 * step_time;
+        }
+        first = false;
+        left -= rc * block;
+    }
+    total_t
+}
+
+#[allow(clippy::too_many_arguments)]
+fn nvls_collnet_time(
+    f: &Fabric,
+    router: &Router,
+    comm: &Comm,
+    args: &CollArgs,
+    choice: &Choice,
+    p: &Resolved,
+    per_ch_bytes: f64,
+    used: u32,
+) -> f64 {
+    // NVLink per GPU toward the switch and the NIC path, shared by the channels.
+    let nodes = comm.num_nodes();
+    let ppn = comm.ppn() as f64;
+    let g0 = f.gpus[0];
+    let nvl = f
+        .domains
+        .first()
+        .and_then(|d| d.nvswitch)
+        .and_then(|sw| f.link_between(g0, sw))
+        .map(|l| f.link(l).bw.0 as f64 * p.link_eff[0] / 1e6)
+        .unwrap_or(f.gpu_nvlink_bw(0).0 as f64 * p.link_eff[0] / 1e6);
+    let nvl_lat = f
+        .domains
+        .first()
+        .and_then(|d| d.nvswitch)
+        .and_then(|sw| f.link_between(g0, sw))
+        .map(|l| f.link(l).latency.as_us())
+        .unwrap_or(0.5);
+    let nic = comm.nic_gbps * 1e3 * p.link_eff[4];
+    let heads = if nodes == 1 || comm.nic_owners[0].is_empty() { ppn } else { comm.nic_owners[0].len() as f64 };
+    let nch = used as f64;
+    let simple = &p.proto[2];
+    let sigma = simple.step(LinkClass::NvLink).as_us();
+    let net_sigma = p.sharp_step.as_us();
+    let net_lat = {
+        // A representative cross-node route.
+        let other = comm.nodes.get(1).map(|n| n[0]).unwrap_or(0);
+        router
+            .route(0, other, &RouteOpts::default())
+            .map(|r| r.links.iter().map(|l| f.link(*l).latency.as_us()).sum::<f64>())
+            .unwrap_or(0.0)
+    };
+    let _ = DeviceKind::Gpu;
+    let eff = p.nvls_eff;
+    let chunk = 128.0 * 1024.0f64;
+    let total = per_ch_bytes * nch;
+    let _ = args;
+    match (choice.algo, nodes) {
+        (Algo::Nvls, 1) => {
+            // Per GPU and direction S(1 + 1/n) of multimem traffic.
+            let bw = nvl * eff;
+            let piece = chunk.min(per_ch_bytes / heads).max(1.0);
+            let op = 2.0 * (2.0 * nvl_lat + piece / (bw / nch)) + p.nvls_step.as_us();
+            let data = match args.coll {
+                Collective::AllReduce => total * (1.0 + 1.0 / ppn),
+                _ => total,
+            };
+            let loops = (per_ch_bytes / (piece * heads)).ceil().max(1.0);
+            let stream = data / bw;
+            op + stream.max(op * loops / 4.0) - piece * heads * (1.0 + 1.0 / ppn) / (bw / nch)
+        }
+        _ => {
+            // Intra-node reduce and multicast at NVLS rate, inter-node at NIC rate per head.
+            let intra = total * (1.0 + 1.0 / ppn) / (nvl * eff);
+            let inter_bytes = total / heads;
+            let inter_bw = match choice.algo {
+                Algo::NvlsTree | Algo::CollNetChain => nic / 1.5,
+                _ => nic * p.sharp_eff,
+            };
+            let inter = 2.0 * inter_bytes / inter_bw;
+            let depth = match choice.algo {
+                Algo::NvlsTree => 2.0 * (nodes as f64).log2().ceil(),
+                _ => 2.0,
+            };
+            let chain = if choice.algo == Algo::CollNetChain { 2.0 * (ppn - 1.0) * (nvl_lat + sigma) } else { 0.0 };
+            intra.max(inter) + depth * (net_lat + net_sigma) + 2.0 * (nvl_lat + sigma) + chain
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn _unused(_: Bandwidth) {}

@@ -1,0 +1,405 @@
+//! The collective benchmark workload: what `fabricsim bench` and a scenario with a
+//! collective workload run. For every message size it builds the communicator, asks NCCL's
+//! tuner what NCCL would pick (or takes the user's algorithm and protocol), lowers the call
+//! to a schedule and times it with the chosen fidelity; optionally it also times every
+//! other valid candidate to report the fastest beside NCCL's pick. Results are flat rows
+//! with nccl-tests' columns.
+
+use crate::collective::{self, tuner, Algo, CollArgs, Choice, Collective, Comm, Knobs};
+use crate::engine::Granularity;
+use crate::exec::analytic;
+use crate::exec::simulate::{simulate, SimOpts};
+use crate::fabric::{Fabric, Router};
+use crate::schedule::{DType, Proto, RedOp};
+
+/// How finely to model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Fidelity {
+    /// Closed form per algorithm: microseconds per collective.
+    Analytical,
+    /// Discrete-event simulation of every transfer.
+    #[default]
+    Event,
+}
+
+impl Fidelity {
+    /// Parses `analytical` / `event`.
+    pub fn parse(s: &str) -> Option<Fidelity> {
+        match s.to_ascii_lowercase().as_str() {
+            "analytical" | "analytic" => Some(Fidelity::Analytical),
+            "event" | "des" | "discrete-event" => Some(Fidelity::Event),
+            _ => None,
+        }
+    }
+    /// Name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fidelity::Analytical => "analytical",
+            Fidelity::Event => "event",
+        }
+    }
+}
+
+/// NCCL environment settings that change algorithm selection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NcclEnv {
+    /// Algorithms allowed (NCCL_ALGO); empty: all.
+    pub algos: Vec<Algo>,
+    /// Protocols allowed (NCCL_PROTO); empty: all.
+    pub protos: Vec<Proto>,
+    /// NCCL_COLLNET_ENABLE.
+    pub collnet: bool,
+    /// NCCL_NVLS_ENABLE.
+    pub nvls: bool,
+    /// NCCL_MIN_NCHANNELS.
+    pub min_channels: Option<u32>,
+    /// NCCL_MAX_NCHANNELS.
+    pub max_channels: Option<u32>,
+    /// Buffer sizes and chunk knobs.
+    pub knobs: Knobs,
+}
+
+impl Default for NcclEnv {
+    fn default() -> Self {
+        NcclEnv {
+            algos: Vec::new(),
+            protos: Vec::new(),
+            collnet: false,
+            nvls: true,
+            min_channels: None,
+            max_channels: None,
+            knobs: Knobs::default(),
+        }
+    }
+}
+
+/// One benchmark: a collective over a size sweep.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// Operation.
+    pub coll: Collective,
+    /// Sizes in bytes as nccl-tests prints them.
+    pub sizes: Vec<u64>,
+    /// Element type.
+    pub dtype: DType,
+    /// Reduction.
+    pub redop: RedOp,
+    /// Root rank for broadcast/reduce.
+    pub root: u32,
+    /// Algorithm (None: NCCL's pick).
+    pub algo: Option<Algo>,
+    /// Protocol (None: NCCL's pick).
+    pub proto: Option<Proto>,
+    /// Channels (None: NCCL's choice).
+    pub channels: Option<u32>,
+    /// Model fidelity.
+    pub fidelity: Fidelity,
+    /// Event-mode granularity.
+    pub granularity: Granularity,
+    /// Simulate one channel per symmetry class.
+    pub fold_channels: bool,
+    /// NCCL environment.
+    pub env: NcclEnv,
+    /// ECMP seed.
+    pub seed: u64,
+    /// GPUs per host thread (nccl-tests `-g`).
+    pub gpus_per_thread: u32,
+    /// Also time every other valid candidate and report the fastest.
+    pub compare: bool,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            coll: Collective::AllReduce,
+            sizes: vec![32 << 20],
+            dtype: DType::F32,
+            redop: RedOp::Sum,
+            root: 0,
+            algo: None,
+            proto: None,
+            channels: None,
+            fidelity: Fidelity::Event,
+            granularity: Granularity::Path,
+            fold_channels: true,
+            env: NcclEnv::default(),
+            seed: 0,
+            gpus_per_thread: 1,
+            compare: false,
+        }
+    }
+}
+
+/// One result row (nccl-tests' columns plus the choice).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchRow {
+    /// Size in bytes as nccl-tests prints it.
+    pub size_bytes: u64,
+    /// Elements (per rank for all-gather/reduce-scatter/all-to-all).
+    pub count: u64,
+    /// Type name.
+    pub dtype: DType,
+    /// Reduction.
+    pub redop: RedOp,
+    /// Root (-1 where meaningless).
+    pub root: i64,
+    /// Time in microseconds.
+    pub time_us: f64,
+    /// size / time.
+    pub algbw_gbps: f64,
+    /// algbw times the collective's bus factor.
+    pub busbw_gbps: f64,
+    /// Algorithm timed.
+    pub algo: Algo,
+    /// Protocol timed.
+    pub proto: Proto,
+    /// Channels used.
+    pub channels: u32,
+    /// What NCCL's tuner would pick (None when the user forced a choice NCCL can't model).
+    pub nccl_pick: Option<(Algo, Proto)>,
+    /// NCCL's own model time for the timed choice, µs.
+    pub nccl_model_us: Option<f64>,
+    /// The fastest candidate by this model (when compared), with its time.
+    pub best: Option<(Algo, Proto, f64)>,
+    /// Events processed (event mode).
+    pub events: u64,
+}
+
+/// A benchmark that cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// Invalid arguments.
+    #[error("{0}")]
+    Args(String),
+    /// The collective cannot be built.
+    #[error(transparent)]
+    Coll(#[from] collective::CollError),
+    /// The simulation failed.
+    #[error(transparent)]
+    Sim(#[from] crate::exec::simulate::SimError),
+}
+
+/// Sizes from `-b`, `-e` and `-f` (factor) or `-i` (increment), as nccl-tests sweeps them.
+pub fn sweep_sizes(min: u64, max: u64, factor: Option<u64>, step: Option<u64>) -> Result<Vec<u64>, BenchError> {
+    if min == 0 || max == 0 {
+        return Err(BenchError::Args("sizes must be positive (-b and -e)".into()));
+    }
+    if min > max {
+        return Err(BenchError::Args(format!("-b {min} is larger than -e {max}; the sweep goes from -b up to -e")));
+    }
+    let mut v = Vec::new();
+    match (factor, step) {
+        (Some(f), _) => {
+            if f < 2 {
+                return Err(BenchError::Args(format!("-f {f}: the factor must be at least 2")));
+            }
+            let mut s = min;
+            while s <= max {
+                v.push(s);
+                match s.checked_mul(f) {
+                    Some(n) => s = n,
+                    None => break,
+                }
+            }
+        }
+        (None, step) => {
+            let i = step.unwrap_or(1 << 20);
+            if i == 0 {
+                return Err(BenchError::Args("-i 0: the increment must be positive".into()));
+            }
+            let mut s = min;
+            while s <= max {
+                v.push(s);
+                s += i;
+            }
+        }
+    }
+    Ok(v)
+}
+
+/// Elements per call for a size, as nccl-tests computes them (per-rank counts aligned down
+/// to 16 bytes for the collectives whose size is a total over ranks).
+pub fn count_for(coll: Collective, size: u64, n: u32, dtype: DType) -> u64 {
+    let e = dtype.size();
+    match coll {
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+            let per = size / n as u64 / e;
+            let align = (16 / e).max(1);
+            per / align * align
+        }
+        _ => size / e,
+    }
+}
+
+fn allowed<T: Copy + PartialEq>(list: &[T], all: &[T]) -> Vec<T> {
+    if list.is_empty() {
+        all.to_vec()
+    } else {
+        all.iter().copied().filter(|x| list.contains(x)).collect()
+    }
+}
+
+/// Runs the benchmark on a fabric.
+pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchError> {
+    let e = cfg.dtype.size();
+    for &s in &cfg.sizes {
+        if s == 0 {
+            return Err(BenchError::Args("message sizes must be positive".into()));
+        }
+        if s % e != 0 {
+            return Err(BenchError::Args(format!(
+                "size {s} is not a multiple of the {} element size ({e} bytes)",
+                cfg.dtype.nccl_name()
+            )));
+        }
+    }
+    let router = Router::new(f, cfg.seed);
+    let mut comm = Comm::from_fabric(f, &router);
+    comm.nvls &= cfg.env.nvls;
+    let n = comm.nranks;
+    if matches!(cfg.coll, Collective::Broadcast | Collective::Reduce) && cfg.root >= n {
+        return Err(BenchError::Args(format!("root {} is outside the communicator (valid: 0..{})", cfg.root, n - 1)));
+    }
+    let tin = tuner::TunerInput::from_comm(&comm, cfg.env.collnet);
+    // A forced algorithm must exist for this collective and fabric (checked once).
+    if let Some(a) = cfg.algo {
+        let p = cfg.proto.unwrap_or(*collective::protocols_for(a, cfg.coll).last().unwrap_or(&Proto::Simple));
+        collective::check_supported(&comm, cfg.coll, a, p)?;
+        if matches!(a, Algo::CollNetDirect | Algo::CollNetChain) && !cfg.env.collnet {
+            // Users asking for CollNet explicitly get it, as NCCL_ALGO=CollNet with
+            // NCCL_COLLNET_ENABLE=1 would.
+        }
+    }
+    let nccl_algos = allowed(&cfg.env.algos, &Algo::NCCL);
+    let nccl_protos = allowed(&cfg.env.protos, &Proto::ALL);
+    let mut rows = Vec::new();
+    for &size in &cfg.sizes {
+        let count = count_for(cfg.coll, size, n, cfg.dtype);
+        if count == 0 {
+            continue;
+        }
+        let args = CollArgs { coll: cfg.coll, count, dtype: cfg.dtype, redop: cfg.redop, root: cfg.root };
+        let nbytes = model_bytes(&args, n);
+        let nccl_pick = tuner::pick(&tin, cfg.coll, nbytes, &nccl_algos, &nccl_protos).map(|(a, p, _)| (a, p));
+        let (algo, proto) = match (cfg.algo, cfg.proto) {
+            (Some(a), Some(p)) => (a, p),
+            (Some(a), None) => {
+                let protos: Vec<Proto> =
+                    nccl_protos.iter().copied().filter(|p| collective::protocols_for(a, cfg.coll).contains(p)).collect();
+                let best = tuner::pick(&tin, cfg.coll, nbytes, &[a], &protos).map(|x| x.1);
+                (a, best.unwrap_or(*collective::protocols_for(a, cfg.coll).last().unwrap_or(&Proto::Simple)))
+            }
+            (None, p) => match nccl_pick {
+                Some((a, pp)) if p.is_none_or(|p| p == pp) => (a, pp),
+                _ => {
+                    // NCCL's model does not cover it (all-to-all, send/recv) or the forced
+                    // protocol excludes its pick: take the model's best with that protocol,
+                    // else the point-to-point or ring implementation.
+                    let protos: Vec<Proto> = p.map(|p| vec![p]).unwrap_or(nccl_protos.clone());
+                    match tuner::pick(&tin, cfg.coll, nbytes, &nccl_algos, &protos) {
+                        Some((a, pp, _)) => (a, pp),
+                        None => {
+                            let a = collective::algorithms_for(cfg.coll)[0];
+                            (a, p.unwrap_or(Proto::Simple))
+                        }
+                    }
+                }
+            },
+        };
+        let (time_us, channels, events) = time_one(f, &router, &comm, &tin, cfg, &args, algo, proto)?;
+        let best = if cfg.compare {
+            let mut best: Option<(Algo, Proto, f64)> = None;
+            for &a in collective::algorithms_for(cfg.coll) {
+                for &p in collective::protocols_for(a, cfg.coll) {
+                    if collective::check_supported(&comm, cfg.coll, a, p).is_err() {
+                        continue;
+                    }
+                    if matches!(a, Algo::CollNetDirect | Algo::CollNetChain | Algo::Nvls)
+                        && comm.num_nodes() > 1
+                        && !cfg.env.collnet
+                    {
+                        continue;
+                    }
+                    let t = if (a, p) == (algo, proto) {
+                        time_us
+                    } else {
+                        time_one(f, &router, &comm, &tin, cfg, &args, a, p)?.0
+                    };
+                    if best.is_none_or(|b| t < b.2) {
+                        best = Some((a, p, t));
+                    }
+                }
+            }
+            best
+        } else {
+            None
+        };
+        let algbw = args.size_bytes(n) as f64 / time_us / 1e3;
+        rows.push(BenchRow {
+            size_bytes: args.size_bytes(n),
+            count,
+            dtype: cfg.dtype,
+            redop: cfg.redop,
+            root: if matches!(cfg.coll, Collective::Broadcast | Collective::Reduce) { cfg.root as i64 } else { -1 },
+            time_us,
+            algbw_gbps: algbw,
+            busbw_gbps: algbw * cfg.coll.busbw_factor(n),
+            algo,
+            proto,
+            channels,
+            nccl_pick,
+            nccl_model_us: tuner::model_time(&tin, cfg.coll, algo, proto, nbytes),
+            best,
+            events,
+        });
+    }
+    Ok(rows)
+}
+
+/// The byte count NCCL's model uses: the full buffer for all-gather/reduce-scatter.
+fn model_bytes(args: &CollArgs, n: u32) -> u64 {
+    match args.coll {
+        Collective::AllGather | Collective::ReduceScatter => args.count * n as u64 * args.dtype.size(),
+        _ => args.count * args.dtype.size(),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn time_one(
+    f: &Fabric,
+    router: &Router,
+    comm: &Comm,
+    tin: &tuner::TunerInput,
+    cfg: &BenchConfig,
+    args: &CollArgs,
+    algo: Algo,
+    proto: Proto,
+) -> Result<(f64, u32, u64), BenchError> {
+    let n = comm.nranks;
+    let mut nch = cfg.channels.unwrap_or_else(|| tuner::channels_for(tin, args.coll, algo, proto, model_bytes(args, n)));
+    if let Some(m) = cfg.env.max_channels {
+        nch = nch.min(m.max(1));
+    }
+    if let Some(m) = cfg.env.min_channels {
+        nch = nch.max(m);
+    }
+    let choice = Choice { algo, proto, nchannels: nch.clamp(1, 64) };
+    match cfg.fidelity {
+        Fidelity::Analytical => {
+            let t = analytic::time(f, router, comm, args, &choice, &cfg.env.knobs, cfg.gpus_per_thread)?;
+            Ok((t.as_us(), choice.nchannels, 0))
+        }
+        Fidelity::Event => {
+            let s = collective::build_schedule(comm, args, &choice, &cfg.env.knobs)?;
+            let opts = SimOpts {
+                granularity: cfg.granularity,
+                fold_channels: cfg.fold_channels,
+                seed: cfg.seed,
+                gpus_per_thread: cfg.gpus_per_thread,
+                pxn: !cfg.env.knobs.pxn_disable,
+            };
+            let r = simulate(f, router, &s, &opts)?;
+            Ok((r.time.as_us(), choice.nchannels, r.events))
+        }
+    }
+}

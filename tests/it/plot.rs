@@ -1,0 +1,572 @@
+//! Plots, heatmaps, bar charts, traces and the `plot` subcommand, end to end: files are
+//! written, PNGs decode with the right size and are not blank, output is byte-stable, and
+//! bad input gives errors that list what is valid.
+//!
+//! Set `FABRICSIM_KEEP_PLOTS=1` to keep the rendered files (their directory is printed).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fabricsim::report::heatmap::{HeatTrack, Heatmap};
+use fabricsim::report::plot::{Axis, Bar, BarChart, LineChart, Panel, PlotError, Series};
+use fabricsim::report::trace::{write_trace, Slice, TraceWriter, Track, TrackKind};
+use fabricsim::units::SimTime;
+
+/// A fresh directory under the system temp dir, unique to this process and test.
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fabricsim-it-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn cleanup(dir: &Path) {
+    if std::env::var_os("FABRICSIM_KEEP_PLOTS").is_some() {
+        eprintln!("kept {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Decodes a PNG and returns (width, height, distinct colours).
+fn png_info(path: &Path) -> (u32, u32, BTreeSet<[u8; 3]>) {
+    let img = image::open(path)
+        .unwrap_or_else(|e| panic!("{} does not decode: {e}", path.display()))
+        .to_rgb8();
+    let colours: BTreeSet<[u8; 3]> = img.pixels().map(|p| p.0).collect();
+    (img.width(), img.height(), colours)
+}
+
+fn sizes() -> Vec<f64> {
+    (3..=33).map(|k| 2f64.powi(k)).collect()
+}
+
+fn busbw(size: f64, peak: f64, lat_us: f64) -> f64 {
+    let t = lat_us + size / (peak * 1e3);
+    size / t / 1e3
+}
+
+fn three_series_chart() -> LineChart {
+    let mut chart = LineChart::new(
+        "allreduce on dgx-h100 (8 GPUs)",
+        Axis::bytes("message size (bytes)"),
+        Axis::linear("bus bandwidth (GB/s)"),
+    )
+    .subtitle("simulated, Simple protocol");
+    for (name, peak, lat) in [
+        ("ring", 360.0, 12.0),
+        ("tree", 300.0, 8.0),
+        ("nvls", 470.0, 6.0),
+    ] {
+        chart.push_series(Series::new(
+            name,
+            sizes()
+                .into_iter()
+                .map(|s| (s, busbw(s, peak, lat)))
+                .collect(),
+        ));
+    }
+    chart
+}
+
+#[test]
+fn line_chart_with_three_series_on_a_byte_axis() {
+    let dir = temp_dir("line");
+    let paths = three_series_chart().render(&dir, "busbw").unwrap();
+    assert_eq!(paths, [dir.join("busbw.png"), dir.join("busbw.svg")]);
+    let (w, h, colours) = png_info(&paths[0]);
+    assert_eq!((w, h), (800, 500));
+    assert!(
+        colours.len() > 20,
+        "only {} colours: blank image?",
+        colours.len()
+    );
+    // The fixed algorithm colours are all drawn.
+    for c in [[31, 119, 180], [255, 127, 14], [214, 39, 40]] {
+        assert!(colours.contains(&c), "series colour {c:?} missing");
+    }
+    let svg = std::fs::read_to_string(&paths[1]).unwrap();
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
+    for text in [
+        "allreduce on dgx-h100",
+        "ring",
+        "tree",
+        "nvls",
+        "8G",
+        "1G",
+        "message size",
+    ] {
+        assert!(svg.contains(text), "SVG lacks {text:?}");
+    }
+    cleanup(&dir);
+}
+
+#[test]
+fn rendering_twice_gives_identical_bytes() {
+    let a = temp_dir("stable-a");
+    let b = temp_dir("stable-b");
+    let pa = three_series_chart().render(&a, "x").unwrap();
+    let pb = three_series_chart().render(&b, "x").unwrap();
+    for (x, y) in pa.iter().zip(&pb) {
+        assert_eq!(
+            std::fs::read(x).unwrap(),
+            std::fs::read(y).unwrap(),
+            "{} differs",
+            x.display()
+        );
+    }
+    cleanup(&a);
+    cleanup(&b);
+}
+
+#[test]
+fn secondary_panel_dashed_series_and_custom_size() {
+    let dir = temp_dir("panel");
+    let model: Vec<(f64, f64)> = sizes()
+        .into_iter()
+        .map(|s| (s, busbw(s, 360.0, 11.0)))
+        .collect();
+    let measured: Vec<(f64, f64)> = sizes()
+        .into_iter()
+        .map(|s| (s, busbw(s, 350.0, 12.5)))
+        .collect();
+    let error: Vec<(f64, f64)> = model
+        .iter()
+        .zip(&measured)
+        .map(|(m, r)| (m.0, 100.0 * (m.1 - r.1) / r.1))
+        .collect();
+    let chart = LineChart::new(
+        "model vs measurement",
+        Axis::bytes("size"),
+        Axis::log10("busbw (GB/s)"),
+    )
+    .series(Series::new("measured", measured).markers())
+    .series(Series::new("model", model).dashed())
+    .secondary(Panel {
+        y: Axis::linear("error (%)"),
+        series: vec![Series::new("model", error)],
+        reference: Some(0.0),
+    })
+    .size(1000, 760);
+    let paths = chart.render(&dir, "panel").unwrap();
+    let (w, h, colours) = png_info(&paths[0]);
+    assert_eq!((w, h), (1000, 760));
+    assert!(colours.len() > 20);
+    cleanup(&dir);
+}
+
+#[test]
+fn bad_data_is_filtered_or_reported_never_panics() {
+    let dir = temp_dir("bad");
+    // NaN, zero and negative values on log axes are dropped; a single point still draws.
+    let chart = LineChart::new("odd", Axis::bytes("size"), Axis::log10("time (µs)"))
+        .series(Series::new(
+            "a",
+            vec![(0.0, 1.0), (f64::NAN, 2.0), (64.0, -3.0), (128.0, 5.0)],
+        ))
+        .series(Series::new("b", vec![]))
+        .series(Series::new("c", vec![(f64::INFINITY, 1.0)]));
+    assert!(!chart.data_warnings().is_empty());
+    chart.render(&dir, "odd").unwrap();
+    // Constant values on a linear axis.
+    LineChart::new("flat", Axis::linear("x"), Axis::linear("y"))
+        .series(Series::new("a", vec![(1.0, 0.0), (2.0, 0.0)]))
+        .render(&dir, "flat")
+        .unwrap();
+    // Nothing drawable at all is an error naming the chart.
+    let e = LineChart::new("empty", Axis::bytes("size"), Axis::linear("y"))
+        .series(Series::new("a", vec![(-1.0, 1.0)]))
+        .render(&dir, "empty")
+        .unwrap_err();
+    assert!(matches!(e, PlotError::NoData { .. }), "{e}");
+    assert!(e.to_string().contains("\"empty\""), "{e}");
+    let e = LineChart::new("none", Axis::linear("x"), Axis::linear("y"))
+        .render(&dir, "none")
+        .unwrap_err();
+    assert!(e.to_string().contains("no series"), "{e}");
+    cleanup(&dir);
+}
+
+#[test]
+fn heatmap_and_bar_chart_render() {
+    let dir = temp_dir("heat");
+    let tracks: Vec<HeatTrack> = (0..24)
+        .map(|i| HeatTrack {
+            name: format!("node{}/gpu{}->nvswitch{}", i / 8, i % 8, i % 4),
+            values: (0..400)
+                .map(|b| {
+                    let phase = ((b + i * 7) % 100) as f64 / 100.0;
+                    if i == 5 && b > 300 {
+                        f64::NAN
+                    } else {
+                        (phase * 1.2).min(1.0)
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    let heat = Heatmap::new(
+        "link utilisation",
+        SimTime::ZERO,
+        SimTime::from_ns(250),
+        tracks.clone(),
+    )
+    .subtitle("allreduce 256M, ring");
+    let paths = heat.render(&dir, "heat").unwrap();
+    let (w, h, colours) = png_info(&paths[0]);
+    assert_eq!((w, h), (900, 500));
+    assert!(colours.len() > 50, "{}", colours.len());
+
+    // Many tracks and bins are reduced, not drawn one by one.
+    let big: Vec<HeatTrack> = (0..3000)
+        .map(|i| HeatTrack {
+            name: format!("link{i}"),
+            values: (0..3000).map(|b| ((i + b) % 10) as f64 / 10.0).collect(),
+        })
+        .collect();
+    let paths = Heatmap::new("big", SimTime::from_ns(1000), SimTime::from_ns(10), big)
+        .render(&dir, "big")
+        .unwrap();
+    let svg_len = std::fs::metadata(&paths[1]).unwrap().len();
+    assert!(svg_len < 40_000_000, "SVG is {svg_len} bytes");
+
+    let bars: Vec<Bar> = tracks
+        .iter()
+        .take(12)
+        .enumerate()
+        .map(|(i, t)| Bar {
+            label: t.name.clone(),
+            value: 1.0 - i as f64 * 0.07,
+        })
+        .chain([Bar {
+            label: "broken".into(),
+            value: f64::NAN,
+        }])
+        .collect();
+    let paths = BarChart::new("busiest links", "utilisation", bars)
+        .percent()
+        .render(&dir, "bars")
+        .unwrap();
+    let (w, h, colours) = png_info(&paths[0]);
+    assert_eq!((w, h), (800, 500));
+    assert!(colours.len() > 10);
+
+    assert!(
+        Heatmap::new("zero bin", SimTime::ZERO, SimTime::ZERO, tracks)
+            .render(&dir, "z")
+            .is_err()
+    );
+    assert!(BarChart::new("none", "v", vec![])
+        .render(&dir, "n")
+        .is_err());
+    cleanup(&dir);
+}
+
+#[test]
+fn trace_json_parses_back_with_events_in_order() {
+    let dir = temp_dir("trace");
+    let tracks = vec![
+        Track::new("rank 0", TrackKind::Rank).in_group("node 0"),
+        Track::new("rank 1", TrackKind::Rank).in_group("node 0"),
+        Track::new("gpu0->gpu1", TrackKind::Link),
+        Track::new("nvswitch0", TrackKind::Switch),
+    ];
+    let mut slices = Vec::new();
+    for step in 0..50u64 {
+        for track in 0..4 {
+            slices.push(Slice {
+                track,
+                name: format!("step {step}"),
+                category: if track < 2 {
+                    "reduce".into()
+                } else {
+                    "send".into()
+                },
+                start: SimTime::from_ps(step * 1_500_000 + track as u64 * 1_234),
+                duration: SimTime::from_ps(1_000_500),
+                args: vec![
+                    ("bytes".into(), "1048576".into()),
+                    ("chunk".into(), step.to_string()),
+                ],
+            });
+        }
+    }
+    // Given out of order; write_trace sorts by start.
+    slices.reverse();
+    let path = dir.join("t.json");
+    write_trace(&path, &tracks, &slices).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let x: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(x.len(), 200);
+    let ts: Vec<f64> = x.iter().map(|e| e["ts"].as_f64().unwrap()).collect();
+    assert!(
+        ts.windows(2).all(|w| w[0] <= w[1]),
+        "slices not in time order"
+    );
+    assert_eq!(x[0]["ts"].as_f64().unwrap(), 0.0);
+    assert_eq!(x[1]["ts"].as_f64().unwrap(), 0.001234);
+    assert_eq!(x[0]["dur"].as_f64().unwrap(), 1.0005);
+    assert_eq!(x[0]["args"]["bytes"], "1048576");
+    // Processes: "node 0" (pid 1), "links" (2), "switches" (3); one thread per track.
+    let names: Vec<(&str, u64)> = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "process_name")
+        .map(|e| {
+            (
+                e["args"]["name"].as_str().unwrap(),
+                e["pid"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(names, [("node 0", 1), ("links", 2), ("switches", 3)]);
+    let threads = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .count();
+    assert_eq!(
+        threads, 4,
+        "no slice overlaps another on its track, so no extra lanes"
+    );
+    // Same input, same bytes.
+    let path2 = dir.join("t2.json");
+    write_trace(&path2, &tracks, &slices).unwrap();
+    assert_eq!(bytes, std::fs::read(&path2).unwrap());
+    // The streaming writer gives the same events when fed in order.
+    let mut w = TraceWriter::new(Vec::new(), &tracks).unwrap();
+    let mut sorted = slices.clone();
+    sorted.sort_by_key(|s| (s.start, s.track));
+    for s in &sorted {
+        w.write(s).unwrap();
+    }
+    assert_eq!(w.slice_count(), 200);
+    assert_eq!(w.finish().unwrap(), bytes);
+    cleanup(&dir);
+}
+
+// ---- the `plot` subcommand -----------------------------------------------------------
+
+fn write_fixture(dir: &Path) -> PathBuf {
+    let mut csv =
+        String::from("collective,topology,gpus,algo,proto,size_bytes,time_us,busbw_GBps\n");
+    for (algo, peak, lat) in [
+        ("ring", 360.0, 12.0),
+        ("tree", 300.0, 8.0),
+        ("nvls", 470.0, 6.0),
+    ] {
+        for proto in ["LL", "Simple"] {
+            for k in (3..=33).step_by(2) {
+                let s = 2f64.powi(k);
+                let bw = busbw(s, if proto == "LL" { peak / 2.0 } else { peak }, lat);
+                csv.push_str(&format!(
+                    "allreduce,dgx-h100,8,{algo},{proto},{s},{:.3},{bw:.4}\n",
+                    s / bw / 1e3
+                ));
+            }
+        }
+    }
+    let path = dir.join("sweep.csv");
+    std::fs::write(&path, csv).unwrap();
+    path
+}
+
+fn fabricsim(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn plot_command_writes_figures_and_prints_paths() {
+    let dir = temp_dir("cli");
+    let csv = write_fixture(&dir);
+    let out = dir.join("plots");
+    let (ok, stdout, stderr) = fabricsim(&[
+        "plot",
+        csv.to_str().unwrap(),
+        "--x",
+        "size_bytes",
+        "--y",
+        "busbw_GBps",
+        "--series",
+        "algo",
+        "--filter",
+        "proto=Simple",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    for l in &lines {
+        assert!(Path::new(l).exists(), "{l}");
+    }
+    let (w, h, colours) = png_info(Path::new(lines[0]));
+    assert_eq!((w, h), (800, 500));
+    assert!(colours.len() > 20);
+    let svg = std::fs::read_to_string(lines[1]).unwrap();
+    assert!(
+        svg.contains("allreduce on dgx-h100 (8 GPUs)"),
+        "default title"
+    );
+    assert!(
+        svg.contains("busbw (GB/s)") && svg.contains("size (bytes)"),
+        "axis labels with units"
+    );
+
+    // One figure per facet value, log y axis.
+    let (ok, stdout, stderr) = fabricsim(&[
+        "plot",
+        csv.to_str().unwrap(),
+        "--x",
+        "size_bytes",
+        "--y",
+        "time_us",
+        "--series",
+        "algo",
+        "--facet",
+        "proto",
+        "--logy",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let names: Vec<String> = stdout
+        .lines()
+        .map(|l| {
+            Path::new(l)
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "sweep_time_us_LL.png",
+            "sweep_time_us_LL.svg",
+            "sweep_time_us_Simple.png",
+            "sweep_time_us_Simple.svg"
+        ]
+    );
+    cleanup(&dir);
+}
+
+#[test]
+fn plot_command_errors_name_the_file_and_what_is_valid() {
+    let dir = temp_dir("cli-err");
+    let csv = write_fixture(&dir);
+    let csv_s = csv.to_str().unwrap();
+    let out = dir.join("plots");
+    let out_s = out.to_str().unwrap();
+
+    let (ok, _, stderr) = fabricsim(&[
+        "plot",
+        csv_s,
+        "--x",
+        "size_bytes",
+        "--y",
+        "busbw",
+        "-o",
+        out_s,
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("sweep.csv"), "{stderr}");
+    assert!(stderr.contains("no column `busbw`"), "{stderr}");
+    assert!(stderr.contains("did you mean `busbw_GBps`"), "{stderr}");
+    assert!(
+        stderr.contains("collective, topology, gpus, algo, proto, size_bytes, time_us, busbw_GBps"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let (ok, _, stderr) = fabricsim(&[
+        "plot",
+        csv_s,
+        "--x",
+        "size_bytes",
+        "--y",
+        "busbw_GBps",
+        "--filter",
+        "algo=rign",
+        "-o",
+        out_s,
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("values present: ring, tree, nvls"),
+        "{stderr}"
+    );
+
+    let (ok, _, stderr) = fabricsim(&[
+        "plot",
+        csv_s,
+        "--x",
+        "size_bytes",
+        "--y",
+        "algo",
+        "-o",
+        out_s,
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("no numeric values"), "{stderr}");
+    assert!(
+        stderr.contains("numeric columns: gpus, size_bytes, time_us, busbw_GBps"),
+        "{stderr}"
+    );
+
+    let empty = dir.join("empty.csv");
+    std::fs::write(&empty, "").unwrap();
+    let (ok, _, stderr) = fabricsim(&[
+        "plot",
+        empty.to_str().unwrap(),
+        "--x",
+        "a",
+        "--y",
+        "b",
+        "-o",
+        out_s,
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("empty.csv is empty"), "{stderr}");
+
+    let header_only = dir.join("header.csv");
+    std::fs::write(&header_only, "size_bytes,busbw_GBps\n").unwrap();
+    let (ok, _, stderr) = fabricsim(&[
+        "plot",
+        header_only.to_str().unwrap(),
+        "--x",
+        "size_bytes",
+        "--y",
+        "busbw_GBps",
+        "-o",
+        out_s,
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("no data rows"), "{stderr}");
+
+    let (ok, _, stderr) = fabricsim(&[
+        "plot",
+        dir.join("missing.csv").to_str().unwrap(),
+        "--x",
+        "a",
+        "--y",
+        "b",
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("missing.csv"), "{stderr}");
+    assert!(
+        !out.exists() || std::fs::read_dir(&out).unwrap().next().is_none(),
+        "no figure on error"
+    );
+    cleanup(&dir);
+}
