@@ -40,64 +40,65 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let parts = channel_parts(args.count, elem, choice.nchannels);
     let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
     let count = args.count;
+    if !matches!(args.coll, Collective::AllToAll | Collective::SendRecv) {
+        return Err(CollError::Unsupported {
+            algo: choice.algo,
+            coll: args.coll,
+            hint: "P2P implements alltoall and sendrecv".into(),
+        });
+    }
+    let mut cache: std::collections::BTreeMap<u64, u32> = Default::default();
     for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;
-        let end = off + len;
-        let lp = chunks(off, len, chunk);
-        let mut b = ProgramBuilder::new();
-        match args.coll {
-            Collective::AllToAll => {
-                let blk = |buf, l: &Loop, rel: i64| Addr {
-                    buf,
-                    base: l.lb,
-                    stride: count,
-                    rel: rel as i32,
-                    modulus: n,
-                    perm: 0,
-                    len: l.rc,
-                    limit: end,
-                    limit_stride: count,
-                };
-                for l in &lp {
-                    b.push(Step::copy(blk(Buf::Input, l, 0), blk(Buf::Output, l, 0)));
-                }
-                // Binding δ-1 is the rank δ ahead; receiving from δ behind uses binding n-δ-1.
-                for d in 1..n as i64 {
+        let end = len;
+        let prog = match cache.get(&len) {
+            Some(&p) => p,
+            None => {
+                let lp = chunks(0, len, chunk);
+                let mut b = ProgramBuilder::new();
+                if args.coll == Collective::AllToAll {
+                    let blk = |buf, l: &Loop, rel: i64| Addr {
+                        buf,
+                        base: l.lb,
+                        stride: count,
+                        rel: rel as i32,
+                        modulus: n,
+                        perm: false,
+                        len: l.rc,
+                        limit: end,
+                        limit_stride: count,
+                    };
                     for l in &lp {
-                        b.push(step(&[], &[(d - 1) as u16], Some(blk(Buf::Input, l, d)), None, false, false));
-                        let from = (n as i64 - d - 1) as u16;
-                        b.push(step(&[from], &[], None, Some(blk(Buf::Output, l, -d)), false, false));
+                        b.push(Step::copy(blk(Buf::Input, l, 0), blk(Buf::Output, l, 0)));
+                    }
+                    // Binding δ-1 is the rank δ ahead; receiving from δ behind uses binding n-δ-1.
+                    for d in 1..n as i64 {
+                        for l in &lp {
+                            b.push(step(&[], &[(d - 1) as u16], Some(blk(Buf::Input, l, d)), None, false, false));
+                            let from = (n as i64 - d - 1) as u16;
+                            b.push(step(&[from], &[], None, Some(blk(Buf::Output, l, -d)), false, false));
+                        }
+                    }
+                } else {
+                    let io = |buf, l: &Loop| Addr { limit: end, ..Addr::abs(buf, l.lb, l.rc) };
+                    let prev = if n == 2 { 0 } else { 1 };
+                    for l in &lp {
+                        b.push(step(&[], &[0], Some(io(Buf::Input, l)), None, false, false));
+                        b.push(step(&[prev], &[], None, Some(io(Buf::Output, l)), false, false));
                     }
                 }
-                let prog = s.add_program(b.finish());
-                for r in 0..n {
-                    let binds: Vec<Binding> = (1..n).map(|d| Binding::Peer { rank: (r + d) % n, port: 0 }).collect();
-                    s.add_stream(r, c, c, r, prog, &binds);
-                }
+                let p = s.add_program(b.finish());
+                cache.insert(len, p);
+                p
             }
-            Collective::SendRecv => {
-                let io = |buf, l: &Loop| Addr { limit: end, ..Addr::abs(buf, l.lb, l.rc) };
-                let prev = if n == 2 { 0 } else { 1 };
-                for l in &lp {
-                    b.push(step(&[], &[0], Some(io(Buf::Input, l)), None, false, false));
-                    b.push(step(&[prev], &[], None, Some(io(Buf::Output, l)), false, false));
-                }
-                let prog = s.add_program(b.finish());
-                for r in 0..n {
-                    let mut binds = vec![Binding::Peer { rank: (r + 1) % n, port: 0 }];
-                    if n > 2 {
-                        binds.push(Binding::Peer { rank: (r + n - 1) % n, port: 0 });
-                    }
-                    s.add_stream(r, c, c, r, prog, &binds);
-                }
-            }
-            other => {
-                return Err(CollError::Unsupported {
-                    algo: choice.algo,
-                    coll: other,
-                    hint: "P2P implements alltoall and sendrecv".into(),
-                })
-            }
+        };
+        for r in 0..n {
+            let binds: Vec<Binding> = match args.coll {
+                Collective::AllToAll => (1..n).map(|d| Binding::Peer { rank: (r + d) % n, port: 0 }).collect(),
+                _ if n == 2 => vec![Binding::Peer { rank: (r + 1) % n, port: 0 }],
+                _ => vec![Binding::Peer { rank: (r + 1) % n, port: 0 }, Binding::Peer { rank: (r + n - 1) % n, port: 0 }],
+            };
+            s.add_stream_at(r, c, c, r, prog, &binds, off);
         }
     }
     s.set_channels(used.max(1));

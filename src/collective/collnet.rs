@@ -8,14 +8,21 @@
 //!   head), each head reduces its piece over NVLink, the heads all-reduce in the switches,
 //!   and each head sends the result to every GPU of its node.
 //!
-//! As in NCCL, the reduce and broadcast sides run concurrently (two streams per rank and
-//! channel); a head hands each finished piece from one to the other.
+//! As in NCCL, the reduce and broadcast sides run concurrently (separate streams per rank
+//! and channel, on consecutive lanes); a head hands each finished piece from one to the
+//! other with a wait. Programs are relative to the channel's part of the buffer and shared
+//! by every node and every channel of the same shape.
+
+use std::collections::BTreeMap;
 
 use super::chunking::chunking;
 use super::ring::{loops, single_rank, Loop};
 use super::tree::{span, step};
 use super::{channel_parts, Algo, CollArgs, CollError, Choice, Comm, Knobs};
 use crate::schedule::*;
+
+/// Lanes per channel: reduce side, broadcast side, and (CollNet Direct) the heads' SHARP.
+const LANES: u32 = 3;
 
 /// Builds a CollNet schedule.
 pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Result<Schedule, CollError> {
@@ -27,21 +34,24 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         return Ok(s);
     }
     if !comm.uniform() {
-        return Err(CollError::NotOnFabric { algo: choice.algo, reason: "CollNet needs the same GPU count in every node".into() });
+        return Err(CollError::NotOnFabric {
+            algo: choice.algo,
+            reason: "CollNet needs the same GPU count in every node".into(),
+        });
     }
     let elem = args.dtype.size();
     let ch = chunking(args.coll, choice.algo, Proto::Simple, knobs);
     let parts = channel_parts(args.count, elem, choice.nchannels);
     let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
+    let heads: Vec<u32> =
+        if comm.nic_owners[0].is_empty() { vec![0] } else { comm.nic_owners[0].iter().copied().take(8).collect() };
+    let mut cache = BTreeMap::new();
     for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;
-        let end = off + len;
         if choice.algo == Algo::CollNetChain {
-            chain(&mut s, comm, c, &loops(off, len, 1, &ch, elem), end);
+            chain(&mut s, &mut cache, comm, c, off, &loops(0, len, 1, &ch, elem), len);
         } else {
-            let heads: Vec<u32> =
-                if comm.nic_owners[0].is_empty() { vec![0] } else { comm.nic_owners[0].iter().copied().take(8).collect() };
-            direct(&mut s, comm, c, &loops(off, len, heads.len() as u64, &ch, elem), end, &heads);
+            direct(&mut s, &mut cache, comm, c, off, &loops(0, len, heads.len() as u64, &ch, elem), len, &heads);
         }
     }
     s.set_channels(used.max(1));
@@ -50,75 +60,68 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
 }
 
 fn sharp_op(group: u16, a: Addr, len: u64) -> Op {
-    Op::Switch(SwitchOp {
-        group,
-        kind: SwitchKind::AllReduce { head: None },
-        src: Some(a),
-        dst: Some(a),
-        len,
-        postop: true,
-    })
+    Op::Switch(SwitchOp { group, kind: SwitchKind::AllReduce { head: None }, src: Some(a), dst: Some(a), len, postop: true })
 }
 
-fn chain(s: &mut Schedule, comm: &Comm, c: u32, lp: &[Loop], end: u64) {
+/// Program cache: (algorithm role, position, part length) -> program.
+type Cache = BTreeMap<(u8, u32, u64), u32>;
+
+fn cached(s: &mut Schedule, cache: &mut Cache, key: (u8, u32, u64), build: impl FnOnce() -> Program) -> u32 {
+    if let Some(&p) = cache.get(&key) {
+        return p;
+    }
+    let p = s.add_program(build());
+    cache.insert(key, p);
+    p
+}
+
+fn chain(s: &mut Schedule, cache: &mut Cache, comm: &Comm, c: u32, off: u64, lp: &[Loop], len: u64) {
     let nodes = comm.num_nodes();
     let orders: Vec<Vec<u32>> = (0..nodes).map(|d| comm.node_order(d, c)).collect();
     let sharp = s.add_group(Group { members: orders.iter().map(|o| o[0]).collect(), kind: GroupKind::Sharp });
     let ppn = orders[0].len();
+    let (up_lane, down_lane) = (LANES * c, LANES * c + 1);
     for o in &orders {
         for (i, &me) in o.iter().enumerate() {
-            // Slot 0: the previous GPU (toward the head), slot 1: the next; the head binds the
-            // SHARP group at slot 0 instead.
-            let mut binds = Vec::new();
-            let (prev, next) = if i == 0 {
-                binds.push(Binding::Group(sharp));
-                (None, (ppn > 1).then(|| {
-                    binds.push(Binding::Peer { rank: o[1], port: 0 });
-                    1u16
-                }))
-            } else {
-                binds.push(Binding::Peer { rank: o[i - 1], port: 0 });
-                let next = (i + 1 < ppn).then(|| {
-                    binds.push(Binding::Peer { rank: o[i + 1], port: 0 });
-                    1u16
-                });
-                (Some(0u16), next)
-            };
-            let nx: Vec<u16> = next.into_iter().collect();
-            let mut up = ProgramBuilder::new();
-            let mut handoff = Vec::new();
-            for l in lp {
-                let inp = span(Buf::Input, l, end);
-                let out = span(Buf::Output, l, end);
-                match prev {
-                    Some(p) => {
-                        up.push(step(&nx, &[p], Some(inp), None, !nx.is_empty(), false));
-                    }
-                    None => {
-                        let r = up.push(step(&nx, &[], Some(inp), Some(out), !nx.is_empty(), false));
-                        handoff.push(up.push_after(sharp_op(0, out, out.resolve(0, &[]).len), r));
+            // Slot 0: the GPU toward the head (the SHARP group for the head), slot 1: the next.
+            let mut binds = vec![if i == 0 { Binding::Group(sharp) } else { Binding::Peer { rank: o[i - 1], port: 0 } }];
+            if i + 1 < ppn {
+                binds.push(Binding::Peer { rank: o[i + 1], port: 0 });
+            }
+            let nx: Vec<u16> = if i + 1 < ppn { vec![1] } else { vec![] };
+            let head = i == 0;
+            let role = (head as u32) << 1 | !nx.is_empty() as u32;
+            let up = cached(s, cache, (0, role, len), || {
+                let mut b = ProgramBuilder::new();
+                for l in lp {
+                    let (inp, out) = (span(Buf::Input, l, len), span(Buf::Output, l, len));
+                    if head {
+                        let r = b.push(step(&nx, &[], Some(inp), Some(out), !nx.is_empty(), false));
+                        b.push_after(sharp_op(0, out, out.resolve(0, None).len), r);
+                    } else {
+                        b.push(step(&nx, &[0], Some(inp), None, !nx.is_empty(), false));
                     }
                 }
-            }
-            let prog = s.add_program(up.finish());
-            let up_stream = s.add_stream(me, 2 * c, c, i as u32, prog, &binds);
-            let mut down = ProgramBuilder::new();
-            for (li, l) in lp.iter().enumerate() {
-                let out = span(Buf::Output, l, end);
-                match prev {
-                    Some(p) => {
-                        down.push(step(&[p], &nx, None, Some(out), false, false));
-                    }
-                    None => {
-                        down.push(Op::Wait { stream: up_stream, op: handoff[li] });
+                b.finish()
+            });
+            s.add_stream_at(me, up_lane, c, i as u32, up, &binds, off);
+            let down = cached(s, cache, (1, role, len), || {
+                let mut b = ProgramBuilder::new();
+                for (li, l) in lp.iter().enumerate() {
+                    let out = span(Buf::Output, l, len);
+                    if head {
+                        // The up stream's program has two ops per loop; the SHARP op is the second.
+                        b.push(Op::Wait { lane_delta: -1, op: 2 * li as u32 + 1 });
                         if !nx.is_empty() {
-                            down.push(step(&[], &nx, Some(out), None, false, false));
+                            b.push(step(&[], &nx, Some(out), None, false, false));
                         }
+                    } else {
+                        b.push(step(&[0], &nx, None, Some(out), false, false));
                     }
                 }
-            }
-            let prog = s.add_program(down.finish());
-            s.add_stream(me, 2 * c + 1, c, i as u32, prog, &binds);
+                b.finish()
+            });
+            s.add_stream_at(me, down_lane, c, i as u32, down, &binds, off);
         }
     }
 }
@@ -127,7 +130,8 @@ fn piece(buf: Buf, l: &Loop, j: u64, end: u64) -> Addr {
     Addr { limit: end, ..Addr::abs(buf, l.lb + j * l.rc, l.rc) }
 }
 
-fn direct(s: &mut Schedule, comm: &Comm, c: u32, lp: &[Loop], end: u64, heads: &[u32]) {
+#[allow(clippy::too_many_arguments)]
+fn direct(s: &mut Schedule, cache: &mut Cache, comm: &Comm, c: u32, off: u64, lp: &[Loop], len: u64, heads: &[u32]) {
     let nodes = comm.num_nodes();
     let sharp: Vec<u32> = heads
         .iter()
@@ -135,78 +139,91 @@ fn direct(s: &mut Schedule, comm: &Comm, c: u32, lp: &[Loop], end: u64, heads: &
             s.add_group(Group { members: (0..nodes).map(|d| comm.nodes[d as usize][h as usize]).collect(), kind: GroupKind::Sharp })
         })
         .collect();
+    let ppn = comm.ppn() as usize;
+    let (lane_a, lane_b, lane_c) = (LANES * c, LANES * c + 1, LANES * c + 2);
+    let mut reduced_of: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
     for d in 0..nodes {
         let node = comm.nodes[d as usize].clone();
         for (pos, &me) in node.iter().enumerate() {
             let my_head = heads.iter().position(|&h| h as usize == pos);
-            // Slots: one per other local rank (by local index), then my SHARP group.
-            let others: Vec<usize> = (0..node.len()).filter(|&q| q != pos).collect();
+            // Slots: one per other local rank, in local order.
+            let others: Vec<usize> = (0..ppn).filter(|&q| q != pos).collect();
             let slot_of = |q: usize| others.iter().position(|&x| x == q).map(|i| i as u16);
             let binds: Vec<Binding> = others.iter().map(|&q| Binding::Peer { rank: node[q], port: 0 }).collect();
             // Lane A: scatter my pieces to their heads; a head then reduces its piece from
-            // every local rank. Lane C (heads): SHARP on each reduced piece. Lane B: broadcast.
-            let mut a = ProgramBuilder::new();
-            let mut reduced = Vec::new();
-            for l in lp {
-                for (j, &h) in heads.iter().enumerate() {
-                    if my_head != Some(j) {
-                        if let Some(sl) = slot_of(h as usize) {
-                            a.push(step(&[], &[sl], Some(piece(Buf::Input, l, j as u64, end)), None, false, false));
+            // every local rank. The index of each loop's last reduce is the hand-off.
+            let key = (2, pos as u32, len);
+            let (a, reduced) = match (cache.get(&key), reduced_of.get(&(pos as u32, len))) {
+                (Some(&a), Some(r)) => (a, r.clone()),
+                _ => {
+                let mut reduced = Vec::new();
+                let mut b = ProgramBuilder::new();
+                for l in lp {
+                    for (j, &h) in heads.iter().enumerate() {
+                        if my_head != Some(j) {
+                            if let Some(sl) = slot_of(h as usize) {
+                                b.push(step(&[], &[sl], Some(piece(Buf::Input, l, j as u64, len)), None, false, false));
+                            }
                         }
                     }
-                }
-                if let Some(j) = my_head {
-                    let p = |buf| piece(buf, l, j as u64, end);
-                    let mut last = None;
-                    for (k, &q) in others.iter().enumerate() {
-                        let sl = slot_of(q).unwrap_or(0);
-                        let local = if k == 0 { p(Buf::Input) } else { p(Buf::Output) };
-                        last = Some(a.push(step(&[sl], &[], Some(local), Some(p(Buf::Output)), true, false)));
+                    if let Some(j) = my_head {
+                        let p = |buf| piece(buf, l, j as u64, len);
+                        let mut last = None;
+                        for (k, &q) in others.iter().enumerate() {
+                            let sl = slot_of(q).unwrap_or(0);
+                            let local = if k == 0 { p(Buf::Input) } else { p(Buf::Output) };
+                            last = Some(b.push(step(&[sl], &[], Some(local), Some(p(Buf::Output)), true, false)));
+                        }
+                        reduced.push(match last {
+                            Some(r) => r,
+                            None => b.push(step(&[], &[], Some(p(Buf::Input)), Some(p(Buf::Output)), false, false)),
+                        });
                     }
-                    reduced.push(match last {
-                        Some(r) => r,
-                        None => a.push(step(&[], &[], Some(p(Buf::Input)), Some(p(Buf::Output)), false, false)),
-                    });
                 }
-            }
-            let prog = s.add_program(a.finish());
-            let peers: Vec<Binding> = binds[..others.len()].to_vec();
-            let stream_a = s.add_stream(me, 3 * c, c, pos as u32, prog, &peers);
-            let mut handoff = Vec::new();
-            let mut stream_c = 0;
+                let a = s.add_program(b.finish());
+                cache.insert(key, a);
+                reduced_of.insert((pos as u32, len), reduced.clone());
+                (a, reduced)
+                }
+            };
+            s.add_stream_at(me, lane_a, c, pos as u32, a, &binds, off);
+            // Lane C (heads): SHARP on each reduced piece.
             if let Some(j) = my_head {
-                let mut cb = ProgramBuilder::new();
-                for (l, &r) in lp.iter().zip(&reduced) {
-                    let p = piece(Buf::Output, l, j as u64, end);
-                    cb.push(Op::Wait { stream: stream_a, op: r });
-                    handoff.push(cb.push(sharp_op(0, p, p.resolve(0, &[]).len)));
-                }
-                let prog = s.add_program(cb.finish());
-                stream_c = s.add_stream(me, 3 * c + 2, c, pos as u32, prog, &[Binding::Group(sharp[j])]);
-            }
-            let mut b = ProgramBuilder::new();
-            let mut hand = handoff.into_iter();
-            // A head first sends its own piece, then takes the others' (in head order), so
-            // the heads' broadcasts overlap instead of waiting on one another.
-            for l in lp {
-                if let Some(j) = my_head {
-                    let p = piece(Buf::Output, l, j as u64, end);
-                    b.push(Op::Wait { stream: stream_c, op: hand.next().unwrap_or(0) });
-                    for chunk in others.chunks(3) {
-                        let sl: Vec<u16> = chunk.iter().filter_map(|&q| slot_of(q)).collect();
-                        b.push(step(&[], &sl, Some(p), None, false, false));
+                let cprog = cached(s, cache, (3, pos as u32, len), || {
+                    let mut b = ProgramBuilder::new();
+                    for (l, &r) in lp.iter().zip(&reduced) {
+                        let p = piece(Buf::Output, l, j as u64, len);
+                        b.push(Op::Wait { lane_delta: -2, op: r });
+                        b.push(sharp_op(0, p, p.resolve(0, None).len));
                     }
-                }
-                for (j, &h) in heads.iter().enumerate() {
-                    if my_head != Some(j) {
-                        if let Some(sl) = slot_of(h as usize) {
-                            b.push(step(&[sl], &[], None, Some(piece(Buf::Output, l, j as u64, end)), false, false));
+                    b.finish()
+                });
+                s.add_stream_at(me, lane_c, c, pos as u32, cprog, &[Binding::Group(sharp[j])], off);
+            }
+            // Lane B: a head first sends its own piece (after its SHARP op, the second op per
+            // loop of lane C), then takes the other heads' pieces, so broadcasts overlap.
+            let bprog = cached(s, cache, (4, pos as u32, len), || {
+                let mut b = ProgramBuilder::new();
+                for (li, l) in lp.iter().enumerate() {
+                    if let Some(j) = my_head {
+                        let p = piece(Buf::Output, l, j as u64, len);
+                        b.push(Op::Wait { lane_delta: 1, op: 2 * li as u32 + 1 });
+                        for group in others.chunks(3) {
+                            let sl: Vec<u16> = group.iter().filter_map(|&q| slot_of(q)).collect();
+                            b.push(step(&[], &sl, Some(p), None, false, false));
+                        }
+                    }
+                    for (j, &h) in heads.iter().enumerate() {
+                        if my_head != Some(j) {
+                            if let Some(sl) = slot_of(h as usize) {
+                                b.push(step(&[sl], &[], None, Some(piece(Buf::Output, l, j as u64, len)), false, false));
+                            }
                         }
                     }
                 }
-            }
-            let prog = s.add_program(b.finish());
-            s.add_stream(me, 3 * c + 1, c, pos as u32, prog, &peers);
+                b.finish()
+            });
+            s.add_stream_at(me, lane_b, c, pos as u32, bprog, &binds, off);
         }
     }
 }

@@ -14,6 +14,8 @@
 //! The reduce side and the broadcast side of the multi-node variants run on two streams per
 //! rank and channel (NCCL gives them separate warps); a head hands its finished piece over.
 
+use std::collections::BTreeMap;
+
 use super::chunking::chunking;
 use super::ring::{loops, single_rank, Loop};
 use super::tree::{children, dtree_parents, span, step};
@@ -81,21 +83,22 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     );
     let parts = channel_parts(args.count, elem, choice.nchannels);
     let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
+    let mut cache = Cache::new();
     for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;
-        let end = off + len;
+        let ctx = Chan { c, off, len };
         match (args.coll, nodes) {
             (Collective::AllReduce, 1) => {
-                let lp = loops(off, len, heads.len() as u64, &ch, elem);
-                one_node_allreduce(&mut s, comm, c, &lp, end, heads.len() as u32);
+                let lp = loops(0, len, heads.len() as u64, &ch, elem);
+                one_node_allreduce(&mut s, &mut cache, comm, ctx, &lp, heads.len() as u32);
             }
             (Collective::AllGather | Collective::ReduceScatter, 1) => {
-                let lp = loops(off, len, 1, &ch, elem);
-                one_node_gather_scatter(&mut s, comm, args, c, &lp, end);
+                let lp = loops(0, len, 1, &ch, elem);
+                one_node_gather_scatter(&mut s, &mut cache, comm, args, ctx, &lp);
             }
             (Collective::AllReduce, _) => {
-                let lp = loops(off, len, heads.len() as u64, &ch, elem);
-                multi_node_allreduce(&mut s, comm, c, &lp, end, &heads, choice.algo == Algo::NvlsTree);
+                let lp = loops(0, len, heads.len() as u64, &ch, elem);
+                multi_node_allreduce(&mut s, &mut cache, comm, ctx, &lp, &heads, choice.algo == Algo::NvlsTree);
             }
             _ => {
                 return Err(CollError::NotOnFabric {
@@ -114,32 +117,28 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     Ok(s)
 }
 
-fn node_group(s: &mut Schedule, comm: &Comm, d: u32) -> u32 {
-    s.add_group(Group { members: comm.nodes[d as usize].clone(), kind: GroupKind::Nvls })
+/// A channel: index, offset of its part, length of its part.
+#[derive(Clone, Copy)]
+struct Chan {
+    c: u32,
+    off: u64,
+    len: u64,
 }
 
-fn one_node_allreduce(s: &mut Schedule, comm: &Comm, c: u32, lp: &[Loop], end: u64, nheads: u32) {
-    let g = node_group(s, comm, 0);
-    let mut b = ProgramBuilder::new();
-    let window = LOOPS_IN_FLIGHT * nheads;
-    for l in lp {
-        for h in 0..nheads as u64 {
-            let i = b.len() as u32;
-            let op = Op::Switch(SwitchOp {
-                group: 0,
-                kind: SwitchKind::AllReduce { head: Some(h as u32) },
-                src: Some(piece(Buf::Input, l, h, end)),
-                dst: Some(piece(Buf::Output, l, h, end)),
-                len: piece(Buf::Input, l, h, end).resolve(0, &[]).len,
-                postop: true,
-            });
-            push_windowed(&mut b, op, i, window);
-        }
+/// Program cache: (role, position, part length) -> program.
+type Cache = BTreeMap<(u32, u32, u64), u32>;
+
+fn cached(s: &mut Schedule, cache: &mut Cache, key: (u32, u32, u64), build: impl FnOnce() -> Program) -> u32 {
+    if let Some(&p) = cache.get(&key) {
+        return p;
     }
-    let prog = s.add_program(b.finish());
-    for (pos, &r) in comm.nodes[0].iter().enumerate() {
-        s.add_stream(r, c, c, pos as u32, prog, &[Binding::Group(g)]);
-    }
+    let p = s.add_program(build());
+    cache.insert(key, p);
+    p
+}
+
+fn node_group(s: &mut Schedule, comm: &Comm, d: u32) -> u32 {
+    s.add_group(Group { members: comm.nodes[d as usize].clone(), kind: GroupKind::Nvls })
 }
 
 /// Appends `op` at index `i`, waiting for op `i - window` if there is one.
@@ -151,48 +150,78 @@ fn push_windowed(b: &mut ProgramBuilder, op: Op, i: u32, window: u32) {
     }
 }
 
-fn one_node_gather_scatter(s: &mut Schedule, comm: &Comm, args: &CollArgs, c: u32, lp: &[Loop], end: u64) {
+fn one_node_allreduce(s: &mut Schedule, cache: &mut Cache, comm: &Comm, ch: Chan, lp: &[Loop], nheads: u32) {
+    let g = node_group(s, comm, 0);
+    let prog = cached(s, cache, (0, 0, ch.len), || {
+        let mut b = ProgramBuilder::new();
+        let window = LOOPS_IN_FLIGHT * nheads;
+        for l in lp {
+            for h in 0..nheads as u64 {
+                let i = b.len() as u32;
+                let op = Op::Switch(SwitchOp {
+                    group: 0,
+                    kind: SwitchKind::AllReduce { head: Some(h as u32) },
+                    src: Some(piece(Buf::Input, l, h, ch.len)),
+                    dst: Some(piece(Buf::Output, l, h, ch.len)),
+                    len: piece(Buf::Input, l, h, ch.len).resolve(0, None).len,
+                    postop: true,
+                });
+                push_windowed(&mut b, op, i, window);
+            }
+        }
+        b.finish()
+    });
+    for (pos, &r) in comm.nodes[0].iter().enumerate() {
+        s.add_stream_at(r, ch.c, ch.c, pos as u32, prog, &[Binding::Group(g)], ch.off);
+    }
+}
+
+fn one_node_gather_scatter(s: &mut Schedule, cache: &mut Cache, comm: &Comm, args: &CollArgs, ch: Chan, lp: &[Loop]) {
     let g = node_group(s, comm, 0);
     let members = comm.nodes[0].clone();
     let count = args.count;
     let window = LOOPS_IN_FLIGHT * members.len() as u32;
     for (pos, &me) in members.iter().enumerate() {
-        let mut b = ProgramBuilder::new();
-        for l in lp {
-            for (m, &mr) in members.iter().enumerate() {
-                let block = |buf| Addr { limit: mr as u64 * count + end, ..Addr::abs(buf, mr as u64 * count + l.lb, l.rc) };
-                let mine = span(Buf::Input, l, end);
-                let len = mine.resolve(0, &[]).len;
-                let op = if args.coll == Collective::AllGather {
-                    SwitchOp {
-                        group: 0,
-                        kind: SwitchKind::Multicast { from: m as u32 },
-                        src: (m == pos).then_some(mine),
-                        dst: Some(block(Buf::Output)),
-                        len,
-                        postop: false,
-                    }
-                } else {
-                    SwitchOp {
-                        group: 0,
-                        kind: SwitchKind::ReduceTo { to: m as u32 },
-                        src: Some(block(Buf::Input)),
-                        dst: (m == pos).then_some(span(Buf::Output, l, end)),
-                        len,
-                        postop: true,
-                    }
-                };
-                let i = b.len() as u32;
-                push_windowed(&mut b, Op::Switch(op), i, window);
+        let prog = cached(s, cache, (1, pos as u32, ch.len), || {
+            let mut b = ProgramBuilder::new();
+            for l in lp {
+                for (m, &mr) in members.iter().enumerate() {
+                    let block = |buf| Addr { limit: mr as u64 * count + ch.len, ..Addr::abs(buf, mr as u64 * count + l.lb, l.rc) };
+                    let mine = span(Buf::Input, l, ch.len);
+                    let len = mine.resolve(0, None).len;
+                    let op = if args.coll == Collective::AllGather {
+                        SwitchOp {
+                            group: 0,
+                            kind: SwitchKind::Multicast { from: m as u32 },
+                            src: (m == pos).then_some(mine),
+                            dst: Some(block(Buf::Output)),
+                            len,
+                            postop: false,
+                        }
+                    } else {
+                        SwitchOp {
+                            group: 0,
+                            kind: SwitchKind::ReduceTo { to: m as u32 },
+                            src: Some(block(Buf::Input)),
+                            dst: (m == pos).then_some(span(Buf::Output, l, ch.len)),
+                            len,
+                            postop: true,
+                        }
+                    };
+                    let i = b.len() as u32;
+                    push_windowed(&mut b, Op::Switch(op), i, window);
+                }
             }
-        }
-        let prog = s.add_program(b.finish());
-        s.add_stream(me, c, c, pos as u32, prog, &[Binding::Group(g)]);
+            b.finish()
+        });
+        s.add_stream_at(me, ch.c, ch.c, pos as u32, prog, &[Binding::Group(g)], ch.off);
     }
 }
 
-fn multi_node_allreduce(s: &mut Schedule, comm: &Comm, c: u32, lp: &[Loop], end: u64, heads: &[u32], tree: bool) {
+fn multi_node_allreduce(s: &mut Schedule, cache: &mut Cache, comm: &Comm, ch: Chan, lp: &[Loop], heads: &[u32], tree: bool) {
     let nodes = comm.num_nodes();
+    let c = ch.c;
+    let len = ch.len;
     let parents = dtree_parents(nodes, c % 2);
     let kids = children(&parents);
     // Groups: per node a reduce group (lane A) and a multicast group (lane B); per head
@@ -215,124 +244,110 @@ fn multi_node_allreduce(s: &mut Schedule, comm: &Comm, c: u32, lp: &[Loop], end:
     // Lane A: the in-switch reductions (never blocks but for its window); lane C (heads):
     // the inter-node step of each finished piece; lane B: tree broadcast and multicast.
     let (lane_a, lane_b, lane_c) = (3 * c, 3 * c + 1, 3 * c + 2);
+    let nh = heads.len() as u32;
     for d in 0..nodes {
         let node = &comm.nodes[d as usize];
+        let (parent, nkids) = (parents[d as usize], kids[d as usize].len());
         for (pos, &me) in node.iter().enumerate() {
             let my_head = heads.iter().position(|&h| h as usize == pos);
-            // Bindings of lanes B and C: SHARP group or tree parent and children.
-            let binds_a = vec![Binding::Group(red[d as usize])];
-            let mut binds_b = vec![Binding::Group(mc[d as usize])];
-            let mut binds_c = Vec::new();
-            let (mut parent_slot, mut kid_slots) = (None, Vec::new());
-            if let Some(j) = my_head {
-                if tree {
-                    let head_of = |nd: u32| comm.nodes[nd as usize][heads[j] as usize];
-                    if let Some(p) = parents[d as usize] {
-                        parent_slot = Some(binds_b.len() as u16);
-                        binds_b.push(Binding::Peer { rank: head_of(p), port: 0 });
-                        binds_c.push(Binding::Peer { rank: head_of(p), port: 0 });
-                    }
-                    for &k in &kids[d as usize] {
-                        kid_slots.push(binds_b.len() as u16);
-                        binds_b.push(Binding::Peer { rank: head_of(k), port: 0 });
-                        binds_c.push(Binding::Peer { rank: head_of(k), port: 0 });
-                    }
-                } else {
-                    binds_c.push(Binding::Group(sharp[j]));
-                }
-            }
-            // Lane C numbers its slots from 0 (no intra group binding).
-            let c_parent = parent_slot.map(|x| x - 1);
-            let c_kids: Vec<u16> = kid_slots.iter().map(|x| x - 1).collect();
-            let mut a = ProgramBuilder::new();
-            let mut reduces = Vec::new();
-            for (li, l) in lp.iter().enumerate() {
-                for (j, &h) in heads.iter().enumerate() {
-                    let p = |buf| piece(buf, l, j as u64, end);
-                    let len = p(Buf::Input).resolve(0, &[]).len;
-                    let mine = my_head == Some(j);
-                    let op = Op::Switch(SwitchOp {
-                        group: 0,
-                        kind: SwitchKind::ReduceTo { to: h },
-                        src: Some(p(Buf::Input)),
-                        dst: mine.then_some(p(Buf::Output)),
-                        len,
-                        postop: false,
-                    });
-                    let i = a.len() as u32;
-                    push_windowed(&mut a, op, i, LOOPS_IN_FLIGHT * heads.len() as u32);
-                    if mine {
-                        reduces.push((li, i));
-                    }
-                }
-            }
-            let prog_a = s.add_program(a.finish());
-            let stream_a = s.add_stream(me, lane_a, c, pos as u32, prog_a, &binds_a);
-            let mut handoff = Vec::new();
-            let mut stream_c = 0;
-            if let Some(j) = my_head {
-                let mut cb = ProgramBuilder::new();
-                for &(li, rt) in &reduces {
-                    let l = &lp[li];
-                    let p = |buf| piece(buf, l, j as u64, end);
-                    let len = p(Buf::Output).resolve(0, &[]).len;
-                    cb.push(Op::Wait { stream: stream_a, op: rt });
-                    let op = if tree {
-                        match c_parent {
-                            Some(ps) => step(&c_kids, &[ps], Some(p(Buf::Output)), None, true, false),
-                            None => step(&c_kids, &[], Some(p(Buf::Output)), Some(p(Buf::Output)), true, true),
-                        }
-                    } else {
-                        Op::Switch(SwitchOp {
+            // Lane A: ReduceTo every piece; the head's own piece lands in its output.
+            let a = cached(s, cache, (2, pos as u32, len), || {
+                let mut b = ProgramBuilder::new();
+                for l in lp {
+                    for (j, &h) in heads.iter().enumerate() {
+                        let p = |buf| piece(buf, l, j as u64, len);
+                        let op = Op::Switch(SwitchOp {
                             group: 0,
-                            kind: SwitchKind::AllReduce { head: None },
-                            src: Some(p(Buf::Output)),
-                            dst: Some(p(Buf::Output)),
-                            len,
-                            postop: true,
-                        })
-                    };
-                    handoff.push(cb.push(op));
+                            kind: SwitchKind::ReduceTo { to: h },
+                            src: Some(p(Buf::Input)),
+                            dst: (my_head == Some(j)).then_some(p(Buf::Output)),
+                            len: p(Buf::Input).resolve(0, None).len,
+                            postop: false,
+                        });
+                        let i = b.len() as u32;
+                        push_windowed(&mut b, op, i, LOOPS_IN_FLIGHT * nh);
+                    }
                 }
-                let prog_c = s.add_program(cb.finish());
-                stream_c = s.add_stream(me, lane_c, c, pos as u32, prog_c, &binds_c);
+                b.finish()
+            });
+            s.add_stream_at(me, lane_a, c, pos as u32, a, &[Binding::Group(red[d as usize])], ch.off);
+            // Tree bindings of a head: parent first, then children (same on lanes B and C).
+            let mut peers = Vec::new();
+            if let (Some(j), true) = (my_head, tree) {
+                let head_of = |nd: u32| comm.nodes[nd as usize][heads[j] as usize];
+                peers.extend(parent.map(|p| Binding::Peer { rank: head_of(p), port: 0 }));
+                peers.extend(kids[d as usize].iter().map(|&k| Binding::Peer { rank: head_of(k), port: 0 }));
             }
-            let mut b = ProgramBuilder::new();
-            let mut next_handoff = handoff.into_iter();
-            for l in lp {
-                for (j, &h) in heads.iter().enumerate() {
-                    let p = |buf| piece(buf, l, j as u64, end);
-                    let len = p(Buf::Output).resolve(0, &[]).len;
-                    let mine = my_head == Some(j);
-                    if mine {
-                        let op = next_handoff.next().unwrap_or(0);
-                        match (tree, parent_slot) {
-                            (true, Some(ps)) => {
-                                b.push(step(&[ps], &kid_slots, None, Some(p(Buf::Output)), false, false));
+            let role = if parent.is_some() { 1 + nkids as u32 } else { 10 + nkids as u32 };
+            // Lane C (heads): after its piece is reduced, the tree step or SHARP.
+            if let Some(j) = my_head {
+                let parent_slot = (tree && parent.is_some()).then_some(0u16);
+                let first_kid = parent_slot.is_some() as u16;
+                let kid_slots: Vec<u16> = if tree { (first_kid..first_kid + nkids as u16).collect() } else { vec![] };
+                let key = (3 + if tree { role << 8 } else { 0 }, pos as u32, len);
+                let cprog = cached(s, cache, key, || {
+                    let mut b = ProgramBuilder::new();
+                    for (li, l) in lp.iter().enumerate() {
+                        let p = piece(Buf::Output, l, j as u64, len);
+                        b.push(Op::Wait { lane_delta: -2, op: li as u32 * nh + j as u32 });
+                        b.push(if tree {
+                            match parent_slot {
+                                Some(ps) => step(&kid_slots, &[ps], Some(p), None, true, false),
+                                None => step(&kid_slots, &[], Some(p), Some(p), true, true),
                             }
-                            (true, None) => {
-                                b.push(Op::Wait { stream: stream_c, op });
+                        } else {
+                            Op::Switch(SwitchOp {
+                                group: 0,
+                                kind: SwitchKind::AllReduce { head: None },
+                                src: Some(p),
+                                dst: Some(p),
+                                len: p.resolve(0, None).len,
+                                postop: true,
+                            })
+                        });
+                    }
+                    b.finish()
+                });
+                let binds_c: Vec<Binding> = if tree { peers.clone() } else { vec![Binding::Group(sharp[j])] };
+                s.add_stream_at(me, lane_c, c, pos as u32, cprog, &binds_c, ch.off);
+            }
+            // Lane B: the broadcast side. A non-root tree head receives its piece from its
+            // parent and forwards it; a root (or a SHARP head) waits for lane C (one lane
+            // up); then every member takes part in the multicast of every piece.
+            let key = (4 + if tree && my_head.is_some() { role << 8 } else { 0 }, pos as u32, len);
+            let bprog = cached(s, cache, key, || {
+                let mut b = ProgramBuilder::new();
+                let first_kid = (tree && parent.is_some()) as u16 + 1;
+                let kid_slots: Vec<u16> = if tree { (first_kid..first_kid + nkids as u16).collect() } else { vec![] };
+                for (li, l) in lp.iter().enumerate() {
+                    for (j, &h) in heads.iter().enumerate() {
+                        let p = piece(Buf::Output, l, j as u64, len);
+                        let mine = my_head == Some(j);
+                        if mine {
+                            if tree && parent.is_some() {
+                                b.push(step(&[1], &kid_slots, None, Some(p), false, false));
+                            } else {
+                                b.push(Op::Wait { lane_delta: 1, op: 2 * li as u32 + 1 });
                                 if !kid_slots.is_empty() {
-                                    b.push(step(&[], &kid_slots, Some(p(Buf::Output)), None, false, false));
+                                    b.push(step(&[], &kid_slots, Some(p), None, false, false));
                                 }
                             }
-                            (false, _) => {
-                                b.push(Op::Wait { stream: stream_c, op });
-                            }
                         }
+                        b.push(Op::Switch(SwitchOp {
+                            group: 0,
+                            kind: SwitchKind::Multicast { from: h },
+                            src: mine.then_some(p),
+                            dst: Some(p),
+                            len: p.resolve(0, None).len,
+                            postop: false,
+                        }));
                     }
-                    b.push(Op::Switch(SwitchOp {
-                        group: 0,
-                        kind: SwitchKind::Multicast { from: h },
-                        src: mine.then_some(p(Buf::Output)),
-                        dst: Some(p(Buf::Output)),
-                        len,
-                        postop: false,
-                    }));
                 }
-            }
-            let prog_b = s.add_program(b.finish());
-            s.add_stream(me, lane_b, c, pos as u32, prog_b, &binds_b);
+                b.finish()
+            });
+            let mut binds_b = vec![Binding::Group(mc[d as usize])];
+            binds_b.extend(peers.iter().copied());
+            s.add_stream_at(me, lane_b, c, pos as u32, bprog, &binds_b, ch.off);
         }
     }
 }

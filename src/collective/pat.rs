@@ -63,23 +63,24 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     // port tells steps apart when the two are the same rank.
     let parts = channel_parts(args.count, elem, choice.nchannels);
     let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
+    let mut cache: std::collections::BTreeMap<u64, u32> = Default::default();
     for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;
-        let end = off + len;
-        let lp = loops(off, len, 1, &ch, elem);
-        let prog = if args.coll == Collective::AllGather {
-            allgather(n, &steps, &lp, end, args.count)
-        } else {
-            reducescatter(n, &steps, &lp, end, args.count)
-        };
-        let prog = s.add_program(prog);
+        let prog = *cache.entry(len).or_insert_with(|| {
+            let lp = loops(0, len, 1, &ch, elem);
+            s.add_program(if args.coll == Collective::AllGather {
+                allgather(n, &steps, &lp, len, args.count)
+            } else {
+                reducescatter(n, &steps, &lp, len, args.count)
+            })
+        });
         for r in 0..n {
             let mut binds = Vec::new();
             for (k, &(d, _)) in steps.iter().enumerate() {
                 binds.push(Binding::Peer { rank: (r + d) % n, port: k as u8 });
                 binds.push(Binding::Peer { rank: (r + n - d) % n, port: k as u8 });
             }
-            s.add_stream(r, c, c, r, prog, &binds);
+            s.add_stream_at(r, c, c, r, prog, &binds, off);
         }
     }
     s.set_channels(used.max(1));
@@ -95,7 +96,7 @@ fn blk(buf: Buf, l: &Loop, rel: i64, n: u32, count: u64, end: u64) -> Addr {
         stride: count,
         rel: rel as i32,
         modulus: n,
-        perm: 0,
+        perm: false,
         len: l.rc,
         limit: end,
         limit_stride: count,

@@ -4,9 +4,12 @@
 //! and leaves through the channel's rail) and its own contiguous part of the buffer;
 //! within a channel, data moves in loops of n chunks, each chunk in slices.
 //!
-//! One program per channel (and role, for broadcast and reduce) is shared by all ring
-//! positions: chunk indices are relative to the position, and a permutation maps ring
-//! positions to ranks where the buffer layout is by rank.
+//! One program (per role, for broadcast and reduce) is shared by all ring positions and by
+//! every channel with a part of the same length: chunk indices are relative to the
+//! position, addresses to the channel's part (the stream offset), and each channel's ring
+//! permutation maps positions to ranks where the buffer layout is by rank.
+
+use std::collections::BTreeMap;
 
 use super::chunking::{chunking, slices_for, Chunking};
 use super::{channel_parts, Algo, CollArgs, CollError, Choice, Collective, Comm, Knobs};
@@ -73,29 +76,31 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let ch = chunking(args.coll, Algo::Ring, choice.proto, knobs);
     s.window = ch.window;
     let parts = channel_parts(args.count, elem, choice.nchannels);
-    let mut used = 0;
-    for (c, &(off, len)) in parts.iter().enumerate() {
-        if len == 0 {
-            continue;
-        }
+    let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
+    // Programs are relative to the channel's part (the stream offset) and shared by every
+    // channel whose part has the same length.
+    let mut cache: BTreeMap<(u64, u8), u32> = BTreeMap::new();
+    for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;
         let mut ring = comm.ring(c);
-        let end = off + len;
         match args.coll {
             Collective::AllReduce => {
-                let prog = s.add_program(allreduce(n, &loops(off, len, n as u64, &ch, elem), end));
-                add_ring_streams(&mut s, &ring, c, |_| prog);
+                let prog = *cache.entry((len, 0)).or_insert_with(|| {
+                    s.add_program(allreduce(n, &loops(0, len, n as u64, &ch, elem), len))
+                });
+                add_ring_streams(&mut s, &ring, c, off, 0, |_| prog);
             }
             Collective::AllGather | Collective::ReduceScatter => {
                 let perm = s.add_perm(ring.clone());
-                let lp = loops(off, len, 1, &ch, elem);
-                let prog = if args.coll == Collective::AllGather {
-                    allgather(n, &lp, end, args.count, perm)
-                } else {
-                    reducescatter(n, &lp, end, args.count, perm)
-                };
-                let prog = s.add_program(prog);
-                add_ring_streams(&mut s, &ring, c, |_| prog);
+                let prog = *cache.entry((len, 0)).or_insert_with(|| {
+                    let lp = loops(0, len, 1, &ch, elem);
+                    s.add_program(if args.coll == Collective::AllGather {
+                        allgather(n, &lp, len, args.count)
+                    } else {
+                        reducescatter(n, &lp, len, args.count)
+                    })
+                });
+                add_ring_streams(&mut s, &ring, c, off, perm, |_| prog);
             }
             Collective::Broadcast | Collective::Reduce => {
                 // Rotate the ring so the root is first (broadcast) or last (reduce).
@@ -104,13 +109,14 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
                 if args.coll == Collective::Reduce {
                     ring.rotate_left(1);
                 }
-                let lp = loops(off, len, 1, &ch, elem);
+                let lp = loops(0, len, 1, &ch, elem);
                 let roles = [ChainRole::First, ChainRole::Middle, ChainRole::Last];
                 let progs: Vec<u32> = roles
                     .iter()
-                    .map(|&r| s.add_program(chain(args.coll, r, &lp, end)))
+                    .enumerate()
+                    .map(|(ri, &r)| *cache.entry((len, ri as u8)).or_insert_with(|| s.add_program(chain(args.coll, r, &lp, len))))
                     .collect();
-                add_ring_streams(&mut s, &ring, c, |p| {
+                add_ring_streams(&mut s, &ring, c, off, 0, |p| {
                     if p == 0 {
                         progs[0]
                     } else if p + 1 == n {
@@ -128,7 +134,6 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
                 })
             }
         }
-        used += 1;
     }
     s.set_channels(used.max(1));
     // All ring channels are rotations of one another: one symmetry class.
@@ -136,19 +141,21 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     Ok(s)
 }
 
-fn add_ring_streams(s: &mut Schedule, ring: &[u32], c: u32, prog: impl Fn(u32) -> u32) {
+fn add_ring_streams(s: &mut Schedule, ring: &[u32], c: u32, offset: u64, perm: u32, prog: impl Fn(u32) -> u32) {
     let n = ring.len();
     for p in 0..n {
         let next = ring[(p + 1) % n];
         let prev = ring[(p + n - 1) % n];
-        s.add_stream(
+        let i = s.add_stream_at(
             ring[p],
             c,
             c,
             p as u32,
             prog(p as u32),
             &[Binding::Peer { rank: next, port: 0 }, Binding::Peer { rank: prev, port: 0 }],
+            offset,
         );
+        s.streams[i as usize].perm = perm;
     }
 }
 
@@ -177,7 +184,7 @@ fn allreduce(n: u32, loops: &[Loop], end: u64) -> Program {
                     stride: l.rc,
                     rel,
                     modulus: n,
-                    perm: 0,
+                    perm: false,
                     len: l.sl,
                     limit: end,
                     limit_stride: 0,
@@ -202,14 +209,14 @@ fn allreduce(n: u32, loops: &[Loop], end: u64) -> Program {
 }
 
 /// Address of the slice of rank block `(pos + rel)` through the ring permutation.
-fn block(buf: Buf, l: &Loop, sidx: u64, rel: i32, n: u32, count: u64, end: u64, perm: u32) -> Addr {
+fn block(buf: Buf, l: &Loop, sidx: u64, rel: i32, n: u32, count: u64, end: u64) -> Addr {
     Addr {
         buf,
         base: l.lb + sidx * l.sl,
         stride: count,
         rel,
         modulus: n,
-        perm,
+        perm: true,
         len: l.sl,
         limit: end,
         limit_stride: count,
@@ -221,13 +228,13 @@ fn own(buf: Buf, l: &Loop, sidx: u64, end: u64) -> Addr {
 }
 
 /// Ring all-gather: block of ring position `p - j` arrives at step j.
-fn allgather(n: u32, loops: &[Loop], end: u64, count: u64, perm: u32) -> Program {
+fn allgather(n: u32, loops: &[Loop], end: u64, count: u64) -> Program {
     let mut b = ProgramBuilder::new();
     let ni = n as i32;
     for l in loops {
         for j in 0..ni {
             for sidx in 0..l.nsl {
-                let out = block(Buf::Output, l, sidx, -j, n, count, end, perm);
+                let out = block(Buf::Output, l, sidx, -j, n, count, end);
                 let op = if j == 0 {
                     step(false, true, Some(own(Buf::Input, l, sidx, end)), Some(out), false, false)
                 } else if j < ni - 1 {
@@ -243,13 +250,13 @@ fn allgather(n: u32, loops: &[Loop], end: u64, count: u64, perm: u32) -> Program
 }
 
 /// Ring reduce-scatter: the block destined to ring position `p - 1 - j` is reduced at step j.
-fn reducescatter(n: u32, loops: &[Loop], end: u64, count: u64, perm: u32) -> Program {
+fn reducescatter(n: u32, loops: &[Loop], end: u64, count: u64) -> Program {
     let mut b = ProgramBuilder::new();
     let ni = n as i32;
     for l in loops {
         for j in 0..ni {
             for sidx in 0..l.nsl {
-                let inp = |rel| block(Buf::Input, l, sidx, rel, n, count, end, perm);
+                let inp = |rel| block(Buf::Input, l, sidx, rel, n, count, end);
                 let op = if j == 0 {
                     step(false, true, Some(inp(-1)), None, false, false)
                 } else if j < ni - 1 {

@@ -121,14 +121,13 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     s.window = ch.window;
     let parts = channel_parts(args.count, elem, choice.nchannels);
     let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
+    // Programs by (part length, has parent, children, up or down); addresses are relative
+    // to the channel's part. Slot 0 is the parent when there is one; children follow.
+    let mut progs: BTreeMap<(u64, bool, usize, bool), u32> = BTreeMap::new();
     for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;
-        let end = off + len;
-        let lp = loops(off, len, 1, &ch, elem);
+        let lp = loops(0, len, 1, &ch, elem);
         let (parent, kids) = rank_tree(comm, c);
-        // Programs by role: (has parent, children, up or down). Slot 0 is the parent when
-        // there is one; children follow.
-        let mut progs: BTreeMap<(bool, usize, bool), u32> = BTreeMap::new();
         for r in 0..comm.nranks {
             let p = parent[r as usize];
             let k = &kids[r as usize];
@@ -136,37 +135,36 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
             binds.extend(k.iter().map(|&x| Binding::Peer { rank: x, port: 0 }));
             let first_kid = p.is_some() as u16;
             let kid_slots: Vec<u16> = (first_kid..first_kid + k.len() as u16).collect();
-            let up_prog = *progs.entry((p.is_some(), k.len(), true)).or_insert_with(|| {
+            let up_prog = *progs.entry((len, p.is_some(), k.len(), true)).or_insert_with(|| {
                 let mut b = ProgramBuilder::new();
                 for l in &lp {
-                    let inp = span(Buf::Input, l, end);
+                    let inp = span(Buf::Input, l, len);
                     b.push(match p {
                         Some(_) => step(&kid_slots, &[0], Some(inp), None, !kid_slots.is_empty(), false),
-                        None => step(&kid_slots, &[], Some(inp), Some(span(Buf::Output, l, end)), true, true),
+                        None => step(&kid_slots, &[], Some(inp), Some(span(Buf::Output, l, len)), true, true),
                     });
                 }
                 s.add_program(b.finish())
             });
-            let up_stream = s.add_stream(r, 2 * c, c, r, up_prog, &binds);
-            let down_prog = match p {
-                Some(_) => *progs.entry((true, k.len(), false)).or_insert_with(|| {
-                    let mut b = ProgramBuilder::new();
-                    for l in &lp {
-                        b.push(step(&[0], &kid_slots, None, Some(span(Buf::Output, l, end)), false, false));
+            s.add_stream_at(r, 2 * c, c, r, up_prog, &binds, off);
+            let down_prog = *progs.entry((len, p.is_some(), k.len(), false)).or_insert_with(|| {
+                let mut b = ProgramBuilder::new();
+                for (li, l) in lp.iter().enumerate() {
+                    match p {
+                        Some(_) => {
+                            b.push(step(&[0], &kid_slots, None, Some(span(Buf::Output, l, len)), false, false));
+                        }
+                        None => {
+                            // The root hands each finished chunk from its up stream (one lane
+                            // below) to its down stream.
+                            b.push(Op::Wait { lane_delta: -1, op: li as u32 });
+                            b.push(step(&[], &kid_slots, Some(span(Buf::Output, l, len)), None, false, false));
+                        }
                     }
-                    s.add_program(b.finish())
-                }),
-                None => {
-                    // The root hands each finished chunk from its up stream to its down stream.
-                    let mut b = ProgramBuilder::new();
-                    for (li, l) in lp.iter().enumerate() {
-                        b.push(Op::Wait { stream: up_stream, op: li as u32 });
-                        b.push(step(&[], &kid_slots, Some(span(Buf::Output, l, end)), None, false, false));
-                    }
-                    s.add_program(b.finish())
                 }
-            };
-            s.add_stream(r, 2 * c + 1, c, r, down_prog, &binds);
+                s.add_program(b.finish())
+            });
+            s.add_stream_at(r, 2 * c + 1, c, r, down_prog, &binds, off);
         }
     }
     s.set_channels(used.max(1));

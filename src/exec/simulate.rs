@@ -223,6 +223,7 @@ struct Sim<'a> {
     end: SimTime,
     /// Streams to advance once the current one is done (avoids re-entrancy).
     pending_wakes: Vec<u32>,
+    lane_map: BTreeMap<(u32, u32), u32>,
 }
 
 fn granule(kind: LinkKind) -> u32 {
@@ -492,6 +493,7 @@ impl<'a> Sim<'a> {
             compute_res,
             end: SimTime::ZERO,
             pending_wakes: Vec::new(),
+            lane_map: s.lane_map(),
         };
         Ok((sim, engine))
     }
@@ -606,8 +608,10 @@ impl<'a> Sim<'a> {
                     api.flow(now, path, ps, SimTime::ZERO, tag);
                     self.streams[ku].pending[i] = 1;
                 }
-                Op::Wait { stream, op } => {
-                    let ws = self.stream_index[*stream as usize];
+                Op::Wait { lane_delta, op } => {
+                    let ws = Schedule::wait_target(&self.lane_map, st, *lane_delta)
+                        .map(|t| self.stream_index[t as usize])
+                        .unwrap_or(u32::MAX);
                     if ws != u32::MAX && self.streams[ws as usize].pending[*op as usize] != 0 {
                         let w = &mut self.streams[ws as usize].waiters;
                         if !w.contains(&(*op, k)) {

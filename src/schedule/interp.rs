@@ -230,6 +230,7 @@ struct Machine<'a, M> {
     ready: Vec<u32>,
     recvd: Vec<M>,
     stats: Stats,
+    by_lane: BTreeMap<(u32, u32), u32>,
 }
 
 fn structure(msg: String) -> ScheduleError {
@@ -421,6 +422,7 @@ impl<'a, M> Machine<'a, M> {
             ready,
             recvd: Vec::with_capacity(3),
             stats: Stats::default(),
+            by_lane,
         })
     }
 
@@ -549,8 +551,10 @@ impl<'a, M> Machine<'a, M> {
                     }
                 }
                 let pos = st.pos;
-                let local = step.local.map(|a| a.resolve(pos, &s.perms));
-                let write = step.write.map(|a| a.resolve(pos, &s.perms));
+                let _ = pos;
+                let sst = &s.streams[k as usize];
+                let local = step.local.map(|a| s.resolve(&a, sst));
+                let write = step.write.map(|a| s.resolve(&a, sst));
                 self.recvd.clear();
                 for &c in &rc[..recv.len()] {
                     let conn = &mut self.conns[c as usize];
@@ -662,12 +666,12 @@ impl<'a, M> Machine<'a, M> {
                 self.advance(k);
                 self.mark_done(k, i);
             }
-            Op::Wait { stream, op } => {
-                if !self.is_done(*stream, *op) {
-                    return Ok(Some(Block::Wait {
-                        stream: *stream,
-                        op: *op,
-                    }));
+            Op::Wait { lane_delta, op } => {
+                let stream = Schedule::wait_target(&self.by_lane, &s.streams[k as usize], *lane_delta).ok_or_else(|| {
+                    structure(format!("stream {k} waits on lane {:+} of its rank, which has no stream", lane_delta))
+                })?;
+                if !self.is_done(stream, *op) {
+                    return Ok(Some(Block::Wait { stream, op: *op }));
                 }
                 self.advance(k);
                 self.mark_done(k, i);
@@ -725,8 +729,8 @@ impl<'a, M> Machine<'a, M> {
             }
             parts.push(SwitchPart {
                 at,
-                src: sw.src.map(|a| a.resolve(st.pos, &s.perms)),
-                dst: sw.dst.map(|a| a.resolve(st.pos, &s.perms)),
+                src: sw.src.map(|a| s.resolve(&a, &s.streams[k as usize])),
+                dst: sw.dst.map(|a| s.resolve(&a, &s.streams[k as usize])),
             });
         }
         let Some(((kind, len, postop), at0)) = first else {
@@ -1121,8 +1125,8 @@ mod tests {
         let mut s = Schedule::new(1, DType::F32, RedOp::Sum, Proto::Simple);
         s.buf_elems = [4, 4, 0];
         let copy = Step::copy(abs(Buf::Input, 0, 4), abs(Buf::Output, 0, 4));
-        let a = s.add_program(prog(&[Op::Wait { stream: 1, op: 1 }, copy]));
-        let b = s.add_program(prog(&[Op::Wait { stream: 0, op: 1 }, copy]));
+        let a = s.add_program(prog(&[Op::Wait { lane_delta: 1, op: 1 }, copy]));
+        let b = s.add_program(prog(&[Op::Wait { lane_delta: -1, op: 1 }, copy]));
         s.add_stream(0, 0, 0, 0, a, &[]);
         s.add_stream(0, 1, 1, 0, b, &[]);
         let msg = check_dynamic(&s, 0).unwrap_err().to_string();

@@ -31,6 +31,7 @@
 pub mod interp;
 pub mod validate;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 
@@ -158,10 +159,10 @@ pub struct Span {
 ///
 /// The region is block `k` of a buffer cut into `stride`-element blocks, at `base` within
 /// it: offset `base + stride * k`. For an absolute region `k = 0` (`modulus == 0`);
-/// otherwise `k = perm[(pos + rel) mod modulus]`, where `perm` names one of the schedule's
-/// permutations (0: identity). Its length is `len`, clipped to end at or before
-/// `limit + limit_stride * k` (it may become empty): this expresses the short last chunk
-/// of an uneven split.
+/// otherwise `k = (pos + rel) mod modulus`, mapped through the stream's permutation when
+/// `perm` is set (e.g. ring position to rank). Its length is `len`, clipped to end at or
+/// before `limit + limit_stride * k` (it may become empty): this expresses the short last
+/// chunk of an uneven split. The stream's `offset` is added last.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Addr {
     /// Buffer.
@@ -174,8 +175,8 @@ pub struct Addr {
     pub rel: i32,
     /// Modulus of the block index (0: absolute address).
     pub modulus: u32,
-    /// Permutation applied to the block index (index into [`Schedule::perms`] plus one; 0 none).
-    pub perm: u32,
+    /// Map the block index through the stream's permutation.
+    pub perm: bool,
     /// Length in elements before clipping.
     pub len: u64,
     /// Exclusive end of block 0 the region is clipped to.
@@ -187,35 +188,38 @@ pub struct Addr {
 impl Addr {
     /// An absolute region.
     pub fn abs(buf: Buf, offset: u64, len: u64) -> Addr {
-        Addr { buf, base: offset, stride: 0, rel: 0, modulus: 0, perm: 0, len, limit: offset + len, limit_stride: 0 }
+        Addr { buf, base: offset, stride: 0, rel: 0, modulus: 0, perm: false, len, limit: offset + len, limit_stride: 0 }
     }
-    /// Block `(pos + rel) mod modulus` of `stride`-sized blocks starting at `base`, `len`
-    /// long, clipped to the global end `limit`.
+    /// Block `(pos + rel) mod modulus` of `stride`-sized blocks starting at `base`,
+    /// `stride` long, clipped to the global end `limit`.
     pub fn chunk(buf: Buf, base: u64, stride: u64, rel: i32, modulus: u32, limit: u64) -> Addr {
-        Addr { buf, base, stride, rel, modulus, perm: 0, len: stride, limit, limit_stride: 0 }
+        Addr { buf, base, stride, rel, modulus, perm: false, len: stride, limit, limit_stride: 0 }
     }
-    /// Resolves for a stream position, given the schedule's permutations.
+    /// The block index for a position, through `perm` when the address asks for it.
     #[inline]
-    pub fn resolve(&self, pos: u32, perms: &[Vec<u32>]) -> Span {
-        let k = if self.modulus == 0 {
-            0
-        } else {
-            let m = self.modulus as i64;
-            let i = (pos as i64 + self.rel as i64).rem_euclid(m) as usize;
-            match self.perm {
-                0 => i as u64,
-                p => perms.get(p as usize - 1).and_then(|v| v.get(i)).copied().unwrap_or(0) as u64,
-            }
-        };
+    pub fn block(&self, pos: u32, perm: Option<&[u32]>) -> u64 {
+        if self.modulus == 0 {
+            return 0;
+        }
+        let i = (pos as i64 + self.rel as i64).rem_euclid(self.modulus as i64) as usize;
+        match (self.perm, perm) {
+            (true, Some(p)) => p.get(i).copied().unwrap_or(0) as u64,
+            _ => i as u64,
+        }
+    }
+    /// Resolves for a stream position and permutation (the stream offset is not added).
+    #[inline]
+    pub fn resolve(&self, pos: u32, perm: Option<&[u32]>) -> Span {
+        let k = self.block(pos, perm);
         let offset = self.base + self.stride * k;
         let limit = self.limit + self.limit_stride * k;
         Span { buf: self.buf, offset, len: self.len.min(limit.saturating_sub(offset)) }
     }
-    /// The largest element index + 1 any position can touch.
-    pub fn max_end(&self) -> u64 {
-        let kmax = if self.modulus == 0 { 0 } else { self.modulus as u64 - 1 };
+    /// The end (exclusive) of the farthest block any position can touch, before the
+    /// stream offset, for block indices up to `kmax`.
+    pub fn max_end(&self, kmax: u64) -> u64 {
         let off = self.base + self.stride * kmax;
-        (off + self.len).min(self.limit + self.limit_stride * kmax).max(self.base)
+        (off + self.len).min(self.limit + self.limit_stride * kmax).max(off.min(self.base))
     }
 }
 
@@ -333,10 +337,11 @@ pub enum Op {
     Switch(SwitchOp),
     /// GPU compute.
     Compute(Compute),
-    /// Wait until op `op` of stream `stream` is complete.
+    /// Wait until op `op` of this rank's stream on lane `own lane + lane_delta` is complete
+    /// (a CUDA event between two streams of one GPU). Relative, so programs can be shared.
     Wait {
-        /// Stream index in the schedule.
-        stream: u32,
+        /// Lane of the awaited stream, relative to this stream's lane.
+        lane_delta: i32,
         /// Op index in that stream's program.
         op: u32,
     },
@@ -395,6 +400,12 @@ pub struct Stream {
     pub program: u32,
     /// Bindings (range in [`Schedule::bindings`]).
     pub bindings: Range<u32>,
+    /// Added to every address of the program (a channel's part of the buffer), so that
+    /// channels with equal parts share one program.
+    pub offset: u64,
+    /// Permutation used by addresses with `perm` set (index into
+    /// [`Schedule::perms`] plus one; 0: identity).
+    pub perm: u32,
 }
 
 /// How the switch of a group combines data.
@@ -508,7 +519,7 @@ impl Schedule {
         }
     }
 
-    /// Adds a permutation; returns the value to put in [`Addr::perm`].
+    /// Adds a permutation; returns the value to put in [`Stream::perm`].
     pub fn add_perm(&mut self, p: Vec<u32>) -> u32 {
         self.perms.push(p);
         self.perms.len() as u32
@@ -516,7 +527,17 @@ impl Schedule {
 
     /// Resolves an address for a stream.
     pub fn resolve(&self, a: &Addr, s: &Stream) -> Span {
-        a.resolve(s.pos, &self.perms)
+        let mut sp = a.resolve(s.pos, self.stream_perm(s));
+        sp.offset += s.offset;
+        sp
+    }
+
+    /// The permutation of a stream, if it has one.
+    pub fn stream_perm(&self, s: &Stream) -> Option<&[u32]> {
+        match s.perm {
+            0 => None,
+            p => self.perms.get(p as usize - 1).map(|v| v.as_slice()),
+        }
     }
 
     /// Adds a program; returns its index.
@@ -542,8 +563,38 @@ impl Schedule {
             pos,
             program,
             bindings: start..self.bindings.len() as u32,
+            offset: 0,
+            perm: 0,
         });
         (self.streams.len() - 1) as u32
+    }
+
+    /// Adds a stream whose addresses are shifted by `offset` elements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_stream_at(
+        &mut self,
+        rank: u32,
+        lane: u32,
+        channel: u32,
+        pos: u32,
+        program: u32,
+        bindings: &[Binding],
+        offset: u64,
+    ) -> u32 {
+        let i = self.add_stream(rank, lane, channel, pos, program, bindings);
+        self.streams[i as usize].offset = offset;
+        i
+    }
+
+    /// Stream index by (lane, rank).
+    pub fn lane_map(&self) -> BTreeMap<(u32, u32), u32> {
+        self.streams.iter().enumerate().map(|(i, st)| ((st.lane, st.rank), i as u32)).collect()
+    }
+
+    /// The stream a Wait of stream `st` with `lane_delta` refers to.
+    pub fn wait_target(map: &BTreeMap<(u32, u32), u32>, st: &Stream, lane_delta: i32) -> Option<u32> {
+        let lane = st.lane as i64 + lane_delta as i64;
+        u32::try_from(lane).ok().and_then(|l| map.get(&(l, st.rank)).copied())
     }
 
     /// Bindings of a stream.
@@ -627,12 +678,19 @@ mod tests {
     #[test]
     fn relative_addresses_wrap_and_clip() {
         let a = Addr::chunk(Buf::Input, 0, 10, -1, 4, 35);
-        assert_eq!(a.resolve(0, &[]), Span { buf: Buf::Input, offset: 30, len: 5 });
-        assert_eq!(a.resolve(1, &[]), Span { buf: Buf::Input, offset: 0, len: 10 });
+        assert_eq!(a.resolve(0, None), Span { buf: Buf::Input, offset: 30, len: 5 });
+        assert_eq!(a.resolve(1, None), Span { buf: Buf::Input, offset: 0, len: 10 });
         let b = Addr::chunk(Buf::Output, 100, 10, 0, 4, 120);
-        assert_eq!(b.resolve(3, &[]).len, 0);
+        assert_eq!(b.resolve(3, None).len, 0);
         // Blocks through a permutation, clipped per block.
-        let c = Addr { perm: 1, limit: 7, limit_stride: 10, len: 5, base: 4, ..Addr::chunk(Buf::Output, 4, 10, 0, 3, 0) };
-        assert_eq!(c.resolve(0, &[vec![2, 0, 1]]), Span { buf: Buf::Output, offset: 24, len: 3 });
+        let c = Addr { perm: true, limit: 7, limit_stride: 10, len: 5, base: 4, ..Addr::chunk(Buf::Output, 4, 10, 0, 3, 0) };
+        assert_eq!(c.resolve(0, Some(&[2, 0, 1])), Span { buf: Buf::Output, offset: 24, len: 3 });
+        // The stream offset shifts everything.
+        let mut s = Schedule::new(2, DType::F32, RedOp::Sum, Proto::Simple);
+        let p = s.add_perm(vec![1, 0]);
+        let i = s.add_stream_at(0, 0, 0, 0, 0, &[], 100);
+        s.streams[i as usize].perm = p;
+        let d = Addr { perm: true, ..Addr::chunk(Buf::Input, 0, 10, 0, 2, 20) };
+        assert_eq!(s.resolve(&d, &s.streams[0]), Span { buf: Buf::Input, offset: 110, len: 10 });
     }
 }

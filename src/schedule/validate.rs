@@ -67,32 +67,36 @@ fn bad(msg: String) -> ScheduleError {
     ScheduleError::Structure(msg)
 }
 
-fn check_addr(s: &Schedule, a: &Addr, what: &str, p: usize, i: usize) -> Result<(), ScheduleError> {
+/// What the streams running a program add to its addresses.
+#[derive(Clone, Copy, Default)]
+struct ProgUse {
+    /// Largest stream offset.
+    offset: u64,
+    /// Largest block index a stream permutation yields (None: no stream has one).
+    perm_kmax: Option<u64>,
+    /// Shortest stream permutation.
+    perm_min_len: Option<usize>,
+}
+
+fn check_addr(s: &Schedule, a: &Addr, what: &str, p: usize, i: usize, u: &ProgUse) -> Result<(), ScheduleError> {
     let size = s.buf_elems[a.buf as usize];
-    if a.perm as usize > s.perms.len() {
-        return Err(bad(format!(
-            "program {p} op {i}: {what} address uses permutation {}, which does not exist",
-            a.perm
-        )));
+    if a.perm && a.modulus > 0 {
+        if let Some(min) = u.perm_min_len {
+            if min < a.modulus as usize {
+                return Err(bad(format!(
+                    "program {p} op {i}: {what} address uses a stream permutation of {min} entries, shorter than its modulus {}",
+                    a.modulus
+                )));
+            }
+        }
     }
-    if a.perm > 0 && s.perms[a.perm as usize - 1].len() < a.modulus as usize {
-        return Err(bad(format!(
-            "program {p} op {i}: {what} permutation is shorter than the modulus"
-        )));
-    }
-    let kmax = if a.modulus == 0 {
-        0
-    } else if a.perm > 0 {
-        s.perms[a.perm as usize - 1]
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0) as u64
-    } else {
-        a.modulus as u64 - 1
+    let kmax = match (a.modulus, a.perm, u.perm_kmax) {
+        (0, _, _) => 0,
+        (m, true, Some(k)) => k.max(m as u64 - 1),
+        (m, _, _) => m as u64 - 1,
     };
-    let off = a.base + a.stride * kmax;
-    let end = (off + a.len).min(a.limit + a.limit_stride * kmax);
+    let off = a.base + a.stride * kmax + u.offset;
+    let end = (a.base + a.stride * kmax + a.len).min(a.limit + a.limit_stride * kmax) + u.offset;
     if end > size && end > off {
         return Err(bad(format!(
             "program {p} op {i}: {what} address {a:?} reaches element {end}, beyond the {:?} buffer of {size} elements",
@@ -106,6 +110,23 @@ fn check_addr(s: &Schedule, a: &Addr, what: &str, p: usize, i: usize) -> Result<
 pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
     if s.nranks == 0 {
         return Err(bad("a schedule needs at least one rank".into()));
+    }
+    let mut uses = vec![ProgUse::default(); s.programs.len()];
+    for (si, st) in s.streams.iter().enumerate() {
+        if st.perm as usize > s.perms.len() {
+            return Err(bad(format!("stream {si} uses permutation {}, which does not exist", st.perm)));
+        }
+        if let Some(u) = uses.get_mut(st.program as usize) {
+            u.offset = u.offset.max(st.offset);
+            if let Some(p) = s.stream_perm(st) {
+                if let Some(&r) = p.iter().find(|&&r| r >= s.nranks.max(p.len() as u32)) {
+                    return Err(bad(format!("stream {si}: permutation entry {r} is out of range")));
+                }
+                let k = p.iter().copied().max().unwrap_or(0) as u64;
+                u.perm_kmax = Some(u.perm_kmax.map_or(k, |x| x.max(k)));
+                u.perm_min_len = Some(u.perm_min_len.map_or(p.len(), |x| x.min(p.len())));
+            }
+        }
     }
     for (p, prog) in s.programs.iter().enumerate() {
         for (i, ins) in prog.instrs.iter().enumerate() {
@@ -135,14 +156,14 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                     }
                     for (what, a) in [("local", &st.local), ("write", &st.write)] {
                         if let Some(a) = a {
-                            check_addr(s, a, what, p, i)?;
+                            check_addr(s, a, what, p, i, &uses[p])?;
                         }
                     }
                 }
                 Op::Switch(sw) => {
                     for (what, a) in [("src", &sw.src), ("dst", &sw.dst)] {
                         if let Some(a) = a {
-                            check_addr(s, a, what, p, i)?;
+                            check_addr(s, a, what, p, i, &uses[p])?;
                         }
                     }
                 }
@@ -160,16 +181,7 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                         )));
                     }
                 }
-                Op::Wait { stream, op } => {
-                    let Some(st) = s.streams.get(*stream as usize) else {
-                        return Err(bad(format!(
-                            "program {p} op {i}: waits on stream {stream}, which does not exist"
-                        )));
-                    };
-                    if *op as usize >= s.programs[st.program as usize].instrs.len() {
-                        return Err(bad(format!("program {p} op {i}: waits on op {op} of stream {stream}, which has fewer ops")));
-                    }
-                }
+                Op::Wait { .. } => {} // checked per stream below
             }
         }
     }
@@ -255,6 +267,40 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                     return Err(bad(format!(
                         "stream {si} op {i}: binding {sl} is of the wrong kind"
                     )));
+                }
+            }
+        }
+    }
+    // Waits name a stream of the same rank that exists and has the op.
+    let waits: Vec<Vec<(i32, u32)>> = s
+        .programs
+        .iter()
+        .map(|p| {
+            p.instrs
+                .iter()
+                .filter_map(|ins| match ins.op {
+                    Op::Wait { lane_delta, op } => Some((lane_delta, op)),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    if waits.iter().any(|w| !w.is_empty()) {
+        let map = s.lane_map();
+        for (si, st) in s.streams.iter().enumerate() {
+            for &(d, op) in &waits[st.program as usize] {
+                let Some(t) = Schedule::wait_target(&map, st, d) else {
+                    return Err(bad(format!(
+                        "stream {si} (rank {}, lane {}) waits on lane {}, where rank {} has no stream",
+                        st.rank,
+                        st.lane,
+                        st.lane as i64 + d as i64,
+                        st.rank
+                    )));
+                };
+                let len = s.programs[s.streams[t as usize].program as usize].instrs.len();
+                if op as usize >= len {
+                    return Err(bad(format!("stream {si} waits on op {op} of stream {t}, which has {len} ops")));
                 }
             }
         }
