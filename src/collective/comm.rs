@@ -22,6 +22,11 @@ pub struct Comm {
     pub nic_owners: Vec<Vec<u32>>,
     /// Rail (NIC index in its host node) owned by each rank, if any.
     pub rail_of: Vec<Option<u32>>,
+    /// For each NCCL node and each entry of `nic_owners`, the local index of another GPU as
+    /// close to that NIC (it shares the NIC's PCIe switch), if there is one: a channel that
+    /// enters through the owner leaves through it, so neither GPU's PCIe link carries the
+    /// channel twice (NCCL's ring search prefers such orders).
+    pub nic_partners: Vec<Vec<Option<u32>>>,
     /// NVLS available (NVSwitch with NVLink SHARP in every node, Hopper+).
     pub nvls: bool,
     /// SHARP available in the network.
@@ -52,6 +57,7 @@ impl Comm {
         let mut node_of = vec![0; n as usize];
         let mut local_of = vec![0; n as usize];
         let mut nic_owners = Vec::new();
+        let mut nic_partners = Vec::new();
         let mut rail_of = vec![None; n as usize];
         for (d, dom) in f.domains.iter().enumerate() {
             let ranks: Vec<u32> = dom.ranks.clone().collect();
@@ -68,8 +74,26 @@ impl Comm {
                     owners.push(li as u32);
                 }
             }
+            // Partners: another GPU of the same host node whose closest NICs include the
+            // owner's rail.
+            let partners = owners
+                .iter()
+                .map(|&li| {
+                    let r = ranks[li as usize];
+                    let rail = rail_of[r as usize]?;
+                    let host = f.local_rank(r);
+                    ranks.iter().enumerate().find_map(|(lj, &q)| {
+                        (lj as u32 != li
+                            && f.node_of_rank(q) == f.node_of_rank(r)
+                            && f.local_rank(q) != host
+                            && router.close_rails(f.local_rank(q)).contains(&rail))
+                        .then_some(lj as u32)
+                    })
+                })
+                .collect();
             nodes.push(ranks);
             nic_owners.push(owners);
+            nic_partners.push(partners);
         }
         let intra_type = if n > 1 && f.nodes[0].ranks.len() > 1 {
             let r0 = f.nodes[0].ranks.start;
@@ -106,6 +130,7 @@ impl Comm {
             node_of,
             local_of,
             nic_owners,
+            nic_partners,
             rail_of,
             nvls: f.has_nvls() && f.gpu.generation >= Generation::Hopper,
             sharp: f.has_sharp(),
@@ -128,6 +153,7 @@ impl Comm {
             node_of: (0..n).map(|r| r / per_node).collect(),
             local_of: (0..n).map(|r| r % per_node).collect(),
             nic_owners: (0..nodes).map(|_| (0..per_node).collect()).collect(),
+            nic_partners: (0..nodes).map(|_| vec![None; per_node as usize]).collect(),
             rail_of: (0..n).map(|r| Some(r % per_node)).collect(),
             nvls,
             sharp,
@@ -158,12 +184,27 @@ impl Comm {
     }
 
     /// Local order of node `d` for channel `c`: a rotation starting at the GPU that owns the
-    /// channel's rail, so the channel enters and leaves the node through that rail.
+    /// channel's rail, so the channel enters through that rail; when another GPU shares the
+    /// rail's PCIe switch, it is moved last so that the channel also leaves through the rail
+    /// without a relay.
     pub fn node_order(&self, d: u32, c: u32) -> Vec<u32> {
         let ranks = &self.nodes[d as usize];
         let owners = &self.nic_owners[d as usize];
-        let start = if owners.is_empty() { c as usize % ranks.len() } else { owners[c as usize % owners.len()] as usize };
-        (0..ranks.len()).map(|i| ranks[(start + i) % ranks.len()]).collect()
+        if owners.is_empty() {
+            let start = c as usize % ranks.len();
+            return (0..ranks.len()).map(|i| ranks[(start + i) % ranks.len()]).collect();
+        }
+        let k = c as usize % owners.len();
+        let start = owners[k] as usize;
+        let mut order: Vec<u32> = (0..ranks.len()).map(|i| ranks[(start + i) % ranks.len()]).collect();
+        if let Some(Some(p)) = self.nic_partners.get(d as usize).and_then(|v| v.get(k)) {
+            let pr = ranks[*p as usize];
+            if let Some(i) = order.iter().position(|&r| r == pr) {
+                let x = order.remove(i);
+                order.push(x);
+            }
+        }
+        order
     }
 
     /// The ring of channel `c`: nodes in order, each in its channel rotation.

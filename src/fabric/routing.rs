@@ -176,8 +176,21 @@ impl<'f> Router<'f> {
             let n = self.rail_owner.len() as u32;
             return (n > 0).then(|| (local_gpu + channel) % n);
         }
+        // A GPU uses the NICs it owns (NCCL gives each GPU its own NIC when GPUs share a
+        // PCIe switch with several NICs: netsPerGpu = NICs / GPUs of that NIC); only a GPU
+        // that owns none spreads its channels over its closest NICs.
+        let owned: Vec<u32> =
+            rails.iter().copied().filter(|&r| self.rail_owner.get(r as usize) == Some(&Some(local_gpu))).collect();
+        if !owned.is_empty() {
+            return Some(owned[channel as usize % owned.len()]);
+        }
         let offset = self.rail_offset[local_gpu as usize] as usize;
         Some(rails[(offset + channel as usize) % rails.len()])
+    }
+
+    /// The rails (NIC indices) closest to a local GPU, best first.
+    pub fn close_rails(&self, local_gpu: u32) -> &[u32] {
+        self.gpu_rails.get(local_gpu as usize).map(|v| v.as_slice()).unwrap_or(&[])
     }
 
     /// The local GPU that owns a rail (its closest GPU).
