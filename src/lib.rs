@@ -28,7 +28,7 @@ pub mod collective;
 pub mod engine;
 pub mod exec;
 pub mod fabric;
+pub mod report;
 pub mod scenario;
 pub mod schedule;
-pub mod report;
 pub mod units;

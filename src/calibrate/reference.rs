@@ -73,7 +73,8 @@ pub enum ReferenceError {
 /// Loads the manifest.
 pub fn load_manifest(dir: &Path) -> Result<Vec<Dataset>, ReferenceError> {
     let path = dir.join("datasets.toml");
-    let text = std::fs::read_to_string(&path).map_err(|e| ReferenceError::Io(path.display().to_string(), e))?;
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| ReferenceError::Io(path.display().to_string(), e))?;
     let m: Manifest = toml::from_str(&text).map_err(|e| {
         let (l, c) = e.span().map(|s| crate::fabric::file::line_col(&text, s.start)).unwrap_or((0, 0));
         ReferenceError::Format(format!("{}:{l}:{c}: {}", path.display(), e.message()))
@@ -83,12 +84,15 @@ pub fn load_manifest(dir: &Path) -> Result<Vec<Dataset>, ReferenceError> {
 
 /// Reads a reference CSV (skipping `#` lines); `inplace` selects the in-place busbw column.
 pub fn load_csv(path: &Path, inplace: bool) -> Result<Vec<Measured>, ReferenceError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ReferenceError::Io(path.display().to_string(), e))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| ReferenceError::Io(path.display().to_string(), e))?;
     let body: String = text.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect();
     let mut rdr = csv::Reader::from_reader(body.as_bytes());
-    let headers = rdr.headers().map_err(|e| ReferenceError::Format(format!("{}: {e}", path.display())))?.clone();
+    let headers =
+        rdr.headers().map_err(|e| ReferenceError::Format(format!("{}: {e}", path.display())))?.clone();
     let col = |name: &str| headers.iter().position(|h| h == name);
-    let size_i = col("size_bytes").ok_or_else(|| ReferenceError::Format(format!("{}: no size_bytes column", path.display())))?;
+    let size_i = col("size_bytes")
+        .ok_or_else(|| ReferenceError::Format(format!("{}: no size_bytes column", path.display())))?;
     let time_i = col("time_us");
     let bus_i = if inplace { col("inplace_busbw_GBps") } else { col("busbw_GBps") }
         .ok_or_else(|| ReferenceError::Format(format!("{}: no busbw column", path.display())))?;
@@ -99,7 +103,8 @@ pub fn load_csv(path: &Path, inplace: bool) -> Result<Vec<Measured>, ReferenceEr
         if size == 0 {
             continue;
         }
-        let time_us = if inplace { None } else { time_i.and_then(|i| rec.get(i)).and_then(|s| s.parse().ok()) };
+        let time_us =
+            if inplace { None } else { time_i.and_then(|i| rec.get(i)).and_then(|s| s.parse().ok()) };
         let busbw: f64 = rec.get(bus_i).and_then(|s| s.parse().ok()).unwrap_or(0.0);
         out.push(Measured { size_bytes: size, time_us, busbw_gbps: busbw });
     }
@@ -157,7 +162,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Runs one dataset through the simulator. `root` is the crate root (topology paths are
 /// relative to it); `params` an optional calibration overlay.
-pub fn score(root: &Path, d: &Dataset, fidelity: Fidelity, params: Option<&toml::Table>) -> Result<Option<Score>, String> {
+pub fn score(
+    root: &Path,
+    d: &Dataset,
+    fidelity: Fidelity,
+    params: Option<&toml::Table>,
+) -> Result<Option<Score>, String> {
     let (Some(topo), Some(coll)) = (&d.topology, &d.collective) else { return Ok(None) };
     let coll = Collective::parse(coll).ok_or_else(|| format!("{}: unknown collective {coll}", d.file))?;
     let inplace = d.metric.as_deref() == Some("inplace_busbw");
@@ -183,7 +193,10 @@ pub fn score(root: &Path, d: &Dataset, fidelity: Fidelity, params: Option<&toml:
     let rows = run_bench(&f, &cfg).map_err(|e| format!("{}: {e}", d.file))?;
     let mut points = Vec::new();
     for m in &measured {
-        let Some(r) = rows.iter().find(|r| r.size_bytes == m.size_bytes || (r.size_bytes <= m.size_bytes && m.size_bytes - r.size_bytes < 64 * f.num_gpus() as u64)) else {
+        let Some(r) = rows.iter().find(|r| {
+            r.size_bytes == m.size_bytes
+                || (r.size_bytes <= m.size_bytes && m.size_bytes - r.size_bytes < 64 * f.num_gpus() as u64)
+        }) else {
             continue;
         };
         let (measured_bw, error) = match m.time_us {

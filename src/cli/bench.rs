@@ -91,7 +91,8 @@ pub struct BenchArgs {
 
 /// Reads a calibration profile: a TOML file whose `[params]` table overrides model parameters.
 pub fn load_profile(path: &PathBuf) -> Result<toml::Table> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read calibration profile", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{}: cannot read calibration profile", path.display()))?;
     let t: toml::Table = toml::from_str(&text).map_err(|e| {
         let (line, col) = e.span().map(|s| fabric::file::line_col(&text, s.start)).unwrap_or((0, 0));
         anyhow::anyhow!("{}:{line}:{col}: {}", path.display(), e.message())
@@ -99,7 +100,10 @@ pub fn load_profile(path: &PathBuf) -> Result<toml::Table> {
     match t.get("params") {
         Some(toml::Value::Table(p)) => Ok(p.clone()),
         Some(_) => bail!("{}: `params` must be a table", path.display()),
-        None => bail!("{}: a calibration profile needs a [params] table (same keys as fabric/params.toml)", path.display()),
+        None => bail!(
+            "{}: a calibration profile needs a [params] table (same keys as fabric/params.toml)",
+            path.display()
+        ),
     }
 }
 
@@ -115,7 +119,8 @@ pub fn config(a: &BenchArgs) -> Result<(fabric::Fabric, BenchConfig)> {
     let dtype = DType::parse(&a.datatype).with_context(|| {
         format!("unknown datatype {:?}; valid: float, half, bfloat16, double, int32, int8, int64", a.datatype)
     })?;
-    let redop = RedOp::parse(&a.op).with_context(|| format!("unknown op {:?}; valid: sum, prod, max, min, avg", a.op))?;
+    let redop = RedOp::parse(&a.op)
+        .with_context(|| format!("unknown op {:?}; valid: sum, prod, max, min, avg", a.op))?;
     let algo = match a.algo.to_ascii_lowercase().as_str() {
         "auto" => None,
         s => Some(Algo::parse(s).with_context(|| {
@@ -124,7 +129,10 @@ pub fn config(a: &BenchArgs) -> Result<(fabric::Fabric, BenchConfig)> {
     };
     let proto = match a.proto.to_ascii_lowercase().as_str() {
         "auto" => None,
-        s => Some(Proto::parse(s).with_context(|| format!("unknown protocol {s:?}; valid: auto, LL, LL128, Simple"))?),
+        s => Some(
+            Proto::parse(s)
+                .with_context(|| format!("unknown protocol {s:?}; valid: auto, LL, LL128, Simple"))?,
+        ),
     };
     let fidelity = Fidelity::parse(&a.fidelity)
         .with_context(|| format!("unknown fidelity {:?}; valid: analytical, event", a.fidelity))?;

@@ -58,41 +58,23 @@ pub fn run(a: PlotArgs) -> Result<()> {
     let table = Table::read(&a.file)?;
     let src = a.file.display().to_string();
     if table.is_empty() {
-        bail!(
-            "{src} has a header ({}) but no data rows",
-            table.column_names().join(", ")
-        );
+        bail!("{src} has a header ({}) but no data rows", table.column_names().join(", "));
     }
     // Check every named column up front, so a typo is reported before anything is drawn.
-    for col in [Some(&a.x), Some(&a.y), a.series.as_ref(), a.facet.as_ref()]
-        .into_iter()
-        .flatten()
-    {
+    for col in [Some(&a.x), Some(&a.y), a.series.as_ref(), a.facet.as_ref()].into_iter().flatten() {
         table.column(col)?;
     }
     let filters = parse_filters(&a.filters)?;
-    let filter_refs: Vec<(&str, &str)> = filters
-        .iter()
-        .map(|(c, v)| (c.as_str(), v.as_str()))
-        .collect();
+    let filter_refs: Vec<(&str, &str)> = filters.iter().map(|(c, v)| (c.as_str(), v.as_str())).collect();
     let table = table.filter_eq(&filter_refs)?;
     for col in [&a.x, &a.y] {
         let n = table.numeric(col)?.iter().flatten().count();
         if n == 0 {
-            let sample: Vec<&str> = table
-                .text(col)?
-                .iter()
-                .take(3)
-                .map(String::as_str)
-                .collect();
+            let sample: Vec<&str> = table.text(col)?.iter().take(3).map(String::as_str).collect();
             let numeric_cols: Vec<&str> = table
                 .columns()
                 .iter()
-                .filter(|c| {
-                    c.cells
-                        .iter()
-                        .any(|v| fabricsim::report::csvdata::parse_number(v).is_some())
-                })
+                .filter(|c| c.cells.iter().any(|v| fabricsim::report::csvdata::parse_number(v).is_some()))
                 .map(|c| c.name.as_str())
                 .collect();
             bail!(
@@ -106,21 +88,13 @@ pub fn run(a: PlotArgs) -> Result<()> {
     let stem_base = match &a.name {
         Some(n) => sanitize(n),
         None => {
-            let file_stem = a
-                .file
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .unwrap_or("plot");
+            let file_stem = a.file.file_stem().and_then(|s| s.to_str()).unwrap_or("plot");
             sanitize(&format!("{file_stem}_{}", a.y))
         }
     };
     let facets: Vec<(Option<String>, Table)> = match &a.facet {
         None => vec![(None, table)],
-        Some(f) => table
-            .group_by(f)?
-            .into_iter()
-            .map(|g| (Some(g.key), table.subset(&g.rows)))
-            .collect(),
+        Some(f) => table.group_by(f)?.into_iter().map(|g| (Some(g.key), table.subset(&g.rows))).collect(),
     };
 
     let mut written = Vec::new();
@@ -166,10 +140,7 @@ fn parse_size(s: &str) -> Result<(u32, u32)> {
 /// A column that names a configuration rather than measures something: text, or few
 /// distinct numbers (e.g. `proto`, `gpus`, `nodes`), as opposed to `time_us`.
 fn is_categorical(c: &fabricsim::report::csvdata::Column) -> bool {
-    let numeric = c
-        .cells
-        .iter()
-        .all(|v| fabricsim::report::csvdata::parse_number(v).is_some());
+    let numeric = c.cells.iter().all(|v| fabricsim::report::csvdata::parse_number(v).is_some());
     if !numeric {
         return true;
     }
@@ -182,9 +153,7 @@ fn is_categorical(c: &fabricsim::report::csvdata::Column) -> bool {
 fn parse_filters(raw: &[String]) -> Result<Vec<(String, String)>> {
     raw.iter()
         .map(|f| match f.split_once('=') {
-            Some((c, v)) if !c.trim().is_empty() => {
-                Ok((c.trim().to_string(), v.trim().to_string()))
-            }
+            Some((c, v)) if !c.trim().is_empty() => Ok((c.trim().to_string(), v.trim().to_string())),
             _ => bail!("cannot read filter {f:?}: expected COLUMN=VALUE such as algo=ring"),
         })
         .collect()
@@ -194,13 +163,7 @@ fn parse_filters(raw: &[String]) -> Result<Vec<(String, String)>> {
 fn sanitize(s: &str) -> String {
     let t: String = s
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' })
         .collect();
     let t = t.trim_matches('.').to_string();
     if t.is_empty() {
@@ -229,15 +192,10 @@ fn axis_for(col: &str, log: bool, is_y: bool) -> Axis {
 
 /// "allreduce on dgx-h100 (8 GPUs)" from whichever of the columns are present and constant.
 fn default_title(t: &Table, a: &PlotArgs) -> String {
-    let coll = t
-        .unique_value("collective")
-        .or_else(|| t.unique_value("coll"));
-    let topo = t
-        .unique_value("topology")
-        .or_else(|| t.unique_value("topo"));
-    let gpus = ["gpus", "ngpus", "n_gpus", "nranks", "ranks", "world_size"]
-        .iter()
-        .find_map(|c| t.unique_value(c));
+    let coll = t.unique_value("collective").or_else(|| t.unique_value("coll"));
+    let topo = t.unique_value("topology").or_else(|| t.unique_value("topo"));
+    let gpus =
+        ["gpus", "ngpus", "n_gpus", "nranks", "ranks", "world_size"].iter().find_map(|c| t.unique_value(c));
     let mut title = match (coll, topo) {
         (Some(c), Some(tp)) => format!("{c} on {tp}"),
         (Some(c), None) => c.to_string(),
@@ -287,32 +245,15 @@ fn build_chart(
     let ys = t.numeric(&a.y)?;
     let groups = match &a.series {
         Some(s) => t.group_by(s)?,
-        None => vec![fabricsim::report::csvdata::Group {
-            key: a.y.clone(),
-            rows: (0..t.len()).collect(),
-        }],
+        None => vec![fabricsim::report::csvdata::Group { key: a.y.clone(), rows: (0..t.len()).collect() }],
     };
     for g in groups {
-        let mut pts: Vec<(f64, f64)> = g
-            .rows
-            .iter()
-            .filter_map(|&r| Some((xs.get(r).copied()??, ys.get(r).copied()??)))
-            .collect();
+        let mut pts: Vec<(f64, f64)> =
+            g.rows.iter().filter_map(|&r| Some((xs.get(r).copied()??, ys.get(r).copied()??))).collect();
         pts.sort_by(|p, q| p.0.total_cmp(&q.0));
-        let name = if g.key.is_empty() {
-            "(empty)".to_string()
-        } else {
-            g.key
-        };
-        let style = SeriesStyle {
-            dashed: false,
-            markers: pts.len() <= 24,
-        };
-        chart.push_series(Series {
-            name,
-            points: pts,
-            style,
-        });
+        let name = if g.key.is_empty() { "(empty)".to_string() } else { g.key };
+        let style = SeriesStyle { dashed: false, markers: pts.len() <= 24 };
+        chart.push_series(Series { name, points: pts, style });
     }
     if chart.series.iter().all(|s| s.points.is_empty()) {
         bail!(
@@ -325,17 +266,8 @@ fn build_chart(
             a.y
         );
     }
-    if chart.x.scale == Scale::Log2
-        && chart
-            .series
-            .iter()
-            .all(|s| s.points.iter().all(|p| p.0 <= 0.0))
-    {
-        bail!(
-            "{}: `{}` has no positive values for a log axis; try --no-logx",
-            a.file.display(),
-            a.x
-        );
+    if chart.x.scale == Scale::Log2 && chart.series.iter().all(|s| s.points.iter().all(|p| p.0 <= 0.0)) {
+        bail!("{}: `{}` has no positive values for a log axis; try --no-logx", a.file.display(), a.x);
     }
     Ok(chart)
 }
@@ -346,24 +278,14 @@ fn duplicate_x_warnings(a: &PlotArgs, t: &Table) -> Result<Vec<String>> {
     let xs = t.numeric(&a.x)?;
     let groups = match &a.series {
         Some(s) => t.group_by(s)?,
-        None => vec![fabricsim::report::csvdata::Group {
-            key: a.y.clone(),
-            rows: (0..t.len()).collect(),
-        }],
+        None => vec![fabricsim::report::csvdata::Group { key: a.y.clone(), rows: (0..t.len()).collect() }],
     };
     let mut out = Vec::new();
     for g in groups {
-        let mut rows: Vec<(f64, usize)> = g
-            .rows
-            .iter()
-            .filter_map(|&r| xs[r].map(|x| (x, r)))
-            .collect();
+        let mut rows: Vec<(f64, usize)> = g.rows.iter().filter_map(|&r| xs[r].map(|x| (x, r))).collect();
         rows.sort_by(|p, q| p.0.total_cmp(&q.0));
-        let dup: Vec<(usize, usize)> = rows
-            .windows(2)
-            .filter(|w| w[0].0 == w[1].0)
-            .map(|w| (w[0].1, w[1].1))
-            .collect();
+        let dup: Vec<(usize, usize)> =
+            rows.windows(2).filter(|w| w[0].0 == w[1].0).map(|w| (w[0].1, w[1].1)).collect();
         if dup.is_empty() {
             continue;
         }

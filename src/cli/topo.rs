@@ -11,9 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use fabricsim::fabric::{
-    self, build::BuildOpts, nccl_xml, summary, RouteOpts, Router, TopologySpec,
-};
+use fabricsim::fabric::{self, build::BuildOpts, nccl_xml, summary, RouteOpts, Router, TopologySpec};
 use fabricsim::report::topo as render;
 
 /// Devices up to which `--dot` draws every node device by device.
@@ -46,9 +44,7 @@ pub struct TopoArgs {
 
 /// Loads a topology file, TOML or NCCL XML by extension.
 pub fn load(path: &Path) -> Result<TopologySpec, fabric::TopologyError> {
-    let is_xml = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("xml"));
+    let is_xml = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("xml"));
     if is_xml {
         nccl_xml::load_nccl_xml(path)
     } else {
@@ -59,11 +55,7 @@ pub fn load(path: &Path) -> Result<TopologySpec, fabric::TopologyError> {
 /// Runs `topo`.
 pub fn run(a: TopoArgs) -> Result<()> {
     let spec = load(&a.file)?;
-    let opts = BuildOpts {
-        nodes: a.nodes,
-        gpus_per_node: a.gpus,
-        ..Default::default()
-    };
+    let opts = BuildOpts { nodes: a.nodes, gpus_per_node: a.gpus, ..Default::default() };
     let f = fabric::build::build(&spec, &opts)?;
     let stdout = io::stdout();
     let mut out = stdout.lock();
@@ -85,9 +77,7 @@ pub fn run(a: TopoArgs) -> Result<()> {
             let router = Router::new(&f, a.seed);
             let route = router
                 .route(src, dst, &RouteOpts::default())
-                .with_context(|| {
-                    format!("no route from rank {src} to rank {dst} in {}", spec.name)
-                })?;
+                .with_context(|| format!("no route from rank {src} to rank {dst} in {}", spec.name))?;
             let r = summary::describe_route(&f, src, dst, &route);
             if a.json {
                 render::write_json(&mut out, &render::route_json(&r))

@@ -9,7 +9,7 @@
 use super::chunking::NCCL_STEPS;
 use super::ring::{single_rank, Loop};
 use super::tree::step;
-use super::{channel_parts, CollArgs, CollError, Choice, Collective, Comm, Knobs};
+use super::{channel_parts, Choice, CollArgs, CollError, Collective, Comm, Knobs};
 use crate::schedule::*;
 
 fn chunks(off: u64, len: u64, chunk: u64) -> Vec<Loop> {
@@ -74,7 +74,14 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
                     // Binding δ-1 is the rank δ ahead; receiving from δ behind uses binding n-δ-1.
                     for d in 1..n as i64 {
                         for l in &lp {
-                            b.push(step(&[], &[(d - 1) as u16], Some(blk(Buf::Input, l, d)), None, false, false));
+                            b.push(step(
+                                &[],
+                                &[(d - 1) as u16],
+                                Some(blk(Buf::Input, l, d)),
+                                None,
+                                false,
+                                false,
+                            ));
                             let from = (n as i64 - d - 1) as u16;
                             b.push(step(&[from], &[], None, Some(blk(Buf::Output, l, -d)), false, false));
                         }
@@ -94,9 +101,14 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         };
         for r in 0..n {
             let binds: Vec<Binding> = match args.coll {
-                Collective::AllToAll => (1..n).map(|d| Binding::Peer { rank: (r + d) % n, port: 0 }).collect(),
+                Collective::AllToAll => {
+                    (1..n).map(|d| Binding::Peer { rank: (r + d) % n, port: 0 }).collect()
+                }
                 _ if n == 2 => vec![Binding::Peer { rank: (r + 1) % n, port: 0 }],
-                _ => vec![Binding::Peer { rank: (r + 1) % n, port: 0 }, Binding::Peer { rank: (r + n - 1) % n, port: 0 }],
+                _ => vec![
+                    Binding::Peer { rank: (r + 1) % n, port: 0 },
+                    Binding::Peer { rank: (r + n - 1) % n, port: 0 },
+                ],
             };
             s.add_stream_at(r, c, c, r, prog, &binds, off);
         }

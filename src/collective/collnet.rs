@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use super::chunking::chunking;
 use super::ring::{loops, single_rank, Loop};
 use super::tree::{span, step};
-use super::{channel_parts, Algo, CollArgs, CollError, Choice, Comm, Knobs};
+use super::{channel_parts, Algo, Choice, CollArgs, CollError, Comm, Knobs};
 use crate::schedule::*;
 
 /// Lanes per channel: reduce side, broadcast side, and (CollNet Direct) the heads' SHARP.
@@ -43,15 +43,27 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let ch = chunking(args.coll, choice.algo, Proto::Simple, knobs);
     let parts = channel_parts(args.count, elem, choice.nchannels);
     let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
-    let heads: Vec<u32> =
-        if comm.nic_owners[0].is_empty() { vec![0] } else { comm.nic_owners[0].iter().copied().take(8).collect() };
+    let heads: Vec<u32> = if comm.nic_owners[0].is_empty() {
+        vec![0]
+    } else {
+        comm.nic_owners[0].iter().copied().take(8).collect()
+    };
     let mut cache = BTreeMap::new();
     for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;
         if choice.algo == Algo::CollNetChain {
             chain(&mut s, &mut cache, comm, c, off, &loops(0, len, 1, &ch, elem), len);
         } else {
-            direct(&mut s, &mut cache, comm, c, off, &loops(0, len, heads.len() as u64, &ch, elem), len, &heads);
+            direct(
+                &mut s,
+                &mut cache,
+                comm,
+                c,
+                off,
+                &loops(0, len, heads.len() as u64, &ch, elem),
+                len,
+                &heads,
+            );
         }
     }
     s.set_channels(used.max(1));
@@ -60,7 +72,14 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
 }
 
 fn sharp_op(group: u16, a: Addr, len: u64) -> Op {
-    Op::Switch(SwitchOp { group, kind: SwitchKind::AllReduce { head: None }, src: Some(a), dst: Some(a), len, postop: true })
+    Op::Switch(SwitchOp {
+        group,
+        kind: SwitchKind::AllReduce { head: None },
+        src: Some(a),
+        dst: Some(a),
+        len,
+        postop: true,
+    })
 }
 
 /// Program cache: (algorithm role, position, part length) -> program.
@@ -84,7 +103,8 @@ fn chain(s: &mut Schedule, cache: &mut Cache, comm: &Comm, c: u32, off: u64, lp:
     for o in &orders {
         for (i, &me) in o.iter().enumerate() {
             // Slot 0: the GPU toward the head (the SHARP group for the head), slot 1: the next.
-            let mut binds = vec![if i == 0 { Binding::Group(sharp) } else { Binding::Peer { rank: o[i - 1], port: 0 } }];
+            let mut binds =
+                vec![if i == 0 { Binding::Group(sharp) } else { Binding::Peer { rank: o[i - 1], port: 0 } }];
             if i + 1 < ppn {
                 binds.push(Binding::Peer { rank: o[i + 1], port: 0 });
             }
@@ -131,12 +151,24 @@ fn piece(buf: Buf, l: &Loop, j: u64, end: u64) -> Addr {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn direct(s: &mut Schedule, cache: &mut Cache, comm: &Comm, c: u32, off: u64, lp: &[Loop], len: u64, heads: &[u32]) {
+fn direct(
+    s: &mut Schedule,
+    cache: &mut Cache,
+    comm: &Comm,
+    c: u32,
+    off: u64,
+    lp: &[Loop],
+    len: u64,
+    heads: &[u32],
+) {
     let nodes = comm.num_nodes();
     let sharp: Vec<u32> = heads
         .iter()
         .map(|&h| {
-            s.add_group(Group { members: (0..nodes).map(|d| comm.nodes[d as usize][h as usize]).collect(), kind: GroupKind::Sharp })
+            s.add_group(Group {
+                members: (0..nodes).map(|d| comm.nodes[d as usize][h as usize]).collect(),
+                kind: GroupKind::Sharp,
+            })
         })
         .collect();
     let ppn = comm.ppn() as usize;
@@ -149,41 +181,63 @@ fn direct(s: &mut Schedule, cache: &mut Cache, comm: &Comm, c: u32, off: u64, lp
             // Slots: one per other local rank, in local order.
             let others: Vec<usize> = (0..ppn).filter(|&q| q != pos).collect();
             let slot_of = |q: usize| others.iter().position(|&x| x == q).map(|i| i as u16);
-            let binds: Vec<Binding> = others.iter().map(|&q| Binding::Peer { rank: node[q], port: 0 }).collect();
+            let binds: Vec<Binding> =
+                others.iter().map(|&q| Binding::Peer { rank: node[q], port: 0 }).collect();
             // Lane A: scatter my pieces to their heads; a head then reduces its piece from
             // every local rank. The index of each loop's last reduce is the hand-off.
             let key = (2, pos as u32, len);
             let (a, reduced) = match (cache.get(&key), reduced_of.get(&(pos as u32, len))) {
                 (Some(&a), Some(r)) => (a, r.clone()),
                 _ => {
-                let mut reduced = Vec::new();
-                let mut b = ProgramBuilder::new();
-                for l in lp {
-                    for (j, &h) in heads.iter().enumerate() {
-                        if my_head != Some(j) {
-                            if let Some(sl) = slot_of(h as usize) {
-                                b.push(step(&[], &[sl], Some(piece(Buf::Input, l, j as u64, len)), None, false, false));
+                    let mut reduced = Vec::new();
+                    let mut b = ProgramBuilder::new();
+                    for l in lp {
+                        for (j, &h) in heads.iter().enumerate() {
+                            if my_head != Some(j) {
+                                if let Some(sl) = slot_of(h as usize) {
+                                    b.push(step(
+                                        &[],
+                                        &[sl],
+                                        Some(piece(Buf::Input, l, j as u64, len)),
+                                        None,
+                                        false,
+                                        false,
+                                    ));
+                                }
                             }
                         }
-                    }
-                    if let Some(j) = my_head {
-                        let p = |buf| piece(buf, l, j as u64, len);
-                        let mut last = None;
-                        for (k, &q) in others.iter().enumerate() {
-                            let sl = slot_of(q).unwrap_or(0);
-                            let local = if k == 0 { p(Buf::Input) } else { p(Buf::Output) };
-                            last = Some(b.push(step(&[sl], &[], Some(local), Some(p(Buf::Output)), true, false)));
+                        if let Some(j) = my_head {
+                            let p = |buf| piece(buf, l, j as u64, len);
+                            let mut last = None;
+                            for (k, &q) in others.iter().enumerate() {
+                                let sl = slot_of(q).unwrap_or(0);
+                                let local = if k == 0 { p(Buf::Input) } else { p(Buf::Output) };
+                                last = Some(b.push(step(
+                                    &[sl],
+                                    &[],
+                                    Some(local),
+                                    Some(p(Buf::Output)),
+                                    true,
+                                    false,
+                                )));
+                            }
+                            reduced.push(match last {
+                                Some(r) => r,
+                                None => b.push(step(
+                                    &[],
+                                    &[],
+                                    Some(p(Buf::Input)),
+                                    Some(p(Buf::Output)),
+                                    false,
+                                    false,
+                                )),
+                            });
                         }
-                        reduced.push(match last {
-                            Some(r) => r,
-                            None => b.push(step(&[], &[], Some(p(Buf::Input)), Some(p(Buf::Output)), false, false)),
-                        });
                     }
-                }
-                let a = s.add_program(b.finish());
-                cache.insert(key, a);
-                reduced_of.insert((pos as u32, len), reduced.clone());
-                (a, reduced)
+                    let a = s.add_program(b.finish());
+                    cache.insert(key, a);
+                    reduced_of.insert((pos as u32, len), reduced.clone());
+                    (a, reduced)
                 }
             };
             s.add_stream_at(me, lane_a, c, pos as u32, a, &binds, off);
@@ -216,7 +270,14 @@ fn direct(s: &mut Schedule, cache: &mut Cache, comm: &Comm, c: u32, off: u64, lp
                     for (j, &h) in heads.iter().enumerate() {
                         if my_head != Some(j) {
                             if let Some(sl) = slot_of(h as usize) {
-                                b.push(step(&[sl], &[], None, Some(piece(Buf::Output, l, j as u64, len)), false, false));
+                                b.push(step(
+                                    &[sl],
+                                    &[],
+                                    None,
+                                    Some(piece(Buf::Output, l, j as u64, len)),
+                                    false,
+                                    false,
+                                ));
                             }
                         }
                     }

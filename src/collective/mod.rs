@@ -128,8 +128,15 @@ impl Algo {
         }
     }
     /// NCCL's seven modelled algorithms, in NCCL's enum order.
-    pub const NCCL: [Algo; 7] =
-        [Algo::Tree, Algo::Ring, Algo::CollNetDirect, Algo::CollNetChain, Algo::Nvls, Algo::NvlsTree, Algo::Pat];
+    pub const NCCL: [Algo; 7] = [
+        Algo::Tree,
+        Algo::Ring,
+        Algo::CollNetDirect,
+        Algo::CollNetChain,
+        Algo::Nvls,
+        Algo::NvlsTree,
+        Algo::Pat,
+    ];
     /// Parses a case-insensitive name (`collnet` means CollNetDirect).
     pub fn parse(s: &str) -> Option<Algo> {
         Some(match s.to_ascii_lowercase().as_str() {
@@ -173,7 +180,9 @@ impl CollArgs {
     pub fn buffer_elems(&self, n: u32) -> (u64, u64) {
         let (c, n) = (self.count, n as u64);
         match self.coll {
-            Collective::AllReduce | Collective::Broadcast | Collective::Reduce | Collective::SendRecv => (c, c),
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce | Collective::SendRecv => {
+                (c, c)
+            }
             Collective::AllGather => (c, c * n),
             Collective::ReduceScatter => (c * n, c),
             Collective::AllToAll => (c * n, c * n),
@@ -311,7 +320,9 @@ pub fn check_supported(comm: &Comm, coll: Collective, algo: Algo, proto: Proto) 
         Algo::CollNetDirect | Algo::CollNetChain if !comm.sharp => {
             Some("it needs SHARP-capable InfiniBand switches (a [cluster.network] switch with sharp)".into())
         }
-        Algo::CollNetDirect | Algo::CollNetChain if nodes < 2 => Some("CollNet needs at least 2 nodes".into()),
+        Algo::CollNetDirect | Algo::CollNetChain if nodes < 2 => {
+            Some("CollNet needs at least 2 nodes".into())
+        }
         Algo::CollNetDirect if coll != Collective::AllReduce => {
             Some("CollNet all-gather/reduce-scatter needs a plugin with iallgather; not modelled".into())
         }
@@ -329,16 +340,19 @@ pub fn check_supported(comm: &Comm, coll: Collective, algo: Algo, proto: Proto) 
 }
 
 /// Builds the schedule of one collective call.
-pub fn build_schedule(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Result<Schedule, CollError> {
+pub fn build_schedule(
+    comm: &Comm,
+    args: &CollArgs,
+    choice: &Choice,
+    knobs: &Knobs,
+) -> Result<Schedule, CollError> {
     check_supported(comm, args.coll, choice.algo, choice.proto)?;
-    if args.coll.reduces() || args.coll == Collective::Broadcast {
-        if (args.coll == Collective::Broadcast || args.coll == Collective::Reduce) && args.root >= comm.nranks {
-            return Err(CollError::Args(format!(
-                "root {} is outside the communicator (valid: 0..{})",
-                args.root,
-                comm.nranks - 1
-            )));
-        }
+    if matches!(args.coll, Collective::Broadcast | Collective::Reduce) && args.root >= comm.nranks {
+        return Err(CollError::Args(format!(
+            "root {} is outside the communicator (valid: 0..{})",
+            args.root,
+            comm.nranks - 1
+        )));
     }
     if choice.nchannels == 0 {
         return Err(CollError::Args("the number of channels must be at least 1".into()));

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use super::chunking::chunking;
 use super::ring::{loops, single_rank, Loop};
 use super::tree::{children, dtree_parents, span, step};
-use super::{channel_parts, Algo, CollArgs, CollError, Choice, Collective, Comm, Knobs};
+use super::{channel_parts, Algo, Choice, CollArgs, CollError, Collective, Comm, Knobs};
 use crate::schedule::*;
 
 /// Loops of switch operations a channel keeps in flight (NVLS buffers hold a few chunks per
@@ -63,7 +63,10 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         return Ok(s);
     }
     if !comm.uniform() {
-        return Err(CollError::NotOnFabric { algo: choice.algo, reason: "NVLS needs the same GPU count in every node".into() });
+        return Err(CollError::NotOnFabric {
+            algo: choice.algo,
+            reason: "NVLS needs the same GPU count in every node".into(),
+        });
     }
     let elem = args.dtype.size();
     let nodes = comm.num_nodes();
@@ -98,7 +101,15 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
             }
             (Collective::AllReduce, _) => {
                 let lp = loops(0, len, heads.len() as u64, &ch, elem);
-                multi_node_allreduce(&mut s, &mut cache, comm, ctx, &lp, &heads, choice.algo == Algo::NvlsTree);
+                multi_node_allreduce(
+                    &mut s,
+                    &mut cache,
+                    comm,
+                    ctx,
+                    &lp,
+                    &heads,
+                    choice.algo == Algo::NvlsTree,
+                );
             }
             _ => {
                 return Err(CollError::NotOnFabric {
@@ -176,7 +187,14 @@ fn one_node_allreduce(s: &mut Schedule, cache: &mut Cache, comm: &Comm, ch: Chan
     }
 }
 
-fn one_node_gather_scatter(s: &mut Schedule, cache: &mut Cache, comm: &Comm, args: &CollArgs, ch: Chan, lp: &[Loop]) {
+fn one_node_gather_scatter(
+    s: &mut Schedule,
+    cache: &mut Cache,
+    comm: &Comm,
+    args: &CollArgs,
+    ch: Chan,
+    lp: &[Loop],
+) {
     let g = node_group(s, comm, 0);
     let members = comm.nodes[0].clone();
     let count = args.count;
@@ -186,7 +204,10 @@ fn one_node_gather_scatter(s: &mut Schedule, cache: &mut Cache, comm: &Comm, arg
             let mut b = ProgramBuilder::new();
             for l in lp {
                 for (m, &mr) in members.iter().enumerate() {
-                    let block = |buf| Addr { limit: mr as u64 * count + ch.len, ..Addr::abs(buf, mr as u64 * count + l.lb, l.rc) };
+                    let block = |buf| Addr {
+                        limit: mr as u64 * count + ch.len,
+                        ..Addr::abs(buf, mr as u64 * count + l.lb, l.rc)
+                    };
                     let mine = span(Buf::Input, l, ch.len);
                     let len = mine.resolve(0, None).len;
                     let op = if args.coll == Collective::AllGather {
@@ -218,7 +239,15 @@ fn one_node_gather_scatter(s: &mut Schedule, cache: &mut Cache, comm: &Comm, arg
     }
 }
 
-fn multi_node_allreduce(s: &mut Schedule, cache: &mut Cache, comm: &Comm, ch: Chan, lp: &[Loop], heads: &[u32], tree: bool) {
+fn multi_node_allreduce(
+    s: &mut Schedule,
+    cache: &mut Cache,
+    comm: &Comm,
+    ch: Chan,
+    lp: &[Loop],
+    heads: &[u32],
+    tree: bool,
+) {
     let nodes = comm.num_nodes();
     let c = ch.c;
     let len = ch.len;
@@ -283,7 +312,8 @@ fn multi_node_allreduce(s: &mut Schedule, cache: &mut Cache, comm: &Comm, ch: Ch
             if let Some(j) = my_head {
                 let parent_slot = (tree && parent.is_some()).then_some(0u16);
                 let first_kid = parent_slot.is_some() as u16;
-                let kid_slots: Vec<u16> = if tree { (first_kid..first_kid + nkids as u16).collect() } else { vec![] };
+                let kid_slots: Vec<u16> =
+                    if tree { (first_kid..first_kid + nkids as u16).collect() } else { vec![] };
                 let key = (3 + if tree { role << 8 } else { 0 }, pos as u32, len);
                 let cprog = cached(s, cache, key, || {
                     let mut b = ProgramBuilder::new();
@@ -318,7 +348,8 @@ fn multi_node_allreduce(s: &mut Schedule, cache: &mut Cache, comm: &Comm, ch: Ch
             let bprog = cached(s, cache, key, || {
                 let mut b = ProgramBuilder::new();
                 let first_kid = (tree && parent.is_some()) as u16 + 1;
-                let kid_slots: Vec<u16> = if tree { (first_kid..first_kid + nkids as u16).collect() } else { vec![] };
+                let kid_slots: Vec<u16> =
+                    if tree { (first_kid..first_kid + nkids as u16).collect() } else { vec![] };
                 for (li, l) in lp.iter().enumerate() {
                     for (j, &h) in heads.iter().enumerate() {
                         let p = piece(Buf::Output, l, j as u64, len);

@@ -12,7 +12,7 @@
 use super::chunking::chunking;
 use super::ring::{loops, single_rank, Loop};
 use super::tree::step;
-use super::{channel_parts, Algo, CollArgs, CollError, Choice, Collective, Comm, Knobs};
+use super::{channel_parts, Algo, Choice, CollArgs, CollError, Collective, Comm, Knobs};
 use crate::schedule::*;
 
 /// The exchange: for each step, the distance and the block offsets (relative to the
@@ -113,9 +113,23 @@ fn allgather(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count: u6
             // Alternate sends and receives so that no more than one message per peer
             // waits for a credit (a step may carry more blocks than the FIFO holds).
             for &t in send {
-                b.push(step(&[], &[ahead], Some(blk(Buf::Output, l, t as i64, n, count, end)), None, false, false));
+                b.push(step(
+                    &[],
+                    &[ahead],
+                    Some(blk(Buf::Output, l, t as i64, n, count, end)),
+                    None,
+                    false,
+                    false,
+                ));
                 let rel = t as i64 - *d as i64;
-                b.push(step(&[behind], &[], None, Some(blk(Buf::Output, l, rel, n, count, end)), false, false));
+                b.push(step(
+                    &[behind],
+                    &[],
+                    None,
+                    Some(blk(Buf::Output, l, rel, n, count, end)),
+                    false,
+                    false,
+                ));
             }
         }
     }
@@ -140,7 +154,14 @@ fn reducescatter(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count
                 let rel = t as i64 - *d as i64;
                 b.push(step(&[], &[behind], Some(src(&acc, rel)), None, false, false));
                 let local = src(&acc, t as i64);
-                b.push(step(&[ahead], &[], Some(local), Some(blk(Buf::Scratch, l, t as i64, n, count, end)), true, false));
+                b.push(step(
+                    &[ahead],
+                    &[],
+                    Some(local),
+                    Some(blk(Buf::Scratch, l, t as i64, n, count, end)),
+                    true,
+                    false,
+                ));
                 acc[t as usize] = true;
             }
         }

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use super::chunking::{chunking, slices_for, Chunking};
-use super::{channel_parts, Algo, CollArgs, CollError, Choice, Collective, Comm, Knobs};
+use super::{channel_parts, Algo, Choice, CollArgs, CollError, Collective, Comm, Knobs};
 use crate::schedule::*;
 
 const NEXT: u16 = 0;
@@ -85,9 +85,9 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         let mut ring = comm.ring(c);
         match args.coll {
             Collective::AllReduce => {
-                let prog = *cache.entry((len, 0)).or_insert_with(|| {
-                    s.add_program(allreduce(n, &loops(0, len, n as u64, &ch, elem), len))
-                });
+                let prog = *cache
+                    .entry((len, 0))
+                    .or_insert_with(|| s.add_program(allreduce(n, &loops(0, len, n as u64, &ch, elem), len)));
                 add_ring_streams(&mut s, &ring, c, off, 0, |_| prog);
             }
             Collective::AllGather | Collective::ReduceScatter => {
@@ -114,7 +114,11 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
                 let progs: Vec<u32> = roles
                     .iter()
                     .enumerate()
-                    .map(|(ri, &r)| *cache.entry((len, ri as u8)).or_insert_with(|| s.add_program(chain(args.coll, r, &lp, len))))
+                    .map(|(ri, &r)| {
+                        *cache
+                            .entry((len, ri as u8))
+                            .or_insert_with(|| s.add_program(chain(args.coll, r, &lp, len)))
+                    })
                     .collect();
                 add_ring_streams(&mut s, &ring, c, off, 0, |p| {
                     if p == 0 {
@@ -141,7 +145,14 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     Ok(s)
 }
 
-fn add_ring_streams(s: &mut Schedule, ring: &[u32], c: u32, offset: u64, perm: u32, prog: impl Fn(u32) -> u32) {
+fn add_ring_streams(
+    s: &mut Schedule,
+    ring: &[u32],
+    c: u32,
+    offset: u64,
+    perm: u32,
+    prog: impl Fn(u32) -> u32,
+) {
     let n = ring.len();
     for p in 0..n {
         let next = ring[(p + 1) % n];
@@ -288,11 +299,17 @@ fn chain(coll: Collective, role: ChainRole, loops: &[Loop], end: u64) -> Program
                 (Collective::Broadcast, ChainRole::First) => {
                     step(false, true, Some(io(Buf::Input)), Some(io(Buf::Output)), false, false)
                 }
-                (Collective::Broadcast, ChainRole::Middle) => step(true, true, None, Some(io(Buf::Output)), false, false),
-                (Collective::Broadcast, ChainRole::Last) => step(true, false, None, Some(io(Buf::Output)), false, false),
+                (Collective::Broadcast, ChainRole::Middle) => {
+                    step(true, true, None, Some(io(Buf::Output)), false, false)
+                }
+                (Collective::Broadcast, ChainRole::Last) => {
+                    step(true, false, None, Some(io(Buf::Output)), false, false)
+                }
                 (_, ChainRole::First) => step(false, true, Some(io(Buf::Input)), None, false, false),
                 (_, ChainRole::Middle) => step(true, true, Some(io(Buf::Input)), None, true, false),
-                (_, ChainRole::Last) => step(true, false, Some(io(Buf::Input)), Some(io(Buf::Output)), true, true),
+                (_, ChainRole::Last) => {
+                    step(true, false, Some(io(Buf::Input)), Some(io(Buf::Output)), true, true)
+                }
             };
             b.push(op);
         }
@@ -312,7 +329,13 @@ mod tests {
     #[test]
     fn ring_schedules_are_well_formed() {
         let comm = Comm::synthetic(2, 4, false, false);
-        for coll in [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::Broadcast, Collective::Reduce] {
+        for coll in [
+            Collective::AllReduce,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::Broadcast,
+            Collective::Reduce,
+        ] {
             for count in [1, 7, 1000, 1 << 20] {
                 let ch = Choice { algo: Algo::Ring, proto: Proto::Simple, nchannels: 3 };
                 let s = build(&comm, &args(coll, count), &ch, &Knobs::default()).unwrap();

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use super::chunking::chunking;
 use super::ring::{loops, single_rank, Loop};
-use super::{channel_parts, Algo, CollArgs, CollError, Choice, Comm, Knobs};
+use super::{channel_parts, Algo, Choice, CollArgs, CollError, Comm, Knobs};
 use crate::schedule::*;
 
 /// Parent of each rank in NCCL's binary tree over `n` ranks rooted at 0 (`ncclGetBtree`).
@@ -36,7 +36,7 @@ pub fn dtree_parents(n: u32, t: u32) -> Vec<Option<u32>> {
     }
     (0..n)
         .map(|r| {
-            if n % 2 == 0 {
+            if n.is_multiple_of(2) {
                 base[(n - 1 - r) as usize].map(|p| n - 1 - p)
             } else {
                 base[((r + n - 1) % n) as usize].map(|p| (p + 1) % n)
@@ -82,8 +82,22 @@ pub fn rank_tree(comm: &Comm, c: u32) -> (Vec<Option<u32>>, Vec<Vec<u32>>) {
     (parent, kids)
 }
 
-pub(crate) fn step(recv: &[u16], send: &[u16], local: Option<Addr>, write: Option<Addr>, reduce: bool, postop: bool) -> Op {
-    Op::Step(Step { recv: Slots::from_slice(recv), send: Slots::from_slice(send), local, write, reduce, postop })
+pub(crate) fn step(
+    recv: &[u16],
+    send: &[u16],
+    local: Option<Addr>,
+    write: Option<Addr>,
+    reduce: bool,
+    postop: bool,
+) -> Op {
+    Op::Step(Step {
+        recv: Slots::from_slice(recv),
+        send: Slots::from_slice(send),
+        local,
+        write,
+        reduce,
+        postop,
+    })
 }
 
 pub(crate) fn span(buf: Buf, l: &Loop, end: u64) -> Addr {
@@ -152,13 +166,27 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
                 for (li, l) in lp.iter().enumerate() {
                     match p {
                         Some(_) => {
-                            b.push(step(&[0], &kid_slots, None, Some(span(Buf::Output, l, len)), false, false));
+                            b.push(step(
+                                &[0],
+                                &kid_slots,
+                                None,
+                                Some(span(Buf::Output, l, len)),
+                                false,
+                                false,
+                            ));
                         }
                         None => {
                             // The root hands each finished chunk from its up stream (one lane
                             // below) to its down stream.
                             b.push(Op::Wait { lane_delta: -1, op: li as u32 });
-                            b.push(step(&[], &kid_slots, Some(span(Buf::Output, l, len)), None, false, false));
+                            b.push(step(
+                                &[],
+                                &kid_slots,
+                                Some(span(Buf::Output, l, len)),
+                                None,
+                                false,
+                                false,
+                            ));
                         }
                     }
                 }
@@ -198,7 +226,13 @@ mod tests {
         for (nodes, ppn) in [(1, 8), (2, 8), (5, 4), (16, 1)] {
             let comm = Comm::synthetic(nodes, ppn, false, false);
             for count in [1, 100, 1 << 20] {
-                let a = CollArgs { coll: super::super::Collective::AllReduce, count, dtype: DType::F32, redop: RedOp::Sum, root: 0 };
+                let a = CollArgs {
+                    coll: super::super::Collective::AllReduce,
+                    count,
+                    dtype: DType::F32,
+                    redop: RedOp::Sum,
+                    root: 0,
+                };
                 let ch = Choice { algo: Algo::Tree, proto: Proto::Simple, nchannels: 4 };
                 let s = build(&comm, &a, &ch, &Knobs::default()).unwrap();
                 crate::schedule::validate::check(&s).unwrap_or_else(|e| panic!("{nodes}x{ppn} {count}: {e}"));

@@ -54,17 +54,23 @@ pub struct TunerInput {
 /// NCCL's per-generation search speeds (GB/s per channel), NCCL_FACTS §5.6.
 fn speeds(g: Generation, inter: bool) -> &'static [f64] {
     match (g, inter) {
-        (Generation::Volta | Generation::Ampere, false) => &[40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0],
-        (Generation::Volta | Generation::Ampere, true) => {
-            &[48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2, 0.24, 0.12]
+        (Generation::Volta | Generation::Ampere, false) => {
+            &[40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0]
         }
+        (Generation::Volta | Generation::Ampere, true) => &[
+            48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2,
+            0.24, 0.12,
+        ],
         (Generation::Hopper, false) => &[60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0],
-        (Generation::Hopper, true) => {
-            &[48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12]
+        (Generation::Hopper, true) => &[
+            48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12,
+        ],
+        (Generation::Blackwell, false) => {
+            &[90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0]
         }
-        (Generation::Blackwell, false) => &[90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0],
         (Generation::Blackwell, true) => &[
-            96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12,
+            96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0,
+            2.4, 1.2, 0.24, 0.12,
         ],
     }
 }
@@ -119,7 +125,11 @@ impl TunerInput {
             graphs[Algo::Ring as usize] = Some(ring);
             graphs[Algo::Tree as usize] = Some(tree);
             if comm.nvls && ppn >= 2 {
-                let s = intra.iter().copied().find(|&s| ppn as f64 * s <= 0.9 * total).unwrap_or(intra[intra.len() - 1]);
+                let s = intra
+                    .iter()
+                    .copied()
+                    .find(|&s| ppn as f64 * s <= 0.9 * total)
+                    .unwrap_or(intra[intra.len() - 1]);
                 graphs[Algo::Nvls as usize] = Some(Graph { nchannels: ppn, bw_intra: s, bw_inter: intra[0] });
             }
         } else {
@@ -141,7 +151,8 @@ impl TunerInput {
                     Generation::Blackwell => 48.0,
                     _ => 40.0,
                 };
-                graphs[Algo::Nvls as usize] = Some(Graph { nchannels: nc.max(2), bw_intra: nv, bw_inter: net });
+                graphs[Algo::Nvls as usize] =
+                    Some(Graph { nchannels: nc.max(2), bw_intra: nv, bw_inter: net });
                 graphs[Algo::NvlsTree as usize] = graphs[Algo::Nvls as usize];
             }
             if comm.sharp && collnet && ppn <= 8 {
@@ -154,8 +165,11 @@ impl TunerInput {
                 } else {
                     tree_intra
                 };
-                graphs[Algo::CollNetDirect as usize] =
-                    Some(Graph { nchannels: if ppn == 1 { 1 } else { nc }, bw_intra: direct_intra, bw_inter: net });
+                graphs[Algo::CollNetDirect as usize] = Some(Graph {
+                    nchannels: if ppn == 1 { 1 } else { nc },
+                    bw_intra: direct_intra,
+                    bw_inter: net,
+                });
             }
         }
         if nnodes == comm.nranks && comm.sm >= 60 && nnodes > 1 {
@@ -201,20 +215,56 @@ const BASE_LAT: [[f64; 3]; 7] = [
 ];
 /// [hw class NVLINK, PCI, NET][algo][proto].
 const HW_LAT: [[[f64; 3]; 7]; 3] = [
-    [[0.6, 1.25, 4.0], [0.6, 1.9, 3.4], [0.0, 0.0, 3.7], [0.0, 0.0, 2.8], [0.0, 0.0, 25.0], [0.0, 0.0, 25.0], [0.0, 0.0, 4.0]],
-    [[1.0, 1.9, 4.0], [1.0, 2.5, 5.7], [0.0, 0.0, 3.7], [0.0, 0.0, 2.8], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 4.0]],
-    [[5.0, 8.5, 14.0], [2.7, 4.0, 14.0], [0.0, 0.0, 31.0], [0.0, 0.0, 30.0], [0.0, 0.0, 18.0], [0.0, 0.0, 20.9], [0.0, 0.0, 14.0]],
+    [
+        [0.6, 1.25, 4.0],
+        [0.6, 1.9, 3.4],
+        [0.0, 0.0, 3.7],
+        [0.0, 0.0, 2.8],
+        [0.0, 0.0, 25.0],
+        [0.0, 0.0, 25.0],
+        [0.0, 0.0, 4.0],
+    ],
+    [
+        [1.0, 1.9, 4.0],
+        [1.0, 2.5, 5.7],
+        [0.0, 0.0, 3.7],
+        [0.0, 0.0, 2.8],
+        [0.0, 0.0, 0.0],
+        [0.0, 0.0, 0.0],
+        [0.0, 0.0, 4.0],
+    ],
+    [
+        [5.0, 8.5, 14.0],
+        [2.7, 4.0, 14.0],
+        [0.0, 0.0, 31.0],
+        [0.0, 0.0, 30.0],
+        [0.0, 0.0, 18.0],
+        [0.0, 0.0, 20.9],
+        [0.0, 0.0, 14.0],
+    ],
 ];
-const LL_MAX_BW: [[f64; 3]; 4] = [[39.0, 39.0, 20.4], [87.7, 22.5, 19.0], [141.0, 45.0, 35.0], [282.0, 90.0, 70.0]];
+const LL_MAX_BW: [[f64; 3]; 4] =
+    [[39.0, 39.0, 20.4], [87.7, 22.5, 19.0], [141.0, 45.0, 35.0], [282.0, 90.0, 70.0]];
 const PER_CH_RING_LL128: [[f64; 3]; 4] = [[20.0; 3], [20.0; 3], [36.7; 3], [40.0; 3]];
 const PER_CH_TREE_LL128: [[f64; 3]; 4] = [[20.0; 3], [20.0; 3], [36.7, 36.7, 29.0], [55.6, 31.67, 20.0]];
-const PER_CH_TREE: [[f64; 3]; 4] = [[26.5, 18.5, 10.0], [24.0, 23.6, 17.8], [38.7, 41.4, 36.0], [70.0, 42.8, 24.0]];
-const PER_CH_NVLS_TREE: [[f64; 3]; 4] = [[26.5, 18.5, 10.0], [24.0, 23.6, 17.8], [0.0, 57.7, 45.5], [0.0, 96.0, 80.0]];
+const PER_CH_TREE: [[f64; 3]; 4] =
+    [[26.5, 18.5, 10.0], [24.0, 23.6, 17.8], [38.7, 41.4, 36.0], [70.0, 42.8, 24.0]];
+const PER_CH_NVLS_TREE: [[f64; 3]; 4] =
+    [[26.5, 18.5, 10.0], [24.0, 23.6, 17.8], [0.0, 57.7, 45.5], [0.0, 96.0, 80.0]];
 const NVLS_EFF: [f64; 4] = [0.0, 0.0, 0.85, 0.74];
 const TREE_CORRECTION: [[f64; 24]; 3] = [
-    [1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.7, 0.7, 0.7, 0.7, 0.6, 0.5, 0.4, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0],
-    [1.0, 1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.8, 0.8, 0.7, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.8, 0.9, 0.9, 0.9, 0.9, 1.0, 1.0, 1.0],
-    [0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5, 0.5, 0.5, 0.5, 0.6, 0.7, 0.8, 0.7, 0.7, 0.8, 0.9, 0.9, 0.9],
+    [
+        1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.7, 0.7, 0.7, 0.7, 0.6, 0.5, 0.4, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
+        1.0, 1.0, 1.0, 1.0,
+    ],
+    [
+        1.0, 1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.8, 0.8, 0.7, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.8, 0.9, 0.9, 0.9,
+        0.9, 1.0, 1.0, 1.0,
+    ],
+    [
+        0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5, 0.5, 0.5, 0.5, 0.6, 0.7, 0.8, 0.7, 0.7,
+        0.8, 0.9, 0.9, 0.9,
+    ],
 ];
 
 fn log2i(x: u64) -> i64 {
@@ -260,9 +310,13 @@ pub fn model_entry(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -
     let ok = match (coll, algo) {
         (Collective::Broadcast | Collective::Reduce, Algo::Ring) => true,
         (Collective::AllGather | Collective::ReduceScatter, Algo::Ring) => true,
-        (Collective::AllGather | Collective::ReduceScatter, Algo::Pat | Algo::Nvls | Algo::CollNetDirect) => proto == Proto::Simple,
+        (Collective::AllGather | Collective::ReduceScatter, Algo::Pat | Algo::Nvls | Algo::CollNetDirect) => {
+            proto == Proto::Simple
+        }
         (Collective::AllReduce, Algo::Ring | Algo::Tree) => true,
-        (Collective::AllReduce, Algo::CollNetDirect | Algo::CollNetChain | Algo::Nvls | Algo::NvlsTree) => proto == Proto::Simple,
+        (Collective::AllReduce, Algo::CollNetDirect | Algo::CollNetChain | Algo::Nvls | Algo::NvlsTree) => {
+            proto == Proto::Simple
+        }
         _ => false,
     };
     if !ok {
@@ -283,7 +337,11 @@ pub fn model_entry(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -
         _ => n,
     };
     let cc = t.cc;
-    let mut bw = if nnodes <= 2 || matches!(algo, Algo::CollNetDirect | Algo::CollNetChain) { g.bw_intra } else { g.bw_inter };
+    let mut bw = if nnodes <= 2 || matches!(algo, Algo::CollNetDirect | Algo::CollNetChain) {
+        g.bw_intra
+    } else {
+        g.bw_inter
+    };
     if matches!(algo, Algo::Nvls | Algo::NvlsTree) {
         if g.nchannels < 2 {
             return None;
@@ -314,7 +372,8 @@ pub fn model_entry(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -
     match (algo, proto) {
         (Algo::Tree, Proto::LL) => bus = (bus / 3.8).min(ll_max),
         (Algo::Tree, Proto::LL128) => {
-            bus = (bus * if nnodes == 1 { 7.0 / 9.0 } else { 120.0 / 128.0 }).min(nch * PER_CH_TREE_LL128[cc][idx2])
+            bus = (bus * if nnodes == 1 { 7.0 / 9.0 } else { 120.0 / 128.0 })
+                .min(nch * PER_CH_TREE_LL128[cc][idx2])
         }
         _ => {}
     }
@@ -389,7 +448,9 @@ pub fn model_entry(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -
             lat += (nsteps - ninter) * il + ninter * inter_lat;
         }
         Algo::Tree => lat += 2.0 * ((ppn_i - 1.0) * intra_lat + l2 * inter_lat),
-        Algo::CollNetDirect => lat += 2.0 * ((ppn_i - 1.0).min(1.0) * intra_lat + (ppn_i - 1.0) * 0.4) + inter_lat,
+        Algo::CollNetDirect => {
+            lat += 2.0 * ((ppn_i - 1.0).min(1.0) * intra_lat + (ppn_i - 1.0) * 0.4) + inter_lat
+        }
         Algo::CollNetChain => lat += 2.0 * (ppn_i - 1.0) * intra_lat + inter_lat,
         Algo::Nvls => {
             lat = intra_lat;
@@ -430,7 +491,8 @@ pub fn model_time(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto, nb
 pub fn proto_enabled(t: &TunerInput, proto: Proto) -> bool {
     match proto {
         Proto::LL128 => {
-            let inter_ok = if t.sm >= 90 { t.type_inter <= PathType::Pxn } else { t.type_inter <= PathType::Pxb };
+            let inter_ok =
+                if t.sm >= 90 { t.type_inter <= PathType::Pxn } else { t.type_inter <= PathType::Pxb };
             t.sm >= 70 && inter_ok && t.type_intra <= PathType::Nvb
         }
         _ => true,
@@ -438,7 +500,13 @@ pub fn proto_enabled(t: &TunerInput, proto: Proto) -> bool {
 }
 
 /// NCCL's pick among the allowed candidates: (algorithm, protocol, predicted µs).
-pub fn pick(t: &TunerInput, coll: Collective, nbytes: u64, algos: &[Algo], protos: &[Proto]) -> Option<(Algo, Proto, f64)> {
+pub fn pick(
+    t: &TunerInput,
+    coll: Collective,
+    nbytes: u64,
+    algos: &[Algo],
+    protos: &[Proto],
+) -> Option<(Algo, Proto, f64)> {
     let mut best: Option<(Algo, Proto, f64)> = None;
     for a in Algo::NCCL {
         if !algos.contains(&a) {
@@ -504,8 +572,14 @@ mod tests {
     fn reproduces_ncclss_worked_example_for_8_h100() {
         // NCCL_FACTS §2.9: Ring 12x30, NVLS 8x40/60, 24 comm channels, 16 NVLS channels.
         let t = h100(1, 8);
-        assert_eq!(t.graphs[Algo::Ring as usize], Some(Graph { nchannels: 12, bw_intra: 30.0, bw_inter: 30.0 }));
-        assert_eq!(t.graphs[Algo::Nvls as usize], Some(Graph { nchannels: 8, bw_intra: 40.0, bw_inter: 60.0 }));
+        assert_eq!(
+            t.graphs[Algo::Ring as usize],
+            Some(Graph { nchannels: 12, bw_intra: 30.0, bw_inter: 30.0 })
+        );
+        assert_eq!(
+            t.graphs[Algo::Nvls as usize],
+            Some(Graph { nchannels: 8, bw_intra: 40.0, bw_inter: 60.0 })
+        );
         assert_eq!(t.comm_channels, 24);
         let e = |a, p| model_entry(&t, Collective::AllReduce, a, p).unwrap();
         let close = |x: (f64, f64), y: (f64, f64)| (x.0 - y.0).abs() < 0.05 && (x.1 - y.1).abs() < 0.1;
@@ -542,6 +616,9 @@ mod tests {
         assert_eq!(t.graphs[Algo::Ring as usize].unwrap().bw_inter, 48.0);
         assert_eq!(t.comm_channels, 16);
         let one = h100(4, 1);
-        assert_eq!(one.graphs[Algo::Ring as usize], Some(Graph { nchannels: 2, bw_intra: 24.0, bw_inter: 24.0 }));
+        assert_eq!(
+            one.graphs[Algo::Ring as usize],
+            Some(Graph { nchannels: 2, bw_intra: 24.0, bw_inter: 24.0 })
+        );
     }
 }

@@ -225,7 +225,14 @@ impl<O: Observer> Engine<O> {
     /// Claims server `r` for a flow whose head arrives at `head` and whose tail has reached
     /// the server at `tail_in`. Returns (head at next hop, tail at next hop).
     #[inline]
-    fn claim(&mut self, r: ResourceId, head: SimTime, tail_in: SimTime, bytes: u64, tag: u64) -> (SimTime, SimTime) {
+    fn claim(
+        &mut self,
+        r: ResourceId,
+        head: SimTime,
+        tail_in: SimTime,
+        bytes: u64,
+        tag: u64,
+    ) -> (SimTime, SimTime) {
         let res = &mut self.resources[r.0 as usize];
         let ser = res.bw.time_for(bytes);
         let pkt = res.bw.time_for(bytes.min(res.granule as u64));
@@ -285,7 +292,15 @@ impl<O: Observer> Engine<O> {
         }
     }
 
-    fn start_fan(&mut self, at: SimTime, ups: &[PathRef], downs: &[PathRef], bytes: u64, extra: SimTime, tag: u64) {
+    fn start_fan(
+        &mut self,
+        at: SimTime,
+        ups: &[PathRef],
+        downs: &[PathRef],
+        bytes: u64,
+        extra: SimTime,
+        tag: u64,
+    ) {
         // The up paths form an in-tree toward the merge point. Collect its servers once
         // each, with their successor and their distance to the merge point, then claim them
         // farthest first so that a shared server starts only when all its inputs are known

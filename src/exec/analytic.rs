@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use crate::collective::chunking::{chunking, Chunking};
-use crate::collective::{channel_parts, tree, Algo, CollArgs, CollError, Choice, Collective, Comm, Knobs};
+use crate::collective::{channel_parts, tree, Algo, Choice, CollArgs, CollError, Collective, Comm, Knobs};
 use crate::fabric::params::{kind_index, Resolved};
 use crate::fabric::{DeviceKind, Fabric, LinkClass, LinkId, PathType, RouteOpts, Router};
 use crate::units::{Bandwidth, SimTime};
@@ -39,7 +39,10 @@ impl Hop {
 }
 
 /// Link loads of a set of connections: how many connections cross each link.
-fn loads(f: &Fabric, router: &Router, edges: &[(u32, u32, u32)]) -> (BTreeMap<LinkId, u32>, Vec<(Vec<LinkId>, PathType)>) {
+/// Link loads and the routes themselves.
+type Loads = (BTreeMap<LinkId, u32>, Vec<(Vec<LinkId>, PathType)>);
+
+fn loads(router: &Router, edges: &[(u32, u32, u32)]) -> Loads {
     let mut load = BTreeMap::new();
     let mut routes = Vec::new();
     for &(a, b, c) in edges {
@@ -61,7 +64,15 @@ fn class_of(ty: PathType) -> LinkClass {
     }
 }
 
-fn hop_of(f: &Fabric, p: &Resolved, proto: usize, links: &[LinkId], ty: PathType, load: &BTreeMap<LinkId, u32>, scale: f64) -> Hop {
+fn hop_of(
+    f: &Fabric,
+    p: &Resolved,
+    proto: usize,
+    links: &[LinkId],
+    ty: PathType,
+    load: &BTreeMap<LinkId, u32>,
+    scale: f64,
+) -> Hop {
     let pr = &p.proto[proto];
     let mut bw = pr.channel_bw.0 as f64 / 1e6;
     let mut lat = 0.0;
@@ -128,10 +139,21 @@ pub fn time(
                     edges.push((ring[i], ring[(i + 1) % ring.len()], c));
                 }
             }
-            let (load, routes) = loads(f, router, &edges);
+            let (load, routes) = loads(router, &edges);
             let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, 1.0)));
             let ch = chunking(args.coll, Algo::Ring, choice.proto, knobs);
-            ring_time(args.coll, n, per_ch, e as f64, &ch, &hops, payload, reduce_bw, args.count as f64 * e as f64, nch)
+            ring_time(
+                args.coll,
+                n,
+                per_ch,
+                e as f64,
+                &ch,
+                &hops,
+                payload,
+                reduce_bw,
+                args.count as f64 * e as f64,
+                nch,
+            )
         }
         Algo::Tree => {
             let mut edges = Vec::new();
@@ -155,13 +177,15 @@ pub fn time(
                     depth = depth.max(d);
                 }
             }
-            let (load, routes) = loads(f, router, &edges);
+            let (load, routes) = loads(router, &edges);
             let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, 1.0)));
             let ch = chunking(args.coll, Algo::Tree, choice.proto, knobs);
             let chunk = (ch.chunk_bytes as f64).min(per_ch * e as f64).max(e as f64);
             let k = (per_ch * e as f64 / chunk).ceil().max(1.0);
             let m = wire(chunk, payload);
-            let slow = hops.iter().copied().fold(None, |a: Option<Hop>, h| Some(a.map_or(h, |a| if h.msg(m) > a.msg(m) { h } else { a })));
+            let slow = hops.iter().copied().fold(None, |a: Option<Hop>, h| {
+                Some(a.map_or(h, |a| if h.msg(m) > a.msg(m) { h } else { a }))
+            });
             let slow = slow.unwrap_or(Hop { lat: 0.0, bw: 1.0, step: 0.0 });
             let tau = hops.iter().map(|h| h.t(m)).fold(0.0, f64::max).max(chunk / reduce_bw);
             let window = ch.window as f64;
@@ -178,8 +202,11 @@ pub fn time(
                     edges.push((r, (r + d) % n, 0));
                 }
             }
-            let (load, routes) = loads(f, router, &edges);
-            let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, used as f64 / steps.len().max(1) as f64)));
+            let (load, routes) = loads(router, &edges);
+            let hops =
+                worst(routes.iter().map(|(l, ty)| {
+                    hop_of(f, &p, proto, l, *ty, &load, used as f64 / steps.len().max(1) as f64)
+                }));
             let block = per_ch * e as f64;
             let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
             let bw = hops.iter().map(|h| h.bw).fold(f64::INFINITY, f64::min);
@@ -193,7 +220,7 @@ pub fn time(
                     edges.push((r, (r + d) % n, 0));
                 }
             }
-            let (load, routes) = loads(f, router, &edges);
+            let (load, routes) = loads(router, &edges);
             let scale = used as f64 / rounds as f64;
             let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, scale)));
             let bytes = per_ch * e as f64;
@@ -290,7 +317,8 @@ fn nvls_collnet_time(
         .map(|l| f.link(l).latency.as_us())
         .unwrap_or(0.5);
     let nic = comm.nic_gbps * 1e3 * p.link_eff[4];
-    let heads = if nodes == 1 || comm.nic_owners[0].is_empty() { ppn } else { comm.nic_owners[0].len() as f64 };
+    let heads =
+        if nodes == 1 || comm.nic_owners[0].is_empty() { ppn } else { comm.nic_owners[0].len() as f64 };
     let nch = used as f64;
     let simple = &p.proto[2];
     let sigma = simple.step(LinkClass::NvLink).as_us();
@@ -335,7 +363,8 @@ fn nvls_collnet_time(
                 Algo::NvlsTree => 2.0 * (nodes as f64).log2().ceil(),
                 _ => 2.0,
             };
-            let chain = if choice.algo == Algo::CollNetChain { 2.0 * (ppn - 1.0) * (nvl_lat + sigma) } else { 0.0 };
+            let chain =
+                if choice.algo == Algo::CollNetChain { 2.0 * (ppn - 1.0) * (nvl_lat + sigma) } else { 0.0 };
             intra.max(inter) + depth * (net_lat + net_sigma) + 2.0 * (nvl_lat + sigma) + chain
         }
     }

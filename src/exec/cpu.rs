@@ -249,11 +249,7 @@ pub enum ExecError {
 /// Runs `s` on host arrays: `inputs[r]` is rank r's input buffer (exactly
 /// `s.buf_elems[Input]` elements); output and scratch start filled with
 /// [`Element::sentinel`]. `seed` draws the interleaving (see [`interp::run`]).
-pub fn execute<T: Element>(
-    s: &Schedule,
-    inputs: &[Vec<T>],
-    seed: u64,
-) -> Result<Vec<Buffers<T>>, ExecError> {
+pub fn execute<T: Element>(s: &Schedule, inputs: &[Vec<T>], seed: u64) -> Result<Vec<Buffers<T>>, ExecError> {
     let [_, o, sc] = s.buf_elems;
     let init = inputs
         .iter()
@@ -273,10 +269,7 @@ pub fn execute_with<T: Element>(
     seed: u64,
 ) -> Result<(Vec<Buffers<T>>, Stats), ExecError> {
     if T::DTYPE != s.dtype {
-        return Err(ExecError::DType {
-            schedule: s.dtype,
-            given: T::DTYPE,
-        });
+        return Err(ExecError::DType { schedule: s.dtype, given: T::DTYPE });
     }
     if init.len() != s.nranks as usize {
         return Err(ExecError::Buffers(format!(
@@ -286,11 +279,8 @@ pub fn execute_with<T: Element>(
         )));
     }
     for (r, b) in init.iter().enumerate() {
-        for (name, v, want) in [
-            ("input", &b.input, 0),
-            ("output", &b.output, 1),
-            ("scratch", &b.scratch, 2),
-        ] {
+        for (name, v, want) in [("input", &b.input, 0), ("output", &b.output, 1), ("scratch", &b.scratch, 2)]
+        {
             if v.len() as u64 != s.buf_elems[want] {
                 return Err(ExecError::Buffers(format!(
                     "rank {r}'s {name} buffer has {} elements; the schedule needs {}",
@@ -301,38 +291,20 @@ pub fn execute_with<T: Element>(
         }
     }
     let mut fx = Cpu {
-        bufs: init
-            .into_iter()
-            .map(|b| [b.input, b.output, b.scratch])
-            .collect(),
+        bufs: init.into_iter().map(|b| [b.input, b.output, b.scratch]).collect(),
         redop: s.redop,
         nranks: s.nranks,
         pool: Vec::new(),
     };
     let stats = interp::run(s, &mut fx, seed)?;
-    let out = fx
-        .bufs
-        .into_iter()
-        .map(|[input, output, scratch]| Buffers {
-            input,
-            output,
-            scratch,
-        })
-        .collect();
+    let out =
+        fx.bufs.into_iter().map(|[input, output, scratch]| Buffers { input, output, scratch }).collect();
     Ok((out, stats))
 }
 
 /// Runs `s` on little-endian byte buffers of the schedule's element type.
-pub fn execute_bytes(
-    s: &Schedule,
-    inputs: &[Vec<u8>],
-    seed: u64,
-) -> Result<Vec<Buffers<u8>>, ExecError> {
-    fn go<T: Element>(
-        s: &Schedule,
-        inputs: &[Vec<u8>],
-        seed: u64,
-    ) -> Result<Vec<Buffers<u8>>, ExecError> {
+pub fn execute_bytes(s: &Schedule, inputs: &[Vec<u8>], seed: u64) -> Result<Vec<Buffers<u8>>, ExecError> {
+    fn go<T: Element>(s: &Schedule, inputs: &[Vec<u8>], seed: u64) -> Result<Vec<Buffers<u8>>, ExecError> {
         let size = T::DTYPE.size() as usize;
         let mut typed = Vec::with_capacity(inputs.len());
         for (r, b) in inputs.iter().enumerate() {
@@ -379,22 +351,13 @@ pub fn execute_bytes(
 ///
 /// Reductions go over ranks in order as [`Element::oracle`] defines (floats in `f64`,
 /// rounded once; Avg divides by n once).
-pub fn expected<T: Element>(
-    args: &CollArgs,
-    inputs: &[Vec<T>],
-) -> Result<Vec<Option<Vec<T>>>, ExecError> {
+pub fn expected<T: Element>(args: &CollArgs, inputs: &[Vec<T>]) -> Result<Vec<Option<Vec<T>>>, ExecError> {
     let n = inputs.len();
     if n == 0 {
-        return Err(ExecError::Buffers(
-            "a collective needs at least one rank".into(),
-        ));
+        return Err(ExecError::Buffers("a collective needs at least one rank".into()));
     }
     let (ilen, _) = args.buffer_elems(n as u32);
-    if let Some((r, v)) = inputs
-        .iter()
-        .enumerate()
-        .find(|(_, v)| v.len() as u64 != ilen)
-    {
+    if let Some((r, v)) = inputs.iter().enumerate().find(|(_, v)| v.len() as u64 != ilen) {
         return Err(ExecError::Buffers(format!(
             "rank {r}'s input has {} elements; {} of count {} on {n} ranks needs {ilen}",
             v.len(),
@@ -403,10 +366,7 @@ pub fn expected<T: Element>(
         )));
     }
     if matches!(args.coll, Collective::Broadcast | Collective::Reduce) && args.root as usize >= n {
-        return Err(ExecError::Buffers(format!(
-            "root {} is outside the {n} ranks",
-            args.root
-        )));
+        return Err(ExecError::Buffers(format!("root {} is outside the {n} ranks", args.root)));
     }
     let c = args.count as usize;
     let mut vals = Vec::with_capacity(n);
@@ -426,9 +386,7 @@ pub fn expected<T: Element>(
         }
         Collective::Reduce => {
             let out = red(&|i| i, c);
-            (0..n)
-                .map(|r| (r == args.root as usize).then(|| out.clone()))
-                .collect()
+            (0..n).map(|r| (r == args.root as usize).then(|| out.clone())).collect()
         }
         Collective::ReduceScatter => (0..n).map(|r| Some(red(&|i| r * c + i, c))).collect(),
         Collective::AllGather => {
@@ -437,18 +395,9 @@ pub fn expected<T: Element>(
         }
         Collective::Broadcast => vec![Some(inputs[args.root as usize].clone()); n],
         Collective::AllToAll => (0..n)
-            .map(|r| {
-                Some(
-                    inputs
-                        .iter()
-                        .flat_map(|v| v[r * c..(r + 1) * c].iter().copied())
-                        .collect(),
-                )
-            })
+            .map(|r| Some(inputs.iter().flat_map(|v| v[r * c..(r + 1) * c].iter().copied()).collect()))
             .collect(),
-        Collective::SendRecv => (0..n)
-            .map(|r| Some(inputs[(r + n - 1) % n].clone()))
-            .collect(),
+        Collective::SendRecv => (0..n).map(|r| Some(inputs[(r + n - 1) % n].clone())).collect(),
     })
 }
 
@@ -629,10 +578,7 @@ mod tests {
             0,
             0,
             root,
-            &[
-                Binding::Peer { rank: 0, port: 0 },
-                Binding::Peer { rank: 2, port: 0 },
-            ],
+            &[Binding::Peer { rank: 0, port: 0 }, Binding::Peer { rank: 2, port: 0 }],
         );
         s.add_stream(2, 0, 0, 0, leaf, &[Binding::Peer { rank: 1, port: 0 }]);
         s
@@ -643,16 +589,10 @@ mod tests {
         for seed in 0..4 {
             let out = execute(s, &inputs, seed).unwrap();
             // Leaves never write their output.
-            assert!(out[0]
-                .output
-                .iter()
-                .all(|x| x.to_bits() == T::sentinel().to_bits()));
+            assert!(out[0].output.iter().all(|x| x.to_bits() == T::sentinel().to_bits()));
             outs.push(out[1].output.clone());
         }
-        assert!(outs.windows(2).all(|w| w[0]
-            .iter()
-            .zip(&w[1])
-            .all(|(a, b)| a.to_bits() == b.to_bits())));
+        assert!(outs.windows(2).all(|w| w[0].iter().zip(&w[1]).all(|(a, b)| a.to_bits() == b.to_bits())));
         outs.swap_remove(0)
     }
 
@@ -661,32 +601,16 @@ mod tests {
         let h = |x: f32| f16::from_f32(x);
         // ((2048 + 1) + 1) in f16: 2049 rounds to 2048 (even), twice; one f32 sum would give 2050.
         let s = gather3(DType::F16, RedOp::Sum, 1, false);
-        assert_eq!(
-            root_output(&s, [vec![h(2048.0)], vec![h(1.0)], vec![h(1.0)]]),
-            vec![h(2048.0)]
-        );
+        assert_eq!(root_output(&s, [vec![h(2048.0)], vec![h(1.0)], vec![h(1.0)]]), vec![h(2048.0)]);
         // The order is slot order then local: ((1 + 1) + 2048) = 2050 exactly.
-        assert_eq!(
-            root_output(&s, [vec![h(1.0)], vec![h(2048.0)], vec![h(1.0)]]),
-            vec![h(2050.0)]
-        );
+        assert_eq!(root_output(&s, [vec![h(1.0)], vec![h(2048.0)], vec![h(1.0)]]), vec![h(2050.0)]);
         let b = |x: f32| bf16::from_f32(x);
         let s = gather3(DType::BF16, RedOp::Sum, 1, false);
-        assert_eq!(
-            root_output(&s, [vec![b(256.0)], vec![b(1.0)], vec![b(1.0)]]),
-            vec![b(256.0)]
-        );
+        assert_eq!(root_output(&s, [vec![b(256.0)], vec![b(1.0)], vec![b(1.0)]]), vec![b(256.0)]);
         // Avg divides once, at the postop, through f32: 3 / 3.
         let s = gather3(DType::F16, RedOp::Avg, 2, true);
         assert_eq!(
-            root_output(
-                &s,
-                [
-                    vec![h(1.0), h(0.5)],
-                    vec![h(1.0), h(0.5)],
-                    vec![h(1.0), h(1.0)]
-                ]
-            ),
+            root_output(&s, [vec![h(1.0), h(0.5)], vec![h(1.0), h(0.5)], vec![h(1.0), h(1.0)]]),
             vec![h(1.0), h(f32::from(h(2.0)) / 3.0)]
         );
     }
@@ -694,10 +618,7 @@ mod tests {
     #[test]
     fn integers_wrap_and_avg_truncates() {
         let s = gather3(DType::I8, RedOp::Sum, 2, false);
-        assert_eq!(
-            root_output(&s, [vec![100i8, -128], vec![100, -1], vec![1, 0]]),
-            vec![-55, 127]
-        );
+        assert_eq!(root_output(&s, [vec![100i8, -128], vec![100, -1], vec![1, 0]]), vec![-55, 127]);
         let s = gather3(DType::I32, RedOp::Avg, 3, true);
         assert_eq!(
             root_output(&s, [vec![7, -7, i32::MAX], vec![1, 0, 1], vec![0, -1, 0]]),
@@ -720,16 +641,10 @@ mod tests {
             vec![-3.0f32, -0.25]
         );
         let s = gather3(DType::F64, RedOp::Avg, 1, true);
-        assert_eq!(
-            root_output(&s, [vec![1.0], vec![2.0], vec![4.0]]),
-            vec![7.0f64 / 3.0]
-        );
+        assert_eq!(root_output(&s, [vec![1.0], vec![2.0], vec![4.0]]), vec![7.0f64 / 3.0]);
         let s = gather3(DType::F32, RedOp::Sum, 1, false);
         // (1e8 + 1) + 1 loses both ones in f32.
-        assert_eq!(
-            root_output(&s, [vec![1e8f32], vec![1.0], vec![1.0]]),
-            vec![1e8f32]
-        );
+        assert_eq!(root_output(&s, [vec![1e8f32], vec![1.0], vec![1.0]]), vec![1e8f32]);
     }
 
     #[test]
@@ -740,47 +655,25 @@ mod tests {
         assert_eq!(bytes.len(), 4);
         assert_eq!(from_le_bytes::<bf16>(&bytes), v.to_vec());
         let out = execute_bytes(&s, &[bytes.clone(), bytes.clone(), bytes.clone()], 0).unwrap();
-        assert_eq!(
-            from_le_bytes::<bf16>(&out[1].output),
-            vec![bf16::from_f32(4.5), bf16::from_f32(-6.0)]
-        );
+        assert_eq!(from_le_bytes::<bf16>(&out[1].output), vec![bf16::from_f32(4.5), bf16::from_f32(-6.0)]);
         let e = execute::<f32>(&s, &[vec![0.0; 2], vec![0.0; 2], vec![0.0; 2]], 0).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "the schedule computes on bfloat16 but the buffers hold float"
-        );
+        assert_eq!(e.to_string(), "the schedule computes on bfloat16 but the buffers hold float");
         let e = execute_bytes(&s, &[bytes.clone(), bytes.clone()], 0).unwrap_err();
-        assert!(
-            e.to_string().contains("3 ranks but 2 sets of buffers"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("3 ranks but 2 sets of buffers"), "{e}");
         let e = execute_bytes(&s, &[bytes.clone(), bytes.clone(), vec![0; 3]], 0).unwrap_err();
         assert!(e.to_string().contains("rank 2's input has 3 bytes"), "{e}");
         let e = execute_bytes(&s, &[bytes.clone(), bytes.clone(), vec![0; 2]], 0).unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("rank 2's input buffer has 1 elements; the schedule needs 2"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("rank 2's input buffer has 1 elements; the schedule needs 2"), "{e}");
     }
 
     #[test]
     fn the_oracle_reduces_floats_in_f64_and_rounds_once() {
-        let args = CollArgs {
-            coll: Collective::AllReduce,
-            count: 1,
-            dtype: DType::F16,
-            redop: RedOp::Sum,
-            root: 0,
-        };
+        let args =
+            CollArgs { coll: Collective::AllReduce, count: 1, dtype: DType::F16, redop: RedOp::Sum, root: 0 };
         let h = |x: f32| vec![f16::from_f32(x)];
         let out = expected(&args, &[h(2048.0), h(1.0), h(1.0)]).unwrap();
         assert_eq!(out[0], Some(h(2050.0)));
-        let args = CollArgs {
-            redop: RedOp::Avg,
-            dtype: DType::I8,
-            ..args
-        };
+        let args = CollArgs { redop: RedOp::Avg, dtype: DType::I8, ..args };
         let out = expected(&args, &[vec![100i8], vec![100], vec![-1]]).unwrap();
         // The sum wraps (199 -> -57), then truncates: -19.
         assert_eq!(out[2], Some(vec![-19]));

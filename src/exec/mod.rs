@@ -5,6 +5,6 @@
 //! Architecture invariant: backends consume a [`crate::schedule::Schedule`] and a fabric;
 //! they know nothing of which algorithm produced the schedule.
 
-pub mod cpu;
 pub mod analytic;
+pub mod cpu;
 pub mod simulate;

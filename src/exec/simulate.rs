@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::engine::{Engine, EngineApi, Granularity, Handler, NoObserver, Observer, PathRef, ResourceId};
 use crate::fabric::params::{kind_index, Resolved};
+use crate::fabric::routing::TreePaths;
 use crate::fabric::{DeviceKind, Fabric, LinkClass, LinkId, LinkKind, PathType, RouteOpts, Router};
 use crate::schedule::{Binding, GroupKind, Op, Schedule, SwitchKind};
 use crate::units::{Bandwidth, SimTime};
@@ -41,7 +42,13 @@ pub struct SimOpts {
 
 impl Default for SimOpts {
     fn default() -> Self {
-        SimOpts { granularity: Granularity::Path, fold_channels: true, seed: 0, gpus_per_thread: 1, pxn: true }
+        SimOpts {
+            granularity: Granularity::Path,
+            fold_channels: true,
+            seed: 0,
+            gpus_per_thread: 1,
+            pxn: true,
+        }
     }
 }
 
@@ -346,9 +353,10 @@ impl<'a> Sim<'a> {
             }
         }
         // Switch groups: paths of every member (all channels count for the shares).
-        let mut group_paths: BTreeMap<u32, (Vec<Vec<LinkId>>, Vec<Vec<LinkId>>)> = BTreeMap::new();
+        let mut group_paths: BTreeMap<u32, TreePaths> = BTreeMap::new();
         for (gi, g) in s.groups.iter().enumerate() {
-            let (ups, downs) = group_links(f, router, g.kind, &g.members).map_err(|e| SimError::Group(gi as u32, e))?;
+            let (ups, downs) =
+                group_links(f, router, g.kind, &g.members).map_err(|e| SimError::Group(gi as u32, e))?;
             group_paths.insert(gi as u32, (ups, downs));
         }
         let group_used_by_rep: Vec<bool> = (0..s.groups.len())
@@ -467,7 +475,9 @@ impl<'a> Sim<'a> {
         let mut compute_res = BTreeMap::new();
         for &i in &sim_streams {
             let st = &s.streams[i as usize];
-            if s.instrs(st).iter().any(|ins| matches!(ins.op, Op::Compute(_))) && !compute_res.contains_key(&st.rank) {
+            if s.instrs(st).iter().any(|ins| matches!(ins.op, Op::Compute(_)))
+                && !compute_res.contains_key(&st.rank)
+            {
                 let r = engine.add_resource(Bandwidth(1_000_000_000_000), SimTime::ZERO, u32::MAX);
                 roles.push(ResourceRole::Channel(i));
                 compute_res.insert(st.rank, engine.add_path(&[r]));
@@ -574,13 +584,23 @@ impl<'a> Sim<'a> {
                         let path = if step.reduce { c.reduce_path } else { c.path };
                         let extra = c.step_latency;
                         let wire = self.wire(bytes);
-                        let tag = self.new_flow(FlowRec { stream: k, op: i as u32, bytes, kind: FlowKind::Send { conn: sc as u32 } });
+                        let tag = self.new_flow(FlowRec {
+                            stream: k,
+                            op: i as u32,
+                            bytes,
+                            kind: FlowKind::Send { conn: sc as u32 },
+                        });
                         api.flow(now, path, wire, extra, tag);
                         n += 1;
                     }
                     if n == 0 {
-                        let path = if step.reduce { self.streams[ku].reducer_path } else { self.streams[ku].engine_path };
-                        let tag = self.new_flow(FlowRec { stream: k, op: i as u32, bytes, kind: FlowKind::Local });
+                        let path = if step.reduce {
+                            self.streams[ku].reducer_path
+                        } else {
+                            self.streams[ku].engine_path
+                        };
+                        let tag =
+                            self.new_flow(FlowRec { stream: k, op: i as u32, bytes, kind: FlowKind::Local });
                         api.flow(now, path, bytes, SimTime::ZERO, tag);
                         n = 1;
                     }
@@ -604,7 +624,8 @@ impl<'a> Sim<'a> {
                 Op::Compute(c) => {
                     let path = self.compute_res.get(&st.rank).copied().unwrap_or(PathRef::EMPTY);
                     let ps = (self.compute_seconds(c.flops, c.bytes) * 1e12) as u64;
-                    let tag = self.new_flow(FlowRec { stream: k, op: i as u32, bytes: 0, kind: FlowKind::Compute });
+                    let tag =
+                        self.new_flow(FlowRec { stream: k, op: i as u32, bytes: 0, kind: FlowKind::Compute });
                     api.flow(now, path, ps, SimTime::ZERO, tag);
                     self.streams[ku].pending[i] = 1;
                 }
@@ -637,7 +658,15 @@ impl<'a> Sim<'a> {
         (flops / peak).max(bytes as f64 / hbm)
     }
 
-    fn start_switch(&mut self, api: &mut dyn EngineApi, gk: u32, inst: u32, phase: u8, kind: SwitchKind, bytes: u64) {
+    fn start_switch(
+        &mut self,
+        api: &mut dyn EngineApi,
+        gk: u32,
+        inst: u32,
+        phase: u8,
+        kind: SwitchKind,
+        bytes: u64,
+    ) {
         let g = &self.groups[gk as usize];
         let (eff, step) = match g.kind {
             GroupKind::Nvls => (self.p.nvls_eff, self.p.nvls_step),
@@ -657,7 +686,9 @@ impl<'a> Sim<'a> {
                 api.fan(now, &[all_ups[h as usize]], &all_downs, wire, SimTime::ZERO, tag)
             }
             (SwitchKind::AllReduce { head: None }, _) => api.fan(now, &all_ups, &all_downs, wire, step, tag),
-            (SwitchKind::ReduceTo { to }, _) => api.fan(now, &all_ups, &[all_downs[to as usize]], wire, step, tag),
+            (SwitchKind::ReduceTo { to }, _) => {
+                api.fan(now, &all_ups, &[all_downs[to as usize]], wire, step, tag)
+            }
             (SwitchKind::Multicast { from }, _) => {
                 api.fan(now, &[all_ups[from as usize]], &all_downs, wire, step, tag)
             }
@@ -700,8 +731,13 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn finish<O: Observer>(self, engine: Engine<O>, end: SimTime) -> Result<(SimResult, O, Vec<ResourceRole>), SimError> {
-        if let Some((k, ss)) = self.streams.iter().enumerate().find(|(_, ss)| !ss.finished || ss.pc < ss.len) {
+    fn finish<O: Observer>(
+        self,
+        engine: Engine<O>,
+        end: SimTime,
+    ) -> Result<(SimResult, O, Vec<ResourceRole>), SimError> {
+        if let Some((k, ss)) = self.streams.iter().enumerate().find(|(_, ss)| !ss.finished || ss.pc < ss.len)
+        {
             let st = &self.s.streams[self.sim_streams[k] as usize];
             return Err(SimError::Deadlock(format!(
                 "stream of rank {} on channel {} stopped at op {} of {}",
@@ -734,9 +770,6 @@ const TAG_WAKE: u64 = 2;
 
 fn timer_tag(k: u32) -> u64 {
     (TAG_TIMER << TAG_KIND_SHIFT) | k as u64
-}
-fn wake_tag(k: u32) -> u64 {
-    (TAG_WAKE << TAG_KIND_SHIFT) | k as u64
 }
 
 impl Handler for Sim<'_> {
@@ -793,7 +826,7 @@ impl Handler for Sim<'_> {
 
 /// Link paths of a switch group: for each member, the path up to the merge point and the
 /// path back down.
-fn group_links(f: &Fabric, router: &Router, kind: GroupKind, members: &[u32]) -> Result<(Vec<Vec<LinkId>>, Vec<Vec<LinkId>>), String> {
+fn group_links(f: &Fabric, router: &Router, kind: GroupKind, members: &[u32]) -> Result<TreePaths, String> {
     match kind {
         GroupKind::Nvls => {
             let mut ups = Vec::new();
@@ -813,7 +846,8 @@ fn group_links(f: &Fabric, router: &Router, kind: GroupKind, members: &[u32]) ->
             }
             Ok((ups, downs))
         }
-        GroupKind::Sharp => router.sharp_tree(members).ok_or_else(|| "no SHARP aggregation tree joins these ranks".to_string()),
+        GroupKind::Sharp => router
+            .sharp_tree(members)
+            .ok_or_else(|| "no SHARP aggregation tree joins these ranks".to_string()),
     }
 }
-

@@ -3,8 +3,8 @@
 //! or plain fat tree, two or three tiers, with oversubscription), computes the node
 //! template's routing table once, and checks that every rank reaches every other.
 
-use std::collections::BinaryHeap;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use super::routing::{classify_local, PathType};
 use super::spec::*;
@@ -190,7 +190,13 @@ pub fn build(spec: &TopologySpec, opts: &BuildOpts) -> Result<Fabric, TopologyEr
             }
             let nic_lat = kind_latency(LinkKind::Net, ns.link_latency);
             network = Some(super::generators::build_network(
-                spec, ns, &host_nodes, &mut devices, &mut links, nic_lat, nodes,
+                spec,
+                ns,
+                &host_nodes,
+                &mut devices,
+                &mut links,
+                nic_lat,
+                nodes,
             )?);
         }
     }
@@ -225,7 +231,10 @@ fn restrict_gpus(spec: &TopologySpec, n: Option<u32>) -> Result<NodeTemplate, To
     if n == 0 || n > have {
         return Err(err(
             spec,
-            format!("--gpus {n} is not possible: a node of {} has {have} GPUs (valid: 1..={have})", spec.name),
+            format!(
+                "--gpus {n} is not possible: a node of {} has {have} GPUs (valid: 1..={have})",
+                spec.name
+            ),
         ));
     }
     let drop: Vec<u32> = t.gpus[n as usize..].to_vec();

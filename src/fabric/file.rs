@@ -351,10 +351,7 @@ fn parse_bw(src: &Source, s: &Spanned<String>) -> Result<Bandwidth, TopologyErro
     if bw > MAX_BW {
         return Err(src.at(
             s.span(),
-            format!(
-                "{:?} is more than any link or memory carries; valid: up to 1 PB/s",
-                s.get_ref()
-            ),
+            format!("{:?} is more than any link or memory carries; valid: up to 1 PB/s", s.get_ref()),
         ));
     }
     Ok(bw)
@@ -362,9 +359,7 @@ fn parse_bw(src: &Source, s: &Spanned<String>) -> Result<Bandwidth, TopologyErro
 
 fn parse_lat(src: &Source, s: &Option<Spanned<String>>) -> Result<Option<SimTime>, TopologyError> {
     match s {
-        Some(s) => units::parse_time(s.get_ref())
-            .map(Some)
-            .map_err(|e| src.at(s.span(), e.to_string())),
+        Some(s) => units::parse_time(s.get_ref()).map(Some).map_err(|e| src.at(s.span(), e.to_string())),
         None => Ok(None),
     }
 }
@@ -428,8 +423,7 @@ fn to_gpu(src: &Source, g: &GpuFile) -> Result<GpuSpec, TopologyError> {
             format!("sm = {sm} is not a compute capability; valid values are like 70, 80, 90, 100"),
         ));
     }
-    let hbm_bytes =
-        units::parse_bytes(g.hbm.get_ref()).map_err(|e| src.at(g.hbm.span(), e.to_string()))?;
+    let hbm_bytes = units::parse_bytes(g.hbm.get_ref()).map_err(|e| src.at(g.hbm.span(), e.to_string()))?;
     if hbm_bytes == 0 {
         return Err(src.at(g.hbm.span(), "hbm must be positive, e.g. \"80GB\""));
     }
@@ -503,9 +497,7 @@ fn to_node(src: &Source, n: &NodeFile) -> Result<NodeTemplate, TopologyError> {
             if devices.len() + count as usize > MAX_NODE_DEVICES {
                 return Err(src.at(
                     c.span(),
-                    format!(
-                        "a node holds at most {MAX_NODE_DEVICES} devices; count = {count} goes beyond"
-                    ),
+                    format!("a node holds at most {MAX_NODE_DEVICES} devices; count = {count} goes beyond"),
                 ));
             }
         }
@@ -536,10 +528,9 @@ fn to_node(src: &Source, n: &NodeFile) -> Result<NodeTemplate, TopologyError> {
                     gpus.push(first + i);
                     DeviceKind::Gpu
                 }
-                "nvswitch" => DeviceKind::NvSwitch {
-                    chips: d.chips.unwrap_or(1),
-                    nvls: d.nvls.unwrap_or(false),
-                },
+                "nvswitch" => {
+                    DeviceKind::NvSwitch { chips: d.chips.unwrap_or(1), nvls: d.nvls.unwrap_or(false) }
+                }
                 "pcie_switch" => DeviceKind::PcieSwitch,
                 "cpu" => {
                     let v = match d.vendor.as_ref().map(|v| v.get_ref().as_str()) {
@@ -571,10 +562,9 @@ fn to_node(src: &Source, n: &NodeFile) -> Result<NodeTemplate, TopologyError> {
                     DeviceKind::Nic { rate, gdr: d.gdr.unwrap_or(true), rail }
                 }
                 other => {
-                    return Err(src.at(
-                        d.kind.span(),
-                        format!("unknown device kind {other:?}; valid kinds: {KINDS}"),
-                    ))
+                    return Err(
+                        src.at(d.kind.span(), format!("unknown device kind {other:?}; valid kinds: {KINDS}"))
+                    )
                 }
             };
             devices.push(DeviceTemplate { name: inst, kind, model: d.model.clone() });
@@ -603,15 +593,14 @@ fn to_node(src: &Source, n: &NodeFile) -> Result<NodeTemplate, TopologyError> {
 fn resolve_pattern(pat: &str, groups: &Groups) -> Result<Vec<u32>, String> {
     let (name, sel) = match pat.find('[') {
         Some(i) if pat.ends_with(']') => (&pat[..i], Some(&pat[i + 1..pat.len() - 1])),
-        Some(_) => return Err(format!("bad device pattern {pat:?}: expected name[3], name[0-3] or name[0,2]")),
+        Some(_) => {
+            return Err(format!("bad device pattern {pat:?}: expected name[3], name[0-3] or name[0,2]"))
+        }
         None => (pat, None),
     };
     let Some(&(first, count)) = groups.get(name) else {
         let valid: Vec<&str> = groups.keys().map(|s| s.as_str()).collect();
-        return Err(format!(
-            "no device named {name:?}; devices declared in this node: {}",
-            valid.join(", ")
-        ));
+        return Err(format!("no device named {name:?}; devices declared in this node: {}", valid.join(", ")));
     };
     let Some(sel) = sel else {
         return Ok((first..first + count).collect());
@@ -761,10 +750,7 @@ fn to_domain(src: &Source, d: &DomainFile) -> Result<DomainSpec, TopologyError> 
     if !(1..=MAX_LANES).contains(d.lanes.get_ref()) {
         return Err(src.at(
             d.lanes.span(),
-            format!(
-                "nvlink_domain.lanes = {} is not valid; valid: 1 to {MAX_LANES}",
-                d.lanes.get_ref()
-            ),
+            format!("nvlink_domain.lanes = {} is not valid; valid: 1 to {MAX_LANES}", d.lanes.get_ref()),
         ));
     }
     let gen = *d.gen.get_ref();
@@ -846,8 +832,10 @@ fn to_network(src: &Source, n: &NetworkFile) -> Result<NetworkSpec, TopologyErro
     }
     let nodes_per_su = n.nodes_per_su.as_ref().map(|s| *s.get_ref()).unwrap_or(32);
     if nodes_per_su == 0 {
-        return Err(src.at(n.nodes_per_su.as_ref().map(|s| s.span()).unwrap_or(n.topology.span()),
-            "nodes_per_su must be at least 1"));
+        return Err(src.at(
+            n.nodes_per_su.as_ref().map(|s| s.span()).unwrap_or(n.topology.span()),
+            "nodes_per_su must be at least 1",
+        ));
     }
     Ok(NetworkSpec {
         topology,

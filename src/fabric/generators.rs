@@ -29,11 +29,7 @@ impl Net<'_> {
         let id = DeviceId(self.devices.len() as u32);
         self.devices.push(Device {
             name,
-            kind: DeviceKind::NetSwitch {
-                tier,
-                radix: spec.switch.radix,
-                sharp: spec.switch.sharp.clone(),
-            },
+            kind: DeviceKind::NetSwitch { tier, radix: spec.switch.radix, sharp: spec.switch.sharp.clone() },
             node: None,
             model: Some(spec.switch.model.clone()),
         });
@@ -42,7 +38,14 @@ impl Net<'_> {
     /// A full-duplex port between two devices; `a_lat` is the latency of a -> b.
     fn cable(&mut self, a: DeviceId, b: DeviceId, a_lat: SimTime, b_lat: SimTime) {
         for (s, t, lat) in [(a, b, a_lat), (b, a, b_lat)] {
-            self.links.push(Link { src: s, dst: t, kind: LinkKind::Net, bw: self.rate, latency: lat, lanes: 1 });
+            self.links.push(Link {
+                src: s,
+                dst: t,
+                kind: LinkKind::Net,
+                bw: self.rate,
+                latency: lat,
+                lanes: 1,
+            });
         }
     }
 }
@@ -150,7 +153,10 @@ pub(crate) fn build_network(
             let leaves_per_pod = match ns.topology {
                 NetTopology::RailOptimized => {
                     if rails > half {
-                        return Err(err(spec, format!("{rails} rails do not fit pods of switches with radix {radix}")));
+                        return Err(err(
+                            spec,
+                            format!("{rails} rails do not fit pods of switches with radix {radix}"),
+                        ));
                     }
                     (half / rails).max(1) * rails
                 }
@@ -163,9 +169,8 @@ pub(crate) fn build_network(
                 .map(|j| (0..groups).map(|g| net.switch(format!("core{j}.{g}"), 2, ns)).collect())
                 .collect();
             for p in 0..pods {
-                let spines: Vec<DeviceId> = (0..spines_per_pod)
-                    .map(|j| net.switch(format!("pod{p}.spine{j}"), 1, ns))
-                    .collect();
+                let spines: Vec<DeviceId> =
+                    (0..spines_per_pod).map(|j| net.switch(format!("pod{p}.spine{j}"), 1, ns)).collect();
                 let l0 = p * leaves_per_pod;
                 let l1 = (l0 + leaves_per_pod).min(nleaves);
                 for (i, &leaf) in leaves[l0 as usize..l1 as usize].iter().enumerate() {

@@ -256,9 +256,7 @@ fn scan(src: &Source) -> Result<Positions, TopologyError> {
                 return Err(at_offset(
                     src,
                     offset,
-                    format!(
-                        "a second root element <{name}>: an NCCL topology has one <system> root"
-                    ),
+                    format!("a second root element <{name}>: an NCCL topology has one <system> root"),
                 ));
             }
             root_seen = true;
@@ -316,12 +314,7 @@ fn at_offset(src: &Source, offset: usize, msg: impl Into<String>) -> TopologyErr
         o -= 1;
     }
     let (line, col) = line_col(&src.text, o);
-    TopologyError::At {
-        file: src.path.display().to_string(),
-        line,
-        col,
-        msg: msg.into(),
-    }
+    TopologyError::At { file: src.path.display().to_string(), line, col, msg: msg.into() }
 }
 
 // ---------------------------------------------------------------- GPU models
@@ -394,10 +387,8 @@ fn nvlink_gen(sm: u32) -> u8 {
 
 /// PCIe generation and width of a `pci` element, read as NCCL reads them.
 fn pcie_kind(speed: Option<&str>, width: Option<&str>) -> LinkKind {
-    let gts: f64 = speed
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(8.0);
+    let gts: f64 =
+        speed.and_then(|s| s.split_whitespace().next()).and_then(|s| s.parse().ok()).unwrap_or(8.0);
     let gen = match gts {
         g if g < 4.0 => 1,
         g if g < 6.0 => 2,
@@ -406,10 +397,8 @@ fn pcie_kind(speed: Option<&str>, width: Option<&str>) -> LinkKind {
         g if g < 48.0 => 5,
         _ => 6,
     };
-    let width = width
-        .and_then(|w| w.trim().parse::<u8>().ok())
-        .filter(|w| (1..=32).contains(w))
-        .unwrap_or(16);
+    let width =
+        width.and_then(|w| w.trim().parse::<u8>().ok()).filter(|w| (1..=32).contains(w)).unwrap_or(16);
     LinkKind::Pcie { gen, width }
 }
 
@@ -472,14 +461,7 @@ impl Builder<'_> {
     }
 
     fn link(&mut self, a: u32, b: u32, kind: LinkKind, bw: Bandwidth, lanes: u32) {
-        self.links.push(LinkTemplate {
-            a,
-            b,
-            kind,
-            bw,
-            latency: None,
-            lanes,
-        });
+        self.links.push(LinkTemplate { a, b, kind, bw, latency: None, lanes });
     }
 
     fn cpu(&mut self, c: &CpuXml, index: usize) -> Result<(), TopologyError> {
@@ -493,29 +475,15 @@ impl Builder<'_> {
         } else {
             CpuVendor::Intel
         };
-        let numa = c
-            .numaid
-            .as_deref()
-            .and_then(parse_int)
-            .filter(|n| *n >= 0)
-            .unwrap_or(index as i64);
+        let numa = c.numaid.as_deref().and_then(parse_int).filter(|n| *n >= 0).unwrap_or(index as i64);
         let name = format!("cpu{numa}");
         if self.devices.iter().any(|d| d.name == name) {
-            return Err(at_offset(
-                self.src,
-                off,
-                format!("two <cpu> elements with numaid {numa}"),
-            ));
+            return Err(at_offset(self.src, off, format!("two <cpu> elements with numaid {numa}")));
         }
         let model_id = c.modelid.as_deref().and_then(parse_int);
         let family = c.familyid.as_deref().and_then(parse_int);
-        let id = self.device(
-            name,
-            DeviceKind::Cpu { vendor },
-            (!vendor_s.is_empty()).then_some(vendor_s),
-        );
-        self.cpus
-            .push((id, vendor, if family == Some(6) { model_id } else { None }));
+        let id = self.device(name, DeviceKind::Cpu { vendor }, (!vendor_s.is_empty()).then_some(vendor_s));
+        self.cpus.push((id, vendor, if family == Some(6) { model_id } else { None }));
         for ch in &c.children {
             match ch {
                 CpuChild::Pci(p) => self.pci(p, Some(id), Some(id))?,
@@ -534,38 +502,22 @@ impl Builder<'_> {
         for ch in &n.children {
             let NicChild::Net(net) = ch else { continue };
             let off = self.pos.take("net").unwrap_or(0);
-            let dev = net
-                .dev
-                .as_deref()
-                .and_then(parse_int)
-                .unwrap_or(self.nics.len() as i64);
-            let speed = net
-                .speed
-                .as_deref()
-                .and_then(parse_int)
-                .filter(|s| *s > 0)
-                .unwrap_or(10_000);
+            let dev = net.dev.as_deref().and_then(parse_int).unwrap_or(self.nics.len() as i64);
+            let speed = net.speed.as_deref().and_then(parse_int).filter(|s| *s > 0).unwrap_or(10_000);
             if speed > 100_000_000 {
                 return Err(at_offset(
                     self.src,
                     off,
-                    format!("<net> speed=\"{speed}\" Mb/s is beyond any NIC; valid: up to 100000000 (100 Tb/s)"),
+                    format!(
+                        "<net> speed=\"{speed}\" Mb/s is beyond any NIC; valid: up to 100000000 (100 Tb/s)"
+                    ),
                 ));
             }
             let name = format!("nic{dev}");
             if self.devices.iter().any(|d| d.name == name) {
-                return Err(at_offset(
-                    self.src,
-                    off,
-                    format!("two <net> ports with dev=\"{dev}\""),
-                ));
+                return Err(at_offset(self.src, off, format!("two <net> ports with dev=\"{dev}\"")));
             }
-            let gdr = net
-                .gdr
-                .as_deref()
-                .and_then(parse_int)
-                .map(|g| g != 0)
-                .unwrap_or(true);
+            let gdr = net.gdr.as_deref().and_then(parse_int).map(|g| g != 0).unwrap_or(true);
             let rate = Bandwidth::from_gbits(speed as f64 / 1000.0);
             let id = self.device(
                 name,
@@ -578,12 +530,7 @@ impl Builder<'_> {
         Ok(())
     }
 
-    fn pci(
-        &mut self,
-        p: &PciXml,
-        parent: Option<u32>,
-        cpu: Option<u32>,
-    ) -> Result<(), TopologyError> {
+    fn pci(&mut self, p: &PciXml, parent: Option<u32>, cpu: Option<u32>) -> Result<(), TopologyError> {
         let off = self.pos.take("pci").unwrap_or(0);
         let kind = pcie_kind(p.link_speed.as_deref(), p.link_width.as_deref());
         let busid = p.busid.as_deref().map(norm_busid).unwrap_or_default();
@@ -627,17 +574,17 @@ impl Builder<'_> {
                     gpu_seen = true;
                     self.gpu(g, &busid, off, kind, parent, cpu)?;
                 }
-                PciChild::Nic(n) => {
-                    match parent {
-                        Some(par) => self.nic(n, par, kind)?,
-                        None => return Err(at_offset(
+                PciChild::Nic(n) => match parent {
+                    Some(par) => self.nic(n, par, kind)?,
+                    None => {
+                        return Err(at_offset(
                             self.src,
                             off,
                             "a NIC <pci> outside any <cpu>: put it under the <cpu> (NUMA node) it \
                              hangs off",
-                        )),
+                        ))
                     }
-                }
+                },
                 PciChild::Pcilink(l) => {
                     let loff = self.pos.take("pcilink").unwrap_or(off);
                     if let Some(id) = switch {
@@ -663,15 +610,13 @@ impl Builder<'_> {
     ) -> Result<(), TopologyError> {
         let off = self.pos.take("gpu").unwrap_or(pci_off);
         let sm_s = g.sm.as_deref().unwrap_or("");
-        let sm = parse_int(sm_s)
-            .filter(|s| (1..1000).contains(s))
-            .ok_or_else(|| {
-                at_offset(
-                    self.src,
-                    off,
-                    format!("<gpu> has sm=\"{sm_s}\", not a compute capability; known: {KNOWN_SM}"),
-                )
-            })? as u32;
+        let sm = parse_int(sm_s).filter(|s| (1..1000).contains(s)).ok_or_else(|| {
+            at_offset(
+                self.src,
+                off,
+                format!("<gpu> has sm=\"{sm_s}\", not a compute capability; known: {KNOWN_SM}"),
+            )
+        })? as u32;
         if gpu_model(sm, false).is_none() {
             return Err(at_offset(
                 self.src,
@@ -694,18 +639,10 @@ impl Builder<'_> {
             }
             _ => {}
         }
-        let dev = g
-            .dev
-            .as_deref()
-            .and_then(parse_int)
-            .unwrap_or(self.gpus.len() as i64);
+        let dev = g.dev.as_deref().and_then(parse_int).unwrap_or(self.gpus.len() as i64);
         let name = format!("gpu{dev}");
         if self.devices.iter().any(|d| d.name == name) {
-            return Err(at_offset(
-                self.src,
-                off,
-                format!("two <gpu> elements with dev=\"{dev}\""),
-            ));
+            return Err(at_offset(self.src, off, format!("two <gpu> elements with dev=\"{dev}\"")));
         }
         let id = self.device(name, DeviceKind::Gpu, None);
         if let Some(par) = parent {
@@ -725,9 +662,7 @@ impl Builder<'_> {
                         return Err(at_offset(
                             self.src,
                             noff,
-                            format!(
-                                "<nvlink> count={count}: a GPU has 1 to 18 NVLinks to one target"
-                            ),
+                            format!("<nvlink> count={count}: a GPU has 1 to 18 NVLinks to one target"),
                         ));
                     }
                     let tclass = n.tclass.as_deref().and_then(parse_int);
@@ -800,10 +735,7 @@ fn default_network(rate: Bandwidth) -> NetworkSpec {
                 generation,
                 alu_bw: None,
                 max_trees,
-                dtypes: ["f32", "f16", "bf16", "f64", "i32"]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
+                dtypes: ["f32", "f16", "bf16", "f64", "i32"].iter().map(|s| s.to_string()).collect(),
             }),
         },
         nodes_per_su: radix / 2,
@@ -815,22 +747,17 @@ fn default_network(rate: Bandwidth) -> NetworkSpec {
 
 /// Reads an NCCL topology dump (`NCCL_TOPO_DUMP_FILE`) into a validated topology.
 pub fn load_nccl_xml(path: &Path) -> Result<TopologySpec, TopologyError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Io {
-        file: path.display().to_string(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| TopologyError::Io { file: path.display().to_string(), source })?;
     parse_nccl_xml(&text, path)
 }
 
 /// Converts the text of an NCCL topology dump; `path` is used for messages and the name.
 pub fn parse_nccl_xml(text: &str, path: &Path) -> Result<TopologySpec, TopologyError> {
-    let src = Source {
-        path: path.to_path_buf(),
-        text: text.to_string(),
-    };
+    let src = Source { path: path.to_path_buf(), text: text.to_string() };
     let pos = scan(&src)?;
-    let sys: SystemXml = quick_xml::de::from_str(text)
-        .map_err(|e| src.invalid(format!("not an NCCL topology dump: {e}")))?;
+    let sys: SystemXml =
+        quick_xml::de::from_str(text).map_err(|e| src.invalid(format!("not an NCCL topology dump: {e}")))?;
     let mut b = Builder {
         src: &src,
         pos,
@@ -862,9 +789,9 @@ pub fn parse_nccl_xml(text: &str, path: &Path) -> Result<TopologySpec, TopologyE
         }
     }
     let Some((sm, _)) = b.sm else {
-        return Err(src.invalid(
-            "the dump has no <gpu> element (a <gpu dev=.. sm=..> inside a <pci> inside a <cpu>)",
-        ));
+        return Err(
+            src.invalid("the dump has no <gpu> element (a <gpu dev=.. sm=..> inside a <pci> inside a <cpu>)")
+        );
     };
 
     // CPUs of the node are joined pairwise, as NCCL does.
@@ -892,7 +819,9 @@ pub fn parse_nccl_xml(text: &str, path: &Path) -> Result<TopologySpec, TopologyE
                 return Err(at_offset(
                     &src,
                     *off,
-                    format!("this GPU has {lanes} NVLinks to NVSwitches; a GPU has at most 18 (256 accepted)"),
+                    format!(
+                        "this GPU has {lanes} NVLinks to NVSwitches; a GPU has at most 18 (256 accepted)"
+                    ),
                 ));
             }
             chips.insert(target.clone());
@@ -921,30 +850,15 @@ pub fn parse_nccl_xml(text: &str, path: &Path) -> Result<TopologySpec, TopologyE
     if !to_switch.is_empty() {
         let sw = b.device(
             "nvswitch".into(),
-            DeviceKind::NvSwitch {
-                chips: chips.len().max(1) as u32,
-                nvls: sm >= 90,
-            },
+            DeviceKind::NvSwitch { chips: chips.len().max(1) as u32, nvls: sm >= 90 },
             None,
         );
         for (g, lanes) in to_switch {
-            b.link(
-                g,
-                sw,
-                LinkKind::NvLink { gen },
-                Bandwidth(lane.0.saturating_mul(lanes as u64)),
-                lanes,
-            );
+            b.link(g, sw, LinkKind::NvLink { gen }, Bandwidth(lane.0.saturating_mul(lanes as u64)), lanes);
         }
     }
     for ((x, y), lanes) in gpu_pairs {
-        b.link(
-            x,
-            y,
-            LinkKind::NvLink { gen },
-            Bandwidth(lane.0.saturating_mul(lanes as u64)),
-            lanes,
-        );
+        b.link(x, y, LinkKind::NvLink { gen }, Bandwidth(lane.0.saturating_mul(lanes as u64)), lanes);
     }
     let has_c2c = !b.c2c.is_empty();
     for (g, cpu, bw) in std::mem::take(&mut b.c2c) {
@@ -955,11 +869,7 @@ pub fn parse_nccl_xml(text: &str, path: &Path) -> Result<TopologySpec, TopologyE
     for (d, off, target, kind) in std::mem::take(&mut b.pcilinks) {
         match b.busid_dev.get(&target) {
             Some(&t) if t != d => {
-                if !b
-                    .links
-                    .iter()
-                    .any(|l| (l.a == t && l.b == d) || (l.a == d && l.b == t))
-                {
+                if !b.links.iter().any(|l| (l.a == t && l.b == d) || (l.a == d && l.b == t)) {
                     b.link(d, t, kind, pcie_bw(kind), pcie_lanes(kind));
                 }
             }
@@ -967,9 +877,7 @@ pub fn parse_nccl_xml(text: &str, path: &Path) -> Result<TopologySpec, TopologyE
                 return Err(at_offset(
                     &src,
                     off,
-                    format!(
-                        "<pcilink target=\"{target}\"> names no other <pci> element of this file"
-                    ),
+                    format!("<pcilink target=\"{target}\"> names no other <pci> element of this file"),
                 ))
             }
         }
@@ -987,10 +895,7 @@ pub fn parse_nccl_xml(text: &str, path: &Path) -> Result<TopologySpec, TopologyE
         x
     }
     for l in &b.links {
-        let (ra, rc) = (
-            find(&mut parent, l.a as usize),
-            find(&mut parent, l.b as usize),
-        );
+        let (ra, rc) = (find(&mut parent, l.a as usize), find(&mut parent, l.b as usize));
         parent[ra] = rc;
     }
     let mut gpus = b.gpus.clone();
@@ -1030,10 +935,7 @@ pub fn parse_nccl_xml(text: &str, path: &Path) -> Result<TopologySpec, TopologyE
     let model = gpu_model(sm, has_c2c).ok_or_else(|| src.invalid(format!("unknown sm {sm}")))?;
     let cpu_vendor = b.cpus.first().map(|c| c.1).unwrap_or(CpuVendor::Intel);
     let [fp64, fp32, tf32, bf16, fp16, fp8, fp4] = model.flops.map(|t| t * 1e12);
-    let name = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let spec = TopologySpec {
         name,
         description: format!(
@@ -1049,15 +951,7 @@ pub fn parse_nccl_xml(text: &str, path: &Path) -> Result<TopologySpec, TopologyE
             sm_count: model.sm_count,
             hbm_bytes: (model.hbm_gb * 1e9) as u64,
             hbm_bw: Bandwidth::from_gbytes(model.hbm_tbps * 1000.0),
-            flops: Flops {
-                fp64,
-                fp32,
-                tf32,
-                bf16,
-                fp16,
-                fp8,
-                fp4,
-            },
+            flops: Flops { fp64, fp32, tf32, bf16, fp16, fp8, fp4 },
         },
         node: NodeTemplate {
             devices: b.devices,
@@ -1066,11 +960,7 @@ pub fn parse_nccl_xml(text: &str, path: &Path) -> Result<TopologySpec, TopologyE
             nics: nics.iter().map(|x| x.1).collect(),
             cpu_vendor,
         },
-        cluster: ClusterSpec {
-            default_nodes: 1,
-            domain: None,
-            network: fastest.map(default_network),
-        },
+        cluster: ClusterSpec { default_nodes: 1, domain: None, network: fastest.map(default_network) },
         params: None,
         source: path.to_path_buf(),
     };
@@ -1084,33 +974,19 @@ mod tests {
 
     #[test]
     fn pcie_speeds_read_like_nccl() {
-        assert_eq!(
-            pcie_kind(Some("32.0 GT/s PCIe"), Some("16")),
-            LinkKind::Pcie { gen: 5, width: 16 }
-        );
-        assert_eq!(
-            pcie_kind(Some("16 GT/s"), Some("8")),
-            LinkKind::Pcie { gen: 4, width: 8 }
-        );
-        assert_eq!(
-            pcie_kind(Some("2.5 GT/s PCIe"), None),
-            LinkKind::Pcie { gen: 1, width: 16 }
-        );
-        assert_eq!(
-            pcie_kind(Some("Unknown"), Some("0")),
-            LinkKind::Pcie { gen: 3, width: 16 }
-        );
+        assert_eq!(pcie_kind(Some("32.0 GT/s PCIe"), Some("16")), LinkKind::Pcie { gen: 5, width: 16 });
+        assert_eq!(pcie_kind(Some("16 GT/s"), Some("8")), LinkKind::Pcie { gen: 4, width: 8 });
+        assert_eq!(pcie_kind(Some("2.5 GT/s PCIe"), None), LinkKind::Pcie { gen: 1, width: 16 });
+        assert_eq!(pcie_kind(Some("Unknown"), Some("0")), LinkKind::Pcie { gen: 3, width: 16 });
         assert_eq!(pcie_bw(LinkKind::Pcie { gen: 5, width: 16 }).gbytes(), 63.0);
     }
 
     #[test]
     fn malformed_xml_is_located() {
-        let e = parse_nccl_xml(
-            "<system version=\"1\">\n  <cpu numaid=\"0\">\n</system>\n",
-            Path::new("t.xml"),
-        )
-        .unwrap_err()
-        .to_string();
+        let e =
+            parse_nccl_xml("<system version=\"1\">\n  <cpu numaid=\"0\">\n</system>\n", Path::new("t.xml"))
+                .unwrap_err()
+                .to_string();
         assert!(e.starts_with("t.xml:"), "{e}");
         assert!(e.contains("malformed XML"), "{e}");
     }

@@ -73,6 +73,9 @@ pub struct Route {
     pub relay: Option<u32>,
 }
 
+/// Per member of an aggregation tree: the links up to the root, and the links back down.
+pub type TreePaths = (Vec<Vec<LinkId>>, Vec<Vec<LinkId>>);
+
 /// How to route.
 #[derive(Clone, Copy, Debug)]
 pub struct RouteOpts {
@@ -129,9 +132,7 @@ impl<'f> Router<'f> {
                 .collect();
             best.sort();
             let top = best.first().map(|b| (b.0, b.1));
-            gpu_rails.push(
-                best.iter().filter(|b| Some((b.0, b.1)) == top).map(|b| b.2).collect::<Vec<_>>(),
-            );
+            gpu_rails.push(best.iter().filter(|b| Some((b.0, b.1)) == top).map(|b| b.2).collect::<Vec<_>>());
         }
         let mut rail_owner = vec![None; nics.len()];
         // Assign rails to GPUs round-robin among GPUs that share the same closest NICs.
@@ -151,14 +152,7 @@ impl<'f> Router<'f> {
         let rail_offset = (0..gpu_rails.len())
             .map(|g| gpu_rails[..g].iter().filter(|r| **r == gpu_rails[g]).count() as u32)
             .collect();
-        Router {
-            fabric,
-            seed,
-            gpu_rails,
-            rail_offset,
-            rail_owner,
-            leaf_dist: RefCell::new(BTreeMap::new()),
-        }
+        Router { fabric, seed, gpu_rails, rail_offset, rail_owner, leaf_dist: RefCell::new(BTreeMap::new()) }
     }
 
     /// The fabric routed on.
@@ -179,8 +173,11 @@ impl<'f> Router<'f> {
         // A GPU uses the NICs it owns (NCCL gives each GPU its own NIC when GPUs share a
         // PCIe switch with several NICs: netsPerGpu = NICs / GPUs of that NIC); only a GPU
         // that owns none spreads its channels over its closest NICs.
-        let owned: Vec<u32> =
-            rails.iter().copied().filter(|&r| self.rail_owner.get(r as usize) == Some(&Some(local_gpu))).collect();
+        let owned: Vec<u32> = rails
+            .iter()
+            .copied()
+            .filter(|&r| self.rail_owner.get(r as usize) == Some(&Some(local_gpu)))
+            .collect();
         if !owned.is_empty() {
             return Some(owned[channel as usize % owned.len()]);
         }
@@ -232,7 +229,12 @@ impl<'f> Router<'f> {
             if let Some(sw) = f.domains[da as usize].nvswitch {
                 let (ga, gb) = (f.gpus[a as usize], f.gpus[b as usize]);
                 if let (Some(l1), Some(l2)) = (f.link_between(ga, sw), f.link_between(sw, gb)) {
-                    return Some(Route { links: vec![l1, l2], path_type: PathType::Nvl, rail: None, relay: None });
+                    return Some(Route {
+                        links: vec![l1, l2],
+                        path_type: PathType::Nvl,
+                        rail: None,
+                        relay: None,
+                    });
                 }
             }
         }
@@ -309,7 +311,9 @@ impl<'f> Router<'f> {
         while let Some(u) = queue.pop_front() {
             for &l in f.out_links(u) {
                 let v = f.links[l.idx()].dst;
-                if matches!(f.devices[v.idx()].kind, DeviceKind::NetSwitch { .. }) && dist[v.idx()] == u16::MAX {
+                if matches!(f.devices[v.idx()].kind, DeviceKind::NetSwitch { .. })
+                    && dist[v.idx()] == u16::MAX
+                {
                     dist[v.idx()] = dist[u.idx()] + 1;
                     queue.push_back(v);
                 }
@@ -340,8 +344,12 @@ impl<'f> Router<'f> {
         let mut hop = 0u64;
         while cur != to {
             let d = dist[cur.idx()];
-            let cands: Vec<LinkId> =
-                f.out_links(cur).iter().copied().filter(|&l| dist[f.links[l.idx()].dst.idx()] == d - 1).collect();
+            let cands: Vec<LinkId> = f
+                .out_links(cur)
+                .iter()
+                .copied()
+                .filter(|&l| dist[f.links[l.idx()].dst.idx()] == d - 1)
+                .collect();
             let l = *cands.get((mix(self.seed ^ mix(key) ^ hop) % cands.len().max(1) as u64) as usize)?;
             links.push(l);
             cur = f.links[l.idx()].dst;
@@ -353,7 +361,7 @@ impl<'f> Router<'f> {
     /// The SHARP aggregation tree of a set of ranks on different nodes: each member's path
     /// from its GPU through its rail NIC up to a common root switch (the switch nearest to
     /// all members' leaves), and the path back down. None if a member has no NIC.
-    pub fn sharp_tree(&self, members: &[u32]) -> Option<(Vec<Vec<LinkId>>, Vec<Vec<LinkId>>)> {
+    pub fn sharp_tree(&self, members: &[u32]) -> Option<TreePaths> {
         let f = self.fabric;
         let mut ends = Vec::new();
         for &m in members {

@@ -141,15 +141,9 @@ pub fn summarize(f: &Fabric) -> FabricSummary {
     let mut sharp_spec = None;
     let mut radix = 0;
     for d in &f.devices {
-        *devices_by_kind
-            .entry(d.kind.name().to_string())
-            .or_insert(0) += 1;
+        *devices_by_kind.entry(d.kind.name().to_string()).or_insert(0) += 1;
         match &d.kind {
-            DeviceKind::NetSwitch {
-                tier,
-                sharp,
-                radix: r,
-            } => {
+            DeviceKind::NetSwitch { tier, sharp, radix: r } => {
                 tiers[(*tier as usize).min(2)] += 1;
                 radix = *r;
                 if let Some(s) = sharp {
@@ -170,9 +164,7 @@ pub fn summarize(f: &Fabric) -> FabricSummary {
     }
     let mut classes: BTreeMap<(LinkKind, u64, u64, u32), usize> = BTreeMap::new();
     for l in &f.links {
-        *classes
-            .entry((l.kind, l.bw.0, l.latency.0, l.lanes))
-            .or_insert(0) += 1;
+        *classes.entry((l.kind, l.bw.0, l.latency.0, l.lanes)).or_insert(0) += 1;
     }
     let links = classes
         .into_iter()
@@ -199,39 +191,26 @@ pub fn summarize(f: &Fabric) -> FabricSummary {
             let gdev = f.gpus[(node0.ranks.start + g) as usize];
             let nic_path = rails.first().and_then(|&r| {
                 let ndev = node0.nics[r as usize].0 - node0.devices.start;
-                f.template
-                    .get(gdev.0 - node0.devices.start, ndev)
-                    .map(|p| p.1)
+                f.template.get(gdev.0 - node0.devices.start, ndev).map(|p| p.1)
             });
             GpuRail {
                 local_gpu: g,
                 gpu: f.device(gdev).name.clone(),
-                nics: rails
-                    .iter()
-                    .map(|&r| f.device(node0.nics[r as usize]).name.clone())
-                    .collect(),
+                nics: rails.iter().map(|&r| f.device(node0.nics[r as usize]).name.clone()).collect(),
                 rails,
                 nic_path,
             }
         })
         .collect();
-    let has_nvlink = f
-        .links
-        .iter()
-        .any(|l| matches!(l.kind, LinkKind::NvLink { .. }));
+    let has_nvlink = f.links.iter().any(|l| matches!(l.kind, LinkKind::NvLink { .. }));
     let usable = |l: &Link| !has_nvlink || l.kind != LinkKind::InterSocket;
     let bisection = bisection_with(f, |l| usable(l));
     let bisection_nvlink = bisection_with(f, |l| matches!(l.kind, LinkKind::NvLink { .. }));
-    let bisection_network = bisection_with(f, |l| {
-        usable(l) && !matches!(l.kind, LinkKind::NvLink { .. })
-    });
+    let bisection_network = bisection_with(f, |l| usable(l) && !matches!(l.kind, LinkKind::NvLink { .. }));
     let half = f.num_gpus() / 2;
     let injection: f64 = (0..half).map(|r| f.gpu_network_bw(r).gbytes()).sum();
-    let oversubscription = if f.network.is_some() && bisection_network > 0.0 {
-        injection / bisection_network
-    } else {
-        0.0
-    };
+    let oversubscription =
+        if f.network.is_some() && bisection_network > 0.0 { injection / bisection_network } else { 0.0 };
     let network = f.network.as_ref().map(|n| NetworkSummary {
         topology: n.topology.clone(),
         tiers: n.tiers,
@@ -474,10 +453,7 @@ pub fn graph(f: &Fabric, max_devices: usize) -> FabricGraph {
         let short = dev.name.rsplit('/').next().unwrap_or(&dev.name).to_string();
         let label = match (&dev.kind, &dev.model) {
             (DeviceKind::NvSwitch { chips, nvls }, _) => {
-                format!(
-                    "{short}\\n{chips} chip(s){}",
-                    if *nvls { ", NVLS" } else { "" }
-                )
+                format!("{short}\\n{chips} chip(s){}", if *nvls { ", NVLS" } else { "" })
             }
             (DeviceKind::Nic { rate, rail, .. }, _) => {
                 format!("{short}\\nrail {rail}, {:.0} Gb/s", rate.gbytes() * 8.0)
@@ -485,18 +461,11 @@ pub fn graph(f: &Fabric, max_devices: usize) -> FabricGraph {
             (DeviceKind::NetSwitch { radix, sharp, .. }, m) => format!(
                 "{short}\\n{} r{radix}{}",
                 m.clone().unwrap_or_default(),
-                sharp
-                    .as_ref()
-                    .map(|s| format!(" SHARPv{}", s.generation))
-                    .unwrap_or_default()
+                sharp.as_ref().map(|s| format!(" SHARPv{}", s.generation)).unwrap_or_default()
             ),
             _ => short,
         };
-        GraphVertex {
-            id: dev_id(d),
-            label,
-            kind: dev.kind.name().to_string(),
-        }
+        GraphVertex { id: dev_id(d), label, kind: dev.kind.name().to_string() }
     };
     let mut clusters = Vec::new();
     let mut vertices = Vec::new();
@@ -505,16 +474,8 @@ pub fn graph(f: &Fabric, max_devices: usize) -> FabricGraph {
         if expanded(n as u32) {
             clusters.push(GraphCluster {
                 id: format!("node{n}"),
-                label: format!(
-                    "node {n} (ranks {}-{})",
-                    hn.ranks.start,
-                    hn.ranks.end.saturating_sub(1)
-                ),
-                vertices: hn
-                    .devices
-                    .clone()
-                    .map(|d| device_vertex(DeviceId(d)))
-                    .collect(),
+                label: format!("node {n} (ranks {}-{})", hn.ranks.start, hn.ranks.end.saturating_sub(1)),
+                vertices: hn.devices.clone().map(|d| device_vertex(DeviceId(d))).collect(),
             });
         } else {
             collapsed += 1;
@@ -558,23 +519,10 @@ pub fn graph(f: &Fabric, max_devices: usize) -> FabricGraph {
         .map(|key| {
             let count = merged[&key];
             let (a, b, kind, lanes, bw) = key;
-            GraphEdge {
-                a,
-                b,
-                kind: kind.label(),
-                lanes,
-                bw_gbps: bw as f64 / 1e9,
-                count,
-            }
+            GraphEdge { a, b, kind: kind.label(), lanes, bw_gbps: bw as f64 / 1e9, count }
         })
         .collect();
-    FabricGraph {
-        name: f.name.clone(),
-        clusters,
-        vertices,
-        edges,
-        collapsed_nodes: collapsed,
-    }
+    FabricGraph { name: f.name.clone(), clusters, vertices, edges, collapsed_nodes: collapsed }
 }
 
 // ---------------------------------------------------------------- routes (for --path)

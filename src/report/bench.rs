@@ -23,7 +23,11 @@ pub fn write_table(w: &mut dyn Write, ctx: &TableContext, rows: &[BenchRow]) -> 
         writeln!(w, "# {h}")?;
     }
     writeln!(w, "#")?;
-    let extra_h = if ctx.compare { format!("  {:>20}  {:>26}", "nccl pick", "fastest (time us)") } else { String::new() };
+    let extra_h = if ctx.compare {
+        format!("  {:>20}  {:>26}", "nccl pick", "fastest (time us)")
+    } else {
+        String::new()
+    };
     writeln!(
         w,
         "# {:>12} {:>12} {:>9} {:>6} {:>6} {:>11} {:>8} {:>8}  {:>13} {:>6} {:>3}{extra_h}",
@@ -58,7 +62,11 @@ pub fn write_table(w: &mut dyn Write, ctx: &TableContext, rows: &[BenchRow]) -> 
             r.channels
         )?;
     }
-    let avg = if rows.is_empty() { 0.0 } else { rows.iter().map(|r| r.busbw_gbps).sum::<f64>() / rows.len() as f64 };
+    let avg = if rows.is_empty() {
+        0.0
+    } else {
+        rows.iter().map(|r| r.busbw_gbps).sum::<f64>() / rows.len() as f64
+    };
     writeln!(w, "# Avg bus bandwidth    : {avg:.3}")?;
     Ok(())
 }
@@ -110,7 +118,8 @@ pub fn row_json(r: &BenchRow) -> serde_json::Value {
 
 /// Writes a JSON document `{ "context": {...}, "rows": [...] }`.
 pub fn write_json(w: &mut dyn Write, context: serde_json::Value, rows: &[BenchRow]) -> io::Result<()> {
-    let doc = serde_json::json!({ "context": context, "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
+    let doc =
+        serde_json::json!({ "context": context, "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
     serde_json::to_writer_pretty(&mut *w, &doc)?;
     writeln!(w)
 }

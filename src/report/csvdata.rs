@@ -104,10 +104,8 @@ impl Table {
     /// Reads a CSV file (lines starting with `#` are comments).
     pub fn read(path: &Path) -> Result<Table, DataError> {
         let name = path.display().to_string();
-        let file = std::fs::File::open(path).map_err(|error| DataError::Io {
-            source_name: name.clone(),
-            error,
-        })?;
+        let file =
+            std::fs::File::open(path).map_err(|error| DataError::Io { source_name: name.clone(), error })?;
         Table::from_reader(&name, std::io::BufReader::new(file))
     }
 
@@ -121,33 +119,20 @@ impl Table {
         let csv_err = |e: csv::Error| {
             let line = e.position().map(|p| p.line());
             let message = match e.kind() {
-                csv::ErrorKind::UnequalLengths {
-                    expected_len, len, ..
-                } => {
+                csv::ErrorKind::UnequalLengths { expected_len, len, .. } => {
                     format!("this row has {len} fields but the header has {expected_len}")
                 }
                 csv::ErrorKind::Utf8 { .. } => "the file is not valid UTF-8".to_string(),
                 _ => e.to_string(),
             };
-            DataError::Csv {
-                source_name: source_name.to_string(),
-                line,
-                message,
-            }
+            DataError::Csv { source_name: source_name.to_string(), line, message }
         };
         let header = rdr.headers().map_err(csv_err)?.clone();
         if header.is_empty() || (header.len() == 1 && header[0].is_empty()) {
-            return Err(DataError::Empty {
-                source_name: source_name.to_string(),
-            });
+            return Err(DataError::Empty { source_name: source_name.to_string() });
         }
-        let mut columns: Vec<Column> = header
-            .iter()
-            .map(|h| Column {
-                name: h.to_string(),
-                cells: Vec::new(),
-            })
-            .collect();
+        let mut columns: Vec<Column> =
+            header.iter().map(|h| Column { name: h.to_string(), cells: Vec::new() }).collect();
         for (k, c) in columns.iter().enumerate() {
             if c.name.is_empty() {
                 return Err(DataError::Csv {
@@ -172,11 +157,7 @@ impl Table {
             }
             rows += 1;
         }
-        Ok(Table {
-            source: source_name.to_string(),
-            columns,
-            rows,
-        })
+        Ok(Table { source: source_name.to_string(), columns, rows })
     }
 
     /// The name used in error messages (the file path).
@@ -225,12 +206,7 @@ impl Table {
 
     /// The cells of a column as numbers; `None` for empty, non-numeric or non-finite cells.
     pub fn numeric(&self, name: &str) -> Result<Vec<Option<f64>>, DataError> {
-        Ok(self
-            .column(name)?
-            .cells
-            .iter()
-            .map(|c| parse_number(c))
-            .collect())
+        Ok(self.column(name)?.cells.iter().map(|c| parse_number(c)).collect())
     }
 
     /// Distinct values of a column, in order of first appearance.
@@ -248,10 +224,7 @@ impl Table {
                 Some(&g) => groups[g].rows.push(r),
                 None => {
                     index.insert(v, groups.len());
-                    groups.push(Group {
-                        key: v.clone(),
-                        rows: vec![r],
-                    });
+                    groups.push(Group { key: v.clone(), rows: vec![r] });
                 }
             }
         }
@@ -279,12 +252,7 @@ impl Table {
                 *k &= c == value;
             }
         }
-        let rows: Vec<usize> = keep
-            .iter()
-            .enumerate()
-            .filter(|(_, &k)| k)
-            .map(|(i, _)| i)
-            .collect();
+        let rows: Vec<usize> = keep.iter().enumerate().filter(|(_, &k)| k).map(|(i, _)| i).collect();
         Ok(self.subset(&rows))
     }
 
@@ -295,17 +263,10 @@ impl Table {
             .iter()
             .map(|c| Column {
                 name: c.name.clone(),
-                cells: rows
-                    .iter()
-                    .filter_map(|&r| c.cells.get(r).cloned())
-                    .collect(),
+                cells: rows.iter().filter_map(|&r| c.cells.get(r).cloned()).collect(),
             })
             .collect();
-        Table {
-            source: self.source.clone(),
-            columns,
-            rows: rows.iter().filter(|&&r| r < self.rows).count(),
-        }
+        Table { source: self.source.clone(), columns, rows: rows.iter().filter(|&&r| r < self.rows).count() }
     }
 
     /// The single value a column takes over all rows, if it exists and has exactly one
@@ -346,10 +307,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// The candidate closest to `wanted`: a case-insensitive match, else one containing it (or
 /// contained in it), else the smallest edit distance if it is at most a third of the length
 /// (at least 2).
-pub fn nearest<'a>(
-    wanted: &str,
-    candidates: impl Iterator<Item = &'a str> + Clone,
-) -> Option<String> {
+pub fn nearest<'a>(wanted: &str, candidates: impl Iterator<Item = &'a str> + Clone) -> Option<String> {
     let lw = wanted.to_lowercase();
     if let Some(c) = candidates.clone().find(|c| c.to_lowercase() == lw) {
         return Some(c.to_string());
@@ -430,24 +388,13 @@ pub fn column_label(name: &str) -> (String, ColumnUnit) {
         if let Some(base) = name.strip_suffix(suffix) {
             if !base.is_empty() {
                 let base = base.replace('_', " ");
-                let base = if suffix == "_util" {
-                    format!("{base} utilisation")
-                } else {
-                    base
-                };
+                let base = if suffix == "_util" { format!("{base} utilisation") } else { base };
                 return (format!("{base} ({unit_text})"), unit);
             }
         }
     }
     let label = name.replace('_', " ").trim().to_string();
-    (
-        if label.is_empty() {
-            name.to_string()
-        } else {
-            label
-        },
-        ColumnUnit::None,
-    )
+    (if label.is_empty() { name.to_string() } else { label }, ColumnUnit::None)
 }
 
 #[cfg(test)]
@@ -464,14 +411,8 @@ mod tests {
     fn reads_columns_and_numbers() {
         let t = table();
         assert_eq!(t.len(), 3);
-        assert_eq!(
-            t.column_names(),
-            ["algo", "size_bytes", "busbw_GBps", "topology"]
-        );
-        assert_eq!(
-            t.numeric("size_bytes").unwrap(),
-            [Some(8.0), Some(8.0), Some(1024.0)]
-        );
+        assert_eq!(t.column_names(), ["algo", "size_bytes", "busbw_GBps", "topology"]);
+        assert_eq!(t.numeric("size_bytes").unwrap(), [Some(8.0), Some(8.0), Some(1024.0)]);
         assert_eq!(t.numeric("algo").unwrap(), [None, None, None]);
         assert_eq!(t.unique_value("topology"), Some("dgx"));
         assert_eq!(t.unique_value("algo"), None);
@@ -480,20 +421,8 @@ mod tests {
     #[test]
     fn groups_in_first_appearance_order() {
         let g = table().group_by("algo").unwrap();
-        assert_eq!(
-            g[0],
-            Group {
-                key: "ring".into(),
-                rows: vec![0, 2]
-            }
-        );
-        assert_eq!(
-            g[1],
-            Group {
-                key: "tree".into(),
-                rows: vec![1]
-            }
-        );
+        assert_eq!(g[0], Group { key: "ring".into(), rows: vec![0, 2] });
+        assert_eq!(g[1], Group { key: "tree".into(), rows: vec![1] });
     }
 
     #[test]
@@ -513,19 +442,14 @@ mod tests {
         let t = table().filter_eq(&[("algo", "ring")]).unwrap();
         assert_eq!(t.len(), 2);
         assert_eq!(t.numeric("busbw_GBps").unwrap(), [Some(0.1), Some(10.0)]);
-        let e = table()
-            .filter_eq(&[("algo", "rign")])
-            .unwrap_err()
-            .to_string();
+        let e = table().filter_eq(&[("algo", "rign")]).unwrap_err().to_string();
         assert!(e.contains("values present: ring, tree"), "{e}");
         assert!(e.contains("did you mean \"ring\""), "{e}");
     }
 
     #[test]
     fn ragged_and_empty_files_are_errors() {
-        let e = Table::from_reader("r.csv", "a,b\n1,2\n3\n".as_bytes())
-            .unwrap_err()
-            .to_string();
+        let e = Table::from_reader("r.csv", "a,b\n1,2\n3\n".as_bytes()).unwrap_err().to_string();
         assert!(e.starts_with("r.csv:3:"), "{e}");
         let e = Table::from_reader("e.csv", "".as_bytes()).unwrap_err();
         assert!(matches!(e, DataError::Empty { .. }), "{e}");
@@ -535,18 +459,9 @@ mod tests {
 
     #[test]
     fn labels_from_suffixes() {
-        assert_eq!(
-            column_label("busbw_GBps"),
-            ("busbw (GB/s)".to_string(), ColumnUnit::GBps)
-        );
-        assert_eq!(
-            column_label("size_bytes"),
-            ("size (bytes)".to_string(), ColumnUnit::Bytes)
-        );
-        assert_eq!(
-            column_label("time_us"),
-            ("time (µs)".to_string(), ColumnUnit::Micros)
-        );
+        assert_eq!(column_label("busbw_GBps"), ("busbw (GB/s)".to_string(), ColumnUnit::GBps));
+        assert_eq!(column_label("size_bytes"), ("size (bytes)".to_string(), ColumnUnit::Bytes));
+        assert_eq!(column_label("time_us"), ("time (µs)".to_string(), ColumnUnit::Micros));
         assert_eq!(column_label("algo"), ("algo".to_string(), ColumnUnit::None));
         assert_eq!(column_label("_us"), ("us".to_string(), ColumnUnit::None));
         assert_eq!(

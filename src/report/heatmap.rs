@@ -14,8 +14,8 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::report::plot::{
-    approx_plot_px, check_common, de, draw_titles, render_files, text_px, truncate_to_px, AxisPlan,
-    Figure, PlotError, TickFormat, Ticked, FAMILY, GRID_BOLD,
+    approx_plot_px, check_common, de, draw_titles, render_files, text_px, truncate_to_px, AxisPlan, Figure,
+    PlotError, TickFormat, Ticked, FAMILY, GRID_BOLD,
 };
 use crate::units::SimTime;
 
@@ -53,12 +53,7 @@ const COLOUR_BAR_W: u32 = 96;
 
 impl Heatmap {
     /// A heatmap with the default size (900x500) and colour-bar label "utilisation".
-    pub fn new(
-        title: impl Into<String>,
-        start: SimTime,
-        bin: SimTime,
-        tracks: Vec<HeatTrack>,
-    ) -> Heatmap {
+    pub fn new(title: impl Into<String>, start: SimTime, bin: SimTime, tracks: Vec<HeatTrack>) -> Heatmap {
         Heatmap {
             title: title.into(),
             subtitle: None,
@@ -94,12 +89,7 @@ impl Heatmap {
                 reason: "the time bin is zero; use a positive bin width".into(),
             });
         }
-        let bins = self
-            .tracks
-            .iter()
-            .map(|t| t.values.len())
-            .max()
-            .unwrap_or(0);
+        let bins = self.tracks.iter().map(|t| t.values.len()).max().unwrap_or(0);
         if self.tracks.is_empty() || bins == 0 {
             return Err(PlotError::NoData {
                 chart: self.title.clone(),
@@ -120,10 +110,8 @@ impl Heatmap {
             .collect();
         let widest = names.iter().map(|n| text_px(n, 12.0)).fold(0.0, f64::max);
         let label_w = (widest + 16.0).clamp(40.0, f64::from(w) * 0.35) as u32;
-        let names: Vec<String> = names
-            .iter()
-            .map(|n| truncate_to_px(n, f64::from(label_w) - 12.0, 12.0))
-            .collect();
+        let names: Vec<String> =
+            names.iter().map(|n| truncate_to_px(n, f64::from(label_w) - 12.0, 12.0)).collect();
         let plot_w = approx_plot_px(w, label_w + COLOUR_BAR_W + 40).max(1.0) as usize;
         let col_group = bins.div_ceil(plot_w).max(1);
         let grid = reduce(&self.tracks, bins, col_group, row_group);
@@ -131,19 +119,7 @@ impl Heatmap {
         let t1 = (self.start + SimTime(self.bin.0.saturating_mul(bins as u64))).as_us();
         let x = AxisPlan::fixed_linear(t0, t1, TickFormat::Number, plot_w as f64, true);
         let cell_us = self.bin.as_us() * col_group as f64;
-        render_files(
-            &PreparedHeat {
-                map: self,
-                grid,
-                names,
-                cell_us,
-                t0,
-                x,
-                label_w,
-            },
-            out_dir,
-            stem,
-        )
+        render_files(&PreparedHeat { map: self, grid, names, cell_us, t0, x, label_w }, out_dir, stem)
     }
 }
 
@@ -232,10 +208,7 @@ impl Figure for PreparedHeat<'_> {
         let (_, h) = main.dim_in_pixel();
         let rows_px = approx_plot_px(h, 60);
         let every = ((n as f64 * 14.0 / rows_px).ceil() as usize).max(1);
-        let centres: Vec<f64> = (0..n)
-            .step_by(every)
-            .map(|i| (n - i) as f64 - 0.5)
-            .collect();
+        let centres: Vec<f64> = (0..n).step_by(every).map(|i| (n - i) as f64 - 0.5).collect();
         let names = &self.names;
         let x = &self.x;
         let mut chart = ChartBuilder::on(&main)
@@ -291,10 +264,7 @@ impl Figure for PreparedHeat<'_> {
         // Redraw the frame over the cells.
         chart
             .plotting_area()
-            .draw(&Rectangle::new(
-                [(x.lo, 0.0), (x.hi, n as f64)],
-                ShapeStyle::from(&BLACK).stroke_width(1),
-            ))
+            .draw(&Rectangle::new([(x.lo, 0.0), (x.hi, n as f64)], ShapeStyle::from(&BLACK).stroke_width(1)))
             .map_err(de)?;
 
         draw_colour_bar(&bar, &m.value_label)
@@ -302,10 +272,7 @@ impl Figure for PreparedHeat<'_> {
 }
 
 /// A vertical gradient with 0%, 25%, ..., 100% marks and the value label rotated beside it.
-fn draw_colour_bar<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    label: &str,
-) -> Result<(), String> {
+fn draw_colour_bar<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, label: &str) -> Result<(), String> {
     let (_, h) = area.dim_in_pixel();
     let top = 16i32;
     let bottom = (h as i32 - 54).max(top + 20);
@@ -314,32 +281,22 @@ fn draw_colour_bar<DB: DrawingBackend>(
     for k in 0..span {
         let v = 1.0 - f64::from(k) / f64::from(span.max(1));
         let c = colour_map(v);
-        area.draw(&Rectangle::new(
-            [(x0, top + k), (x1, top + k + 1)],
-            RGBColor(c.0, c.1, c.2).filled(),
-        ))
-        .map_err(de)?;
+        area.draw(&Rectangle::new([(x0, top + k), (x1, top + k + 1)], RGBColor(c.0, c.1, c.2).filled()))
+            .map_err(de)?;
     }
-    area.draw(&Rectangle::new(
-        [(x0, top), (x1, bottom)],
-        ShapeStyle::from(&GRID_BOLD).stroke_width(1),
-    ))
-    .map_err(de)?;
-    let style = TextStyle::from((FAMILY, 12).into_font())
-        .color(&BLACK)
-        .pos(Pos::new(HPos::Left, VPos::Center));
+    area.draw(&Rectangle::new([(x0, top), (x1, bottom)], ShapeStyle::from(&GRID_BOLD).stroke_width(1)))
+        .map_err(de)?;
+    let style =
+        TextStyle::from((FAMILY, 12).into_font()).color(&BLACK).pos(Pos::new(HPos::Left, VPos::Center));
     for q in 0..=4 {
         let y = bottom - (f64::from(span) * f64::from(q) / 4.0).round() as i32;
-        area.draw(&PathElement::new(vec![(x1, y), (x1 + 4, y)], BLACK))
-            .map_err(de)?;
-        area.draw_text(&format!("{}%", q * 25), &style, (x1 + 7, y))
-            .map_err(de)?;
+        area.draw(&PathElement::new(vec![(x1, y), (x1 + 4, y)], BLACK)).map_err(de)?;
+        area.draw_text(&format!("{}%", q * 25), &style, (x1 + 7, y)).map_err(de)?;
     }
     let rotated = TextStyle::from((FAMILY, 14).into_font().transform(FontTransform::Rotate270))
         .color(&BLACK)
         .pos(Pos::new(HPos::Center, VPos::Center));
-    area.draw_text(label, &rotated, (x1 + 58, (top + bottom) / 2))
-        .map_err(de)?;
+    area.draw_text(label, &rotated, (x1 + 58, (top + bottom) / 2)).map_err(de)?;
     Ok(())
 }
 
@@ -358,14 +315,8 @@ mod tests {
     #[test]
     fn reduce_averages_blocks_and_keeps_missing_as_nan() {
         let tracks = vec![
-            HeatTrack {
-                name: "a".into(),
-                values: vec![0.0, 1.0, 0.5, 0.5],
-            },
-            HeatTrack {
-                name: "b".into(),
-                values: vec![1.0, 1.0],
-            },
+            HeatTrack { name: "a".into(), values: vec![0.0, 1.0, 0.5, 0.5] },
+            HeatTrack { name: "b".into(), values: vec![1.0, 1.0] },
         ];
         let g = reduce(&tracks, 4, 2, 1);
         assert_eq!(g.len(), 2);

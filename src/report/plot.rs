@@ -126,10 +126,7 @@ const FIXED_COLOURS: [(&str, usize); 7] = [
 const FIXED_EXTRA: [(&str, usize); 1] = [("collnetchain", 6)];
 
 fn normalise(name: &str) -> String {
-    name.chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .map(|c| c.to_ascii_lowercase())
-        .collect()
+    name.chars().filter(|c| c.is_ascii_alphanumeric()).map(|c| c.to_ascii_lowercase()).collect()
 }
 
 /// The fixed palette slot of a well-known name (also when the name merely starts with one,
@@ -142,10 +139,7 @@ fn fixed_slot(name: &str) -> Option<usize> {
         .unwrap_or("")
         .to_ascii_lowercase();
     let table = || FIXED_COLOURS.iter().chain(FIXED_EXTRA.iter());
-    table()
-        .find(|(n, _)| norm == *n)
-        .or_else(|| table().find(|(n, _)| first == *n))
-        .map(|(_, i)| *i)
+    table().find(|(n, _)| norm == *n).or_else(|| table().find(|(n, _)| first == *n)).map(|(_, i)| *i)
 }
 
 /// Order in which other names take the slots left free: the bright colours first.
@@ -264,35 +258,19 @@ pub struct Axis {
 impl Axis {
     /// A linear axis with plain numbers.
     pub fn linear(label: impl Into<String>) -> Axis {
-        Axis {
-            label: label.into(),
-            scale: Scale::Linear,
-            format: TickFormat::Number,
-        }
+        Axis { label: label.into(), scale: Scale::Linear, format: TickFormat::Number }
     }
     /// A log2 axis with plain numbers (GPU counts, ...).
     pub fn log2(label: impl Into<String>) -> Axis {
-        Axis {
-            label: label.into(),
-            scale: Scale::Log2,
-            format: TickFormat::Number,
-        }
+        Axis { label: label.into(), scale: Scale::Log2, format: TickFormat::Number }
     }
     /// A log10 axis with plain numbers (latencies, ...).
     pub fn log10(label: impl Into<String>) -> Axis {
-        Axis {
-            label: label.into(),
-            scale: Scale::Log10,
-            format: TickFormat::Number,
-        }
+        Axis { label: label.into(), scale: Scale::Log10, format: TickFormat::Number }
     }
     /// A log2 axis of byte counts labelled `8B, 1K, 64K, 1M, 1G` (message sizes).
     pub fn bytes(label: impl Into<String>) -> Axis {
-        Axis {
-            label: label.into(),
-            scale: Scale::Log2,
-            format: TickFormat::Bytes,
-        }
+        Axis { label: label.into(), scale: Scale::Log2, format: TickFormat::Bytes }
     }
     /// The same axis with another scale.
     pub fn with_scale(mut self, scale: Scale) -> Axis {
@@ -375,41 +353,16 @@ impl AxisPlan {
                 }
             }
         };
-        let mut plan = AxisPlan {
-            lo,
-            hi,
-            ticks: vec![],
-            light: vec![],
-            scale,
-            format,
-            step: 1.0,
-        };
+        let mut plan = AxisPlan { lo, hi, ticks: vec![], light: vec![], scale, format, step: 1.0 };
         plan.choose_ticks(px, horizontal);
         Some(plan)
     }
 
     /// A linear axis over a fixed range (heatmap time, bar values).
-    pub fn fixed_linear(
-        lo: f64,
-        hi: f64,
-        format: TickFormat,
-        px: f64,
-        horizontal: bool,
-    ) -> AxisPlan {
-        let (lo, hi) = if hi > lo {
-            (lo, hi)
-        } else {
-            (lo - 1.0, lo + 1.0)
-        };
-        let mut plan = AxisPlan {
-            lo,
-            hi,
-            ticks: vec![],
-            light: vec![],
-            scale: Scale::Linear,
-            format,
-            step: 1.0,
-        };
+    pub fn fixed_linear(lo: f64, hi: f64, format: TickFormat, px: f64, horizontal: bool) -> AxisPlan {
+        let (lo, hi) = if hi > lo { (lo, hi) } else { (lo - 1.0, lo + 1.0) };
+        let mut plan =
+            AxisPlan { lo, hi, ticks: vec![], light: vec![], scale: Scale::Linear, format, step: 1.0 };
         plan.choose_ticks(px, horizontal);
         plan
     }
@@ -420,11 +373,9 @@ impl AxisPlan {
         }
         let n = ticks.len() as f64;
         if horizontal {
-            let widest = ticks
-                .iter()
-                .map(|&t| self.label_with_step(t, step).chars().count())
-                .max()
-                .unwrap_or(1) as f64;
+            let widest =
+                ticks.iter().map(|&t| self.label_with_step(t, step).chars().count()).max().unwrap_or(1)
+                    as f64;
             n * (widest * TICK_CHAR_PX + 18.0) <= px
         } else {
             n * 28.0 <= px
@@ -451,10 +402,7 @@ impl AxisPlan {
         };
         let mut chosen = None;
         for &s in steps {
-            let ticks: Vec<f64> = (kmin..=kmax)
-                .filter(|k| k.rem_euclid(s) == 0)
-                .map(|k| k as f64)
-                .collect();
+            let ticks: Vec<f64> = (kmin..=kmax).filter(|k| k.rem_euclid(s) == 0).map(|k| k as f64).collect();
             if ticks.len() >= 2 && self.fits(&ticks, 1.0, px, horizontal) {
                 chosen = Some((s, ticks));
                 break;
@@ -497,11 +445,7 @@ impl AxisPlan {
         // Work in value space; map back for log axes whose range spans less than a power.
         let (vlo, vhi) = (self.scale.inv(self.lo), self.scale.inv(self.hi));
         let span = vhi - vlo;
-        let mut target = if horizontal {
-            (px / 70.0).clamp(2.0, 12.0)
-        } else {
-            (px / 45.0).clamp(2.0, 10.0)
-        };
+        let mut target = if horizontal { (px / 70.0).clamp(2.0, 12.0) } else { (px / 45.0).clamp(2.0, 10.0) };
         let mut best: Option<(f64, Vec<f64>)> = None;
         for _ in 0..8 {
             let step = if self.format == TickFormat::Bytes {
@@ -535,11 +479,7 @@ impl AxisPlan {
             // Linear steps bunch up at the top of a log axis: keep ticks far enough apart.
             let per_unit = px / (self.hi - self.lo).max(f64::MIN_POSITIVE);
             let gap = if horizontal {
-                self.ticks
-                    .iter()
-                    .map(|&t| self.label(t).chars().count())
-                    .max()
-                    .unwrap_or(1) as f64
+                self.ticks.iter().map(|&t| self.label(t).chars().count()).max().unwrap_or(1) as f64
                     * TICK_CHAR_PX
                     + 12.0
             } else {
@@ -555,9 +495,7 @@ impl AxisPlan {
         }
         if self.ticks.is_empty() {
             self.ticks = vec![self.lo, self.hi];
-            self.step = (self.scale.inv(self.hi) - self.scale.inv(self.lo))
-                .abs()
-                .max(f64::MIN_POSITIVE);
+            self.step = (self.scale.inv(self.hi) - self.scale.inv(self.lo)).abs().max(f64::MIN_POSITIVE);
         }
         self.light.clear();
     }
@@ -672,9 +610,7 @@ pub(crate) fn check_common(title: &str, size: (u32, u32), stem: &str) -> Result<
     {
         return Err(PlotError::Invalid {
             chart: title.to_string(),
-            reason: format!(
-                "file stem {stem:?} must be a plain, non-empty file name without slashes"
-            ),
+            reason: format!("file stem {stem:?} must be a plain, non-empty file name without slashes"),
         });
     }
     Ok(())
@@ -687,10 +623,8 @@ pub(crate) fn render_files<F: Figure>(
     stem: &str,
 ) -> Result<Vec<PathBuf>, PlotError> {
     ensure_fonts()?;
-    std::fs::create_dir_all(out_dir).map_err(|source| PlotError::CreateDir {
-        path: out_dir.to_path_buf(),
-        source,
-    })?;
+    std::fs::create_dir_all(out_dir)
+        .map_err(|source| PlotError::CreateDir { path: out_dir.to_path_buf(), source })?;
     let size = fig.pixel_size();
     let png = out_dir.join(format!("{stem}.png"));
     let svg = out_dir.join(format!("{stem}.svg"));
@@ -701,10 +635,7 @@ pub(crate) fn render_files<F: Figure>(
             fig.draw(&root)?;
             root.present().map_err(de)
         };
-        draw().map_err(|message| PlotError::Draw {
-            path: png.clone(),
-            message,
-        })?;
+        draw().map_err(|message| PlotError::Draw { path: png.clone(), message })?;
     }
     {
         let root = SVGBackend::new(&svg, size).into_drawing_area();
@@ -713,10 +644,7 @@ pub(crate) fn render_files<F: Figure>(
             fig.draw(&root)?;
             root.present().map_err(de)
         };
-        draw().map_err(|message| PlotError::Draw {
-            path: svg.clone(),
-            message,
-        })?;
+        draw().map_err(|message| PlotError::Draw { path: svg.clone(), message })?;
     }
     Ok(vec![png, svg])
 }
@@ -768,11 +696,7 @@ pub struct Series {
 impl Series {
     /// A solid series.
     pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Series {
-        Series {
-            name: name.into(),
-            points,
-            style: SeriesStyle::default(),
-        }
+        Series { name: name.into(), points, style: SeriesStyle::default() }
     }
     /// The same series, dashed.
     pub fn dashed(mut self) -> Series {
@@ -942,12 +866,10 @@ impl LineChart {
         let colours = assign_colours(&names);
         let (main_colours, second_colours) = colours.split_at(self.series.len());
         let main = prepare_series(&self.series, main_colours, self.x.scale, self.y.scale);
-        let second = self.secondary.as_ref().map(|p| {
-            (
-                p,
-                prepare_series(&p.series, second_colours, self.x.scale, p.y.scale),
-            )
-        });
+        let second = self
+            .secondary
+            .as_ref()
+            .map(|p| (p, prepare_series(&p.series, second_colours, self.x.scale, p.y.scale)));
         let any_main = main.iter().any(|s| !s.points.is_empty());
         if !any_main {
             let reason = if self.series.is_empty() {
@@ -956,18 +878,11 @@ impl LineChart {
                 let w = self.data_warnings();
                 format!("no series has a drawable point ({})", w.join("; "))
             };
-            return Err(PlotError::NoData {
-                chart: self.title.clone(),
-                reason,
-            });
+            return Err(PlotError::NoData { chart: self.title.clone(), reason });
         }
         let (w, h) = self.size;
         let plot_w = approx_plot_px(w, 140);
-        let main_h = if second.is_some() {
-            f64::from(h) * 0.62
-        } else {
-            f64::from(h)
-        };
+        let main_h = if second.is_some() { f64::from(h) * 0.62 } else { f64::from(h) };
         let all_x = main
             .iter()
             .chain(second.iter().flat_map(|(_, s)| s.iter()))
@@ -990,14 +905,8 @@ impl LineChart {
         let second = match second {
             None => None,
             Some((p, ser)) => {
-                let mut ys: Vec<f64> = ser
-                    .iter()
-                    .flat_map(|s| s.points.iter().map(|q| q.1))
-                    .collect();
-                if let Some(r) = p
-                    .reference
-                    .filter(|r| r.is_finite() && (!p.y.scale.is_log() || *r > 0.0))
-                {
+                let mut ys: Vec<f64> = ser.iter().flat_map(|s| s.points.iter().map(|q| q.1)).collect();
+                if let Some(r) = p.reference.filter(|r| r.is_finite() && (!p.y.scale.is_log() || *r > 0.0)) {
                     ys.push(p.y.scale.fwd(r));
                 }
                 let plan = AxisPlan::new(
@@ -1011,13 +920,7 @@ impl LineChart {
                 plan.map(|plan| (p, ser, plan))
             }
         };
-        Ok(PreparedLine {
-            chart: self,
-            x,
-            y,
-            main,
-            second,
-        })
+        Ok(PreparedLine { chart: self, x, y, main, second })
     }
 }
 
@@ -1038,16 +941,10 @@ impl Dropped {
             parts.push(format!("{} not finite", self.non_finite));
         }
         if self.x_nonpositive > 0 && xs.is_log() {
-            parts.push(format!(
-                "{} with x <= 0 on a log x axis",
-                self.x_nonpositive
-            ));
+            parts.push(format!("{} with x <= 0 on a log x axis", self.x_nonpositive));
         }
         if self.y_nonpositive > 0 && ys.is_log() {
-            parts.push(format!(
-                "{} with y <= 0 on a log y axis",
-                self.y_nonpositive
-            ));
+            parts.push(format!("{} with y <= 0 on a log y axis", self.y_nonpositive));
         }
         parts.join(", ")
     }
@@ -1093,10 +990,7 @@ fn prepare_series<'a>(
                 name: &s.name,
                 style: s.style,
                 colour,
-                points: pts
-                    .into_iter()
-                    .map(|(x, y)| (xs.fwd(x), ys.fwd(y)))
-                    .collect(),
+                points: pts.into_iter().map(|(x, y)| (xs.fwd(x), ys.fwd(y))).collect(),
             }
         })
         .collect()
@@ -1135,19 +1029,8 @@ impl Figure for PreparedLine<'_> {
                 let (top, bottom) = area.split_vertically((f64::from(h) * 0.62) as u32);
                 // Both plotting areas start at the same x so the shared axis lines up.
                 let y_area = y_label_area(&self.y).max(y_label_area(yplan));
-                draw_line_panel(
-                    &top,
-                    &PanelSpec {
-                        x_label: None,
-                        y_area,
-                        ..main
-                    },
-                )?;
-                let legend = if series.len() > 1 {
-                    self.chart.legend
-                } else {
-                    LegendPos::Hidden
-                };
+                draw_line_panel(&top, &PanelSpec { x_label: None, y_area, ..main })?;
+                let legend = if series.len() > 1 { self.chart.legend } else { LegendPos::Hidden };
                 draw_line_panel(
                     &bottom,
                     &PanelSpec {
@@ -1170,11 +1053,7 @@ impl Figure for PreparedLine<'_> {
 
 /// Width of the y label area: widest tick label plus room for the rotated axis title.
 pub(crate) fn y_label_area(plan: &AxisPlan) -> u32 {
-    let widest = plan
-        .ticks
-        .iter()
-        .map(|&t| text_px(&plan.label(t), 13.0))
-        .fold(0.0, f64::max);
+    let widest = plan.ticks.iter().map(|&t| text_px(&plan.label(t), 13.0)).fold(0.0, f64::max);
     (widest + 40.0).clamp(50.0, 200.0) as u32
 }
 
@@ -1243,26 +1122,14 @@ fn draw_line_panel<DB: DrawingBackend>(
         let dashed = s.style.dashed;
         let markers = s.style.markers || s.points.len() == 1;
         let anno = if dashed {
-            chart
-                .draw_series(DashedLineSeries::new(s.points.iter().copied(), 8, 5, style))
-                .map_err(de)?
+            chart.draw_series(DashedLineSeries::new(s.points.iter().copied(), 8, 5, style)).map_err(de)?
         } else {
-            chart
-                .draw_series(LineSeries::new(s.points.iter().copied(), style))
-                .map_err(de)?
+            chart.draw_series(LineSeries::new(s.points.iter().copied(), style)).map_err(de)?
         };
         anno.label(s.name).legend(move |(lx, ly)| {
             let st = ShapeStyle::from(&colour).stroke_width(2);
-            let (a, b) = if dashed {
-                ((0, 7), (12, 20))
-            } else {
-                ((0, 10), (10, 20))
-            };
-            let dot = if markers {
-                colour.filled()
-            } else {
-                colour.mix(0.0).filled()
-            };
+            let (a, b) = if dashed { ((0, 7), (12, 20)) } else { ((0, 10), (10, 20)) };
+            let dot = if markers { colour.filled() } else { colour.mix(0.0).filled() };
             EmptyElement::at((lx, ly))
                 + PathElement::new(vec![(a.0, 0), (a.1, 0)], st)
                 + PathElement::new(vec![(b.0, 0), (b.1, 0)], st)
@@ -1270,9 +1137,7 @@ fn draw_line_panel<DB: DrawingBackend>(
         });
         labelled += 1;
         if markers {
-            chart
-                .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, colour.filled())))
-                .map_err(de)?;
+            chart.draw_series(s.points.iter().map(|&p| Circle::new(p, 3, colour.filled()))).map_err(de)?;
         }
     }
 
@@ -1309,10 +1174,7 @@ fn auto_legend_corner(
     plot_px: (f64, f64),
 ) -> SeriesLabelPosition {
     let drawn: Vec<&PreparedSeries<'_>> = series.iter().filter(|s| !s.points.is_empty()).collect();
-    let widest = drawn
-        .iter()
-        .map(|s| text_px(s.name, 14.0))
-        .fold(0.0, f64::max);
+    let widest = drawn.iter().map(|s| text_px(s.name, 14.0)).fold(0.0, f64::max);
     let fw = ((widest + 50.0) / plot_px.0).min(1.0);
     let fh = ((drawn.len() as f64 * 20.0 + 20.0) / plot_px.1).min(1.0);
     // Sample every segment in normalised [0,1]² coordinates.
@@ -1326,29 +1188,19 @@ fn auto_legend_corner(
         for w in pts.windows(2) {
             for i in 0..=24 {
                 let f = f64::from(i) / 24.0;
-                samples.push((
-                    w[0].0 + (w[1].0 - w[0].0) * f,
-                    w[0].1 + (w[1].1 - w[0].1) * f,
-                ));
+                samples.push((w[0].0 + (w[1].0 - w[0].0) * f, w[0].1 + (w[1].1 - w[0].1) * f));
             }
         }
     }
     let corners = [
         (SeriesLabelPosition::UpperLeft, (0.0, 1.0 - fh), (fw, 1.0)),
-        (
-            SeriesLabelPosition::UpperRight,
-            (1.0 - fw, 1.0 - fh),
-            (1.0, 1.0),
-        ),
+        (SeriesLabelPosition::UpperRight, (1.0 - fw, 1.0 - fh), (1.0, 1.0)),
         (SeriesLabelPosition::LowerRight, (1.0 - fw, 0.0), (1.0, fh)),
         (SeriesLabelPosition::LowerLeft, (0.0, 0.0), (fw, fh)),
     ];
     let mut best = (SeriesLabelPosition::UpperLeft, usize::MAX);
     for (pos, lo, hi) in corners {
-        let n = samples
-            .iter()
-            .filter(|p| p.0 >= lo.0 && p.0 <= hi.0 && p.1 >= lo.1 && p.1 <= hi.1)
-            .count();
+        let n = samples.iter().filter(|p| p.0 >= lo.0 && p.0 <= hi.0 && p.1 >= lo.1 && p.1 <= hi.1).count();
         if n < best.1 {
             best = (pos, n);
         }
@@ -1393,11 +1245,7 @@ pub struct BarChart {
 
 impl BarChart {
     /// A bar chart with default size and colour.
-    pub fn new(
-        title: impl Into<String>,
-        value_label: impl Into<String>,
-        bars: Vec<Bar>,
-    ) -> BarChart {
+    pub fn new(title: impl Into<String>, value_label: impl Into<String>, bars: Vec<Bar>) -> BarChart {
         BarChart {
             title: title.into(),
             subtitle: None,
@@ -1435,17 +1283,9 @@ impl BarChart {
     pub fn render(&self, out_dir: &Path, stem: &str) -> Result<Vec<PathBuf>, PlotError> {
         check_common(&self.title, self.size, stem)?;
         if self.bars.is_empty() {
-            return Err(PlotError::NoData {
-                chart: self.title.clone(),
-                reason: "it has no bars".into(),
-            });
+            return Err(PlotError::NoData { chart: self.title.clone(), reason: "it has no bars".into() });
         }
-        let finite: Vec<f64> = self
-            .bars
-            .iter()
-            .map(|b| b.value)
-            .filter(|v| v.is_finite())
-            .collect();
+        let finite: Vec<f64> = self.bars.iter().map(|b| b.value).filter(|v| v.is_finite()).collect();
         if finite.is_empty() {
             return Err(PlotError::NoData {
                 chart: self.title.clone(),
@@ -1465,30 +1305,13 @@ impl BarChart {
             }
         };
         let label_w = self.label_area_px();
-        let plan = AxisPlan::fixed_linear(
-            min,
-            max,
-            self.format,
-            approx_plot_px(self.size.0, label_w + 40),
-            true,
-        );
-        render_files(
-            &PreparedBars {
-                chart: self,
-                plan,
-                label_w,
-            },
-            out_dir,
-            stem,
-        )
+        let plan =
+            AxisPlan::fixed_linear(min, max, self.format, approx_plot_px(self.size.0, label_w + 40), true);
+        render_files(&PreparedBars { chart: self, plan, label_w }, out_dir, stem)
     }
 
     fn label_area_px(&self) -> u32 {
-        let widest = self
-            .bars
-            .iter()
-            .map(|b| text_px(&b.label, 13.0))
-            .fold(0.0, f64::max);
+        let widest = self.bars.iter().map(|b| text_px(&b.label, 13.0)).fold(0.0, f64::max);
         (widest + 16.0).clamp(40.0, f64::from(self.size.0) * 0.45) as u32
     }
 }
@@ -1524,15 +1347,9 @@ impl Figure for PreparedBars<'_> {
         let (_, h) = area.dim_in_pixel();
         let rows_px = approx_plot_px(h, 60);
         let every = ((n as f64 * 15.0 / rows_px).ceil() as usize).max(1);
-        let labels: Vec<String> = c
-            .bars
-            .iter()
-            .map(|b| truncate_to_px(&b.label, f64::from(self.label_w) - 12.0, 13.0))
-            .collect();
-        let centres: Vec<f64> = (0..n)
-            .step_by(every)
-            .map(|i| (n - i) as f64 - 0.5)
-            .collect();
+        let labels: Vec<String> =
+            c.bars.iter().map(|b| truncate_to_px(&b.label, f64::from(self.label_w) - 12.0, 13.0)).collect();
+        let centres: Vec<f64> = (0..n).step_by(every).map(|i| (n - i) as f64 - 0.5).collect();
         let plan = &self.plan;
         let mut chart = ChartBuilder::on(&area)
             .margin_top(8)
@@ -1541,10 +1358,7 @@ impl Figure for PreparedBars<'_> {
             .margin_right(24)
             .x_label_area_size(46)
             .y_label_area_size(self.label_w)
-            .build_cartesian_2d(
-                Ticked::from(plan),
-                Ticked::new(0.0, n as f64, centres, vec![]),
-            )
+            .build_cartesian_2d(Ticked::from(plan), Ticked::new(0.0, n as f64, centres, vec![]))
             .map_err(de)?;
         let xf = |v: &f64| plan.label(*v);
         let yf = |v: &f64| {
@@ -1582,42 +1396,30 @@ impl Figure for PreparedBars<'_> {
             let value_text = if b.value.is_finite() {
                 match c.format {
                     TickFormat::Percent => format!("{}%", format_number(b.value * 100.0, 0.1)),
-                    TickFormat::Bytes if b.value >= 0.0 => {
-                        format_bytes_short(b.value.round() as u64)
-                    }
+                    TickFormat::Bytes if b.value >= 0.0 => format_bytes_short(b.value.round() as u64),
                     _ => format_number(b.value, (b.value.abs() / 100.0).max(1e-6)),
                 }
             } else {
                 "n/a".to_string()
             };
-            let v = if b.value.is_finite() {
-                b.value.clamp(plan.lo, plan.hi)
-            } else {
-                0.0
-            };
+            let v = if b.value.is_finite() { b.value.clamp(plan.lo, plan.hi) } else { 0.0 };
             if b.value.is_finite() {
                 chart
-                    .draw_series(std::iter::once(Rectangle::new(
-                        [(0.0, bottom), (v, top)],
-                        colour.filled(),
-                    )))
+                    .draw_series(std::iter::once(Rectangle::new([(0.0, bottom), (v, top)], colour.filled())))
                     .map_err(de)?;
             }
             if bar_px < 11.0 {
                 continue;
             }
             let text_w = text_px(&value_text, 12.0) + 10.0;
-            let inside =
-                (v - plan.lo) / span * pw > text_w + 6.0 && (plan.hi - v) / span * pw < text_w;
+            let inside = (v - plan.lo) / span * pw > text_w + 6.0 && (plan.hi - v) / span * pw < text_w;
             let (x, style) = if inside {
                 (v - (text_w - 4.0) / pw * span, text_style.color(&WHITE))
             } else {
                 (v.max(0.0) + 4.0 / pw * span, text_style.clone())
             };
             let style = style.pos(Pos::new(HPos::Left, VPos::Center));
-            chart
-                .draw_series(std::iter::once(Text::new(value_text, (x, yc), style)))
-                .map_err(de)?;
+            chart.draw_series(std::iter::once(Text::new(value_text, (x, yc), style))).map_err(de)?;
         }
         Ok(())
     }
@@ -1635,12 +1437,7 @@ pub(crate) struct Ticked {
 
 impl Ticked {
     pub(crate) fn new(lo: f64, hi: f64, bold: Vec<f64>, light: Vec<f64>) -> Ticked {
-        Ticked {
-            lo,
-            hi,
-            bold,
-            light,
-        }
+        Ticked { lo, hi, bold, light }
     }
 }
 
@@ -1681,25 +1478,12 @@ mod tests {
     use super::*;
 
     fn plan(lo: f64, hi: f64, scale: Scale, format: TickFormat) -> AxisPlan {
-        AxisPlan::new(
-            [scale.fwd(lo), scale.fwd(hi)].into_iter(),
-            scale,
-            format,
-            640.0,
-            true,
-            false,
-        )
-        .unwrap()
+        AxisPlan::new([scale.fwd(lo), scale.fwd(hi)].into_iter(), scale, format, 640.0, true, false).unwrap()
     }
 
     #[test]
     fn byte_axis_ticks_are_powers_of_two_with_short_units() {
-        let p = plan(
-            8.0,
-            8.0 * 1024.0 * 1024.0 * 1024.0,
-            Scale::Log2,
-            TickFormat::Bytes,
-        );
+        let p = plan(8.0, 8.0 * 1024.0 * 1024.0 * 1024.0, Scale::Log2, TickFormat::Bytes);
         let labels: Vec<String> = p.ticks.iter().map(|&t| p.label(t)).collect();
         assert!(labels.contains(&"8B".to_string()), "{labels:?}");
         assert!(labels.contains(&"8G".to_string()), "{labels:?}");
@@ -1766,11 +1550,8 @@ mod tests {
 
     #[test]
     fn bad_points_are_dropped_and_reported() {
-        let chart =
-            LineChart::new("t", Axis::bytes("size"), Axis::log10("time (µs)")).series(Series::new(
-                "a",
-                vec![(0.0, 1.0), (8.0, -1.0), (f64::NAN, 2.0), (16.0, 3.0)],
-            ));
+        let chart = LineChart::new("t", Axis::bytes("size"), Axis::log10("time (µs)"))
+            .series(Series::new("a", vec![(0.0, 1.0), (8.0, -1.0), (f64::NAN, 2.0), (16.0, 3.0)]));
         let w = chart.data_warnings();
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].contains("3 of 4"), "{w:?}");

@@ -29,13 +29,7 @@ fn gbps(v: f64) -> String {
 fn table(w: &mut dyn Write, rows: &[Vec<String>]) -> io::Result<()> {
     let cols = rows.iter().map(|r| r.len()).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
+        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
         .collect();
     for r in rows {
         let mut line = String::from("  ");
@@ -88,11 +82,8 @@ pub fn write_text(w: &mut dyn Write, s: &FabricSummary) -> io::Result<()> {
     )?;
 
     writeln!(w, "\nDevices")?;
-    let rows: Vec<Vec<String>> = s
-        .devices_by_kind
-        .iter()
-        .map(|(k, n)| vec![k.clone(), n.to_string()])
-        .collect();
+    let rows: Vec<Vec<String>> =
+        s.devices_by_kind.iter().map(|(k, n)| vec![k.clone(), n.to_string()]).collect();
     table(w, &rows)?;
 
     writeln!(w, "\nLinks (full duplex; bandwidth per direction)")?;
@@ -113,37 +104,21 @@ pub fn write_text(w: &mut dyn Write, s: &FabricSummary) -> io::Result<()> {
         w,
         &[
             vec!["NVLink".into(), format!("{} GB/s", gbps(s.gpu_nvlink_gbps))],
-            vec![
-                "network".into(),
-                format!("{} GB/s", gbps(s.gpu_network_gbps)),
-            ],
+            vec!["network".into(), format!("{} GB/s", gbps(s.gpu_network_gbps))],
         ],
     )?;
 
     if !s.rails.is_empty() {
-        writeln!(
-            w,
-            "\nRails (node 0: GPU -> NIC used on channel 0, then further channels)"
-        )?;
+        writeln!(w, "\nRails (node 0: GPU -> NIC used on channel 0, then further channels)")?;
         let mut rows = vec![row(["GPU", "device", "rails", "NICs", "path"])];
         for r in &s.rails {
             let rails: Vec<String> = r.rails.iter().map(|x| x.to_string()).collect();
             rows.push(vec![
                 r.local_gpu.to_string(),
                 r.gpu.clone(),
-                if rails.is_empty() {
-                    "-".into()
-                } else {
-                    rails.join(",")
-                },
-                if r.nics.is_empty() {
-                    "-".into()
-                } else {
-                    r.nics.join(",")
-                },
-                r.nic_path
-                    .map(|p| p.name().to_string())
-                    .unwrap_or_else(|| "-".into()),
+                if rails.is_empty() { "-".into() } else { rails.join(",") },
+                if r.nics.is_empty() { "-".into() } else { r.nics.join(",") },
+                r.nic_path.map(|p| p.name().to_string()).unwrap_or_else(|| "-".into()),
             ]);
         }
         table(w, &rows)?;
@@ -157,10 +132,7 @@ pub fn write_text(w: &mut dyn Write, s: &FabricSummary) -> io::Result<()> {
             format!(
                 "{} chip(s) per NVLink domain{}, NVLS {}",
                 s.nvswitch_chips,
-                s.nvswitch_model
-                    .as_ref()
-                    .map(|m| format!(" ({m})"))
-                    .unwrap_or_default(),
+                s.nvswitch_model.as_ref().map(|m| format!(" ({m})")).unwrap_or_default(),
                 if s.nvls { "yes" } else { "no" }
             ),
         ]);
@@ -181,10 +153,7 @@ pub fn write_text(w: &mut dyn Write, s: &FabricSummary) -> io::Result<()> {
                 }
             ),
         ]),
-        None => rows.push(vec![
-            "network".into(),
-            "none instantiated (one node)".into(),
-        ]),
+        None => rows.push(vec!["network".into(), "none instantiated (one node)".into()]),
     }
     table(w, &rows)?;
 
@@ -200,50 +169,28 @@ pub fn write_text(w: &mut dyn Write, s: &FabricSummary) -> io::Result<()> {
         table(
             w,
             &[
-                vec![
-                    "topology".into(),
-                    format!("{}, {} tier(s)", n.topology, n.tiers),
-                ],
+                vec!["topology".into(), format!("{}, {} tier(s)", n.topology, n.tiers)],
                 vec![
                     "ports".into(),
-                    format!(
-                        "{:.0} Gb/s ({} GB/s) per direction",
-                        n.port_gbps * 8.0,
-                        gbps(n.port_gbps)
-                    ),
+                    format!("{:.0} Gb/s ({} GB/s) per direction", n.port_gbps * 8.0, gbps(n.port_gbps)),
                 ],
                 vec!["nodes per SU".into(), n.nodes_per_su.to_string()],
-                vec![
-                    "leaf down:up".into(),
-                    format!("{}:1", n.leaf_oversubscription),
-                ],
+                vec!["leaf down:up".into(), format!("{}:1", n.leaf_oversubscription)],
                 vec!["switches".into(), per_tier.join(", ")],
             ],
         )?;
     }
 
-    writeln!(
-        w,
-        "\nBisection (max flow between the two halves of the ranks, per direction)"
-    )?;
+    writeln!(w, "\nBisection (max flow between the two halves of the ranks, per direction)")?;
     let mut rows = vec![
         vec!["total".into(), format!("{} GB/s", gbps(s.bisection_gbps))],
-        vec![
-            "NVLink only".into(),
-            format!("{} GB/s", gbps(s.bisection_nvlink_gbps)),
-        ],
-        vec![
-            "without NVLink".into(),
-            format!("{} GB/s", gbps(s.bisection_network_gbps)),
-        ],
+        vec!["NVLink only".into(), format!("{} GB/s", gbps(s.bisection_nvlink_gbps))],
+        vec!["without NVLink".into(), format!("{} GB/s", gbps(s.bisection_network_gbps))],
     ];
     if s.network.is_some() {
         rows.push(vec![
             "oversubscription".into(),
-            format!(
-                "{:.2} (half the GPUs' NIC bandwidth / bisection without NVLink)",
-                s.oversubscription
-            ),
+            format!("{:.2} (half the GPUs' NIC bandwidth / bisection without NVLink)", s.oversubscription),
         ]);
     }
     table(w, &rows)?;
@@ -326,11 +273,7 @@ fn edge_style(kind: &str) -> &'static str {
 /// Writes the fabric as an undirected Graphviz graph, one edge per full-duplex link.
 pub fn write_dot(w: &mut dyn Write, g: &FabricGraph) -> io::Result<()> {
     writeln!(w, "graph \"{}\" {{", dot_escape(&g.name))?;
-    writeln!(
-        w,
-        "  graph [rankdir=TB, fontname=\"sans-serif\", label=\"{}\"];",
-        dot_escape(&g.name)
-    )?;
+    writeln!(w, "  graph [rankdir=TB, fontname=\"sans-serif\", label=\"{}\"];", dot_escape(&g.name))?;
     writeln!(w, "  node [fontname=\"sans-serif\", fontsize=10];")?;
     writeln!(w, "  edge [fontname=\"sans-serif\", fontsize=8];")?;
     if g.collapsed_nodes > 0 {
@@ -344,24 +287,12 @@ pub fn write_dot(w: &mut dyn Write, g: &FabricGraph) -> io::Result<()> {
         writeln!(w, "  subgraph \"cluster_{}\" {{", dot_escape(&c.id))?;
         writeln!(w, "    label=\"{}\";", dot_escape(&c.label))?;
         for v in &c.vertices {
-            writeln!(
-                w,
-                "    {} [label=\"{}\", {}];",
-                v.id,
-                dot_escape(&v.label),
-                dot_style(&v.kind)
-            )?;
+            writeln!(w, "    {} [label=\"{}\", {}];", v.id, dot_escape(&v.label), dot_style(&v.kind))?;
         }
         writeln!(w, "  }}")?;
     }
     for v in &g.vertices {
-        writeln!(
-            w,
-            "  {} [label=\"{}\", {}];",
-            v.id,
-            dot_escape(&v.label),
-            dot_style(&v.kind)
-        )?;
+        writeln!(w, "  {} [label=\"{}\", {}];", v.id, dot_escape(&v.label), dot_style(&v.kind))?;
     }
     for e in &g.edges {
         let lanes = if e.lanes > 1 && e.kind.starts_with("NVLink") {
@@ -369,11 +300,7 @@ pub fn write_dot(w: &mut dyn Write, g: &FabricGraph) -> io::Result<()> {
         } else {
             String::new()
         };
-        let count = if e.count > 1 {
-            format!(" (x{} links)", e.count)
-        } else {
-            String::new()
-        };
+        let count = if e.count > 1 { format!(" (x{} links)", e.count) } else { String::new() };
         writeln!(
             w,
             "  {} -- {} [label=\"{}{} {} GB/s{}\", {}];",

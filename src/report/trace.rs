@@ -58,11 +58,7 @@ pub struct Track {
 impl Track {
     /// A track grouped by its kind.
     pub fn new(name: impl Into<String>, kind: TrackKind) -> Track {
-        Track {
-            name: name.into(),
-            kind,
-            group: None,
-        }
+        Track { name: name.into(), kind, group: None }
     }
     /// The same track in a named group.
     pub fn in_group(mut self, group: impl Into<String>) -> Track {
@@ -100,9 +96,7 @@ pub enum TraceError {
         source: io::Error,
     },
     /// A slice names a track that does not exist.
-    #[error(
-        "slice {name:?} refers to track {track}, but there are only {tracks} tracks (0..{tracks})"
-    )]
+    #[error("slice {name:?} refers to track {track}, but there are only {tracks} tracks (0..{tracks})")]
     BadTrack {
         /// The slice name.
         name: String,
@@ -191,15 +185,11 @@ impl<W: Write> TraceWriter<W> {
             first_event: true,
             slices: 0,
         };
-        w.out
-            .write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[")?;
+        w.out.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[")?;
         // Processes in order of first appearance of their group.
         let mut groups: Vec<String> = Vec::new();
         for t in tracks {
-            let g = t
-                .group
-                .clone()
-                .unwrap_or_else(|| t.kind.default_group().to_string());
+            let g = t.group.clone().unwrap_or_else(|| t.kind.default_group().to_string());
             let pid = match groups.iter().position(|x| *x == g) {
                 Some(i) => i as u64 + 1,
                 None => {
@@ -207,11 +197,7 @@ impl<W: Write> TraceWriter<W> {
                     groups.len() as u64
                 }
             };
-            w.state.push(TrackState {
-                pid,
-                sort_base: 0,
-                lanes: Vec::new(),
-            });
+            w.state.push(TrackState { pid, sort_base: 0, lanes: Vec::new() });
         }
         for (i, g) in groups.iter().enumerate() {
             let pid = i as u64 + 1;
@@ -230,10 +216,7 @@ impl<W: Write> TraceWriter<W> {
         for i in 0..tracks.len() {
             let tid = i as u64 + 1;
             w.state[i].sort_base = (i as u64) * 1024;
-            w.state[i].lanes.push(Lane {
-                tid,
-                ..Lane::default()
-            });
+            w.state[i].lanes.push(Lane { tid, ..Lane::default() });
             w.lane_metadata(i, 0)?;
         }
         Ok(w)
@@ -256,7 +239,9 @@ impl<W: Write> TraceWriter<W> {
         if lane > 0 {
             name.push_str(&format!(" #{}", lane + 1));
         }
-        let mut e = format!("{{\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"name\":\"thread_name\",\"args\":{{\"name\":");
+        let mut e = format!(
+            "{{\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"name\":\"thread_name\",\"args\":{{\"name\":"
+        );
         push_json_str(&mut e, &name);
         e.push_str("}}");
         self.event(&e)?;
@@ -287,11 +272,7 @@ impl<W: Write> TraceWriter<W> {
         let tid = self.next_tid;
         self.next_tid += 1;
         let lanes = &mut self.state[track].lanes;
-        lanes.push(Lane {
-            tid,
-            last_start: start,
-            open_ends: vec![end],
-        });
+        lanes.push(Lane { tid, last_start: start, open_ends: vec![end] });
         let lane = lanes.len() - 1;
         self.lane_metadata(track, lane)?;
         Ok(tid)
@@ -310,11 +291,7 @@ impl<W: Write> TraceWriter<W> {
         args: &[(&str, &str)],
     ) -> Result<(), TraceError> {
         if track >= self.tracks.len() {
-            return Err(TraceError::BadTrack {
-                name: name.to_string(),
-                track,
-                tracks: self.tracks.len(),
-            });
+            return Err(TraceError::BadTrack { name: name.to_string(), track, tracks: self.tracks.len() });
         }
         let end = start.ps().saturating_add(duration.ps());
         let tid = self.lane_for(track, start.ps(), end)?;
@@ -352,11 +329,7 @@ impl<W: Write> TraceWriter<W> {
 
     /// Writes a [`Slice`].
     pub fn write(&mut self, s: &Slice) -> Result<(), TraceError> {
-        let args: Vec<(&str, &str)> = s
-            .args
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
+        let args: Vec<(&str, &str)> = s.args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         self.slice(s.track, &s.name, &s.category, s.start, s.duration, &args)
     }
 
@@ -377,16 +350,11 @@ impl<W: Write> TraceWriter<W> {
 /// that enclosing slices precede the ones they contain, then streamed.
 pub fn write_trace(path: &Path, tracks: &[Track], slices: &[Slice]) -> Result<(), TraceError> {
     let with_path = |e: TraceError| match e {
-        TraceError::Io { path: None, source } => TraceError::Io {
-            path: Some(path.to_path_buf()),
-            source,
-        },
+        TraceError::Io { path: None, source } => TraceError::Io { path: Some(path.to_path_buf()), source },
         other => other,
     };
-    let file = std::fs::File::create(path).map_err(|source| TraceError::Io {
-        path: Some(path.to_path_buf()),
-        source,
-    })?;
+    let file = std::fs::File::create(path)
+        .map_err(|source| TraceError::Io { path: Some(path.to_path_buf()), source })?;
     let mut order: Vec<usize> = (0..slices.len()).collect();
     order.sort_by_key(|&i| {
         let s = &slices[i];
@@ -438,18 +406,12 @@ mod tests {
         let out = String::from_utf8(w.finish().unwrap()).unwrap();
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         let ev = v["traceEvents"].as_array().unwrap();
-        let tid_of = |n: &str| {
-            ev.iter().find(|e| e["name"] == n).unwrap()["tid"]
-                .as_u64()
-                .unwrap()
-        };
+        let tid_of = |n: &str| ev.iter().find(|e| e["name"] == n).unwrap()["tid"].as_u64().unwrap();
         assert_eq!(tid_of("outer"), 1);
         assert_eq!(tid_of("inner"), 1);
         assert_eq!(tid_of("overlap"), 2);
         assert_eq!(tid_of("later"), 1);
-        assert!(ev
-            .iter()
-            .any(|e| e["ph"] == "M" && e["args"]["name"] == "link #2"));
+        assert!(ev.iter().any(|e| e["ph"] == "M" && e["args"]["name"] == "link #2"));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! other valid candidate to report the fastest beside NCCL's pick. Results are flat rows
 //! with nccl-tests' columns.
 
-use crate::collective::{self, tuner, Algo, CollArgs, Choice, Collective, Comm, Knobs};
+use crate::collective::{self, tuner, Algo, Choice, CollArgs, Collective, Comm, Knobs};
 use crate::engine::Granularity;
 use crate::exec::analytic;
 use crate::exec::simulate::{simulate, SimOpts};
@@ -180,12 +180,19 @@ pub enum BenchError {
 }
 
 /// Sizes from `-b`, `-e` and `-f` (factor) or `-i` (increment), as nccl-tests sweeps them.
-pub fn sweep_sizes(min: u64, max: u64, factor: Option<u64>, step: Option<u64>) -> Result<Vec<u64>, BenchError> {
+pub fn sweep_sizes(
+    min: u64,
+    max: u64,
+    factor: Option<u64>,
+    step: Option<u64>,
+) -> Result<Vec<u64>, BenchError> {
     if min == 0 || max == 0 {
         return Err(BenchError::Args("sizes must be positive (-b and -e)".into()));
     }
     if min > max {
-        return Err(BenchError::Args(format!("-b {min} is larger than -e {max}; the sweep goes from -b up to -e")));
+        return Err(BenchError::Args(format!(
+            "-b {min} is larger than -e {max}; the sweep goes from -b up to -e"
+        )));
     }
     let mut v = Vec::new();
     match (factor, step) {
@@ -258,7 +265,11 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
     comm.nvls &= cfg.env.nvls;
     let n = comm.nranks;
     if matches!(cfg.coll, Collective::Broadcast | Collective::Reduce) && cfg.root >= n {
-        return Err(BenchError::Args(format!("root {} is outside the communicator (valid: 0..{})", cfg.root, n - 1)));
+        return Err(BenchError::Args(format!(
+            "root {} is outside the communicator (valid: 0..{})",
+            cfg.root,
+            n - 1
+        )));
     }
     let tin = tuner::TunerInput::from_comm(&comm, cfg.env.collnet);
     // A forced algorithm must exist for this collective and fabric (checked once).
@@ -280,12 +291,16 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
         }
         let args = CollArgs { coll: cfg.coll, count, dtype: cfg.dtype, redop: cfg.redop, root: cfg.root };
         let nbytes = model_bytes(&args, n);
-        let nccl_pick = tuner::pick(&tin, cfg.coll, nbytes, &nccl_algos, &nccl_protos).map(|(a, p, _)| (a, p));
+        let nccl_pick =
+            tuner::pick(&tin, cfg.coll, nbytes, &nccl_algos, &nccl_protos).map(|(a, p, _)| (a, p));
         let (algo, proto) = match (cfg.algo, cfg.proto) {
             (Some(a), Some(p)) => (a, p),
             (Some(a), None) => {
-                let protos: Vec<Proto> =
-                    nccl_protos.iter().copied().filter(|p| collective::protocols_for(a, cfg.coll).contains(p)).collect();
+                let protos: Vec<Proto> = nccl_protos
+                    .iter()
+                    .copied()
+                    .filter(|p| collective::protocols_for(a, cfg.coll).contains(p))
+                    .collect();
                 let best = tuner::pick(&tin, cfg.coll, nbytes, &[a], &protos).map(|x| x.1);
                 (a, best.unwrap_or(*collective::protocols_for(a, cfg.coll).last().unwrap_or(&Proto::Simple)))
             }
@@ -340,7 +355,11 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
             count,
             dtype: cfg.dtype,
             redop: cfg.redop,
-            root: if matches!(cfg.coll, Collective::Broadcast | Collective::Reduce) { cfg.root as i64 } else { -1 },
+            root: if matches!(cfg.coll, Collective::Broadcast | Collective::Reduce) {
+                cfg.root as i64
+            } else {
+                -1
+            },
             time_us,
             algbw_gbps: algbw,
             busbw_gbps: algbw * cfg.coll.busbw_factor(n),
@@ -376,7 +395,9 @@ fn time_one(
     proto: Proto,
 ) -> Result<(f64, u32, u64), BenchError> {
     let n = comm.nranks;
-    let mut nch = cfg.channels.unwrap_or_else(|| tuner::channels_for(tin, args.coll, algo, proto, model_bytes(args, n)));
+    let mut nch = cfg
+        .channels
+        .unwrap_or_else(|| tuner::channels_for(tin, args.coll, algo, proto, model_bytes(args, n)));
     if let Some(m) = cfg.env.max_channels {
         nch = nch.min(m.max(1));
     }

@@ -51,7 +51,11 @@ fn parse_list<T: Copy + PartialEq>(
         let (func, list) = match entry.split_once(':') {
             Some((f, l)) => (Some(f.trim().to_ascii_lowercase()), l),
             None if i == 0 => (None, entry),
-            None => return Err(format!("{what} entry {entry:?} needs a `function:` prefix (only the first may omit it)")),
+            None => {
+                return Err(format!(
+                    "{what} entry {entry:?} needs a `function:` prefix (only the first may omit it)"
+                ))
+            }
         };
         if let Some(f) = &func {
             let known = Collective::ALL.iter().any(|c| func_name(*c) == f.as_str());
@@ -115,7 +119,8 @@ impl NcclEnv {
                 )?
             }
             "NCCL_PROTO" => {
-                self.protos = parse_list(value, coll, &Proto::ALL, Proto::parse, "NCCL_PROTO", "LL, LL128, Simple")?
+                self.protos =
+                    parse_list(value, coll, &Proto::ALL, Proto::parse, "NCCL_PROTO", "LL, LL128, Simple")?
             }
             "NCCL_MIN_NCHANNELS" => self.min_channels = Some(channels(key, value)?),
             "NCCL_MAX_NCHANNELS" => self.max_channels = Some(channels(key, value)?),

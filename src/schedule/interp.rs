@@ -102,9 +102,7 @@ impl SwitchExec<'_> {
     /// Whether member `m`'s `dst` is written (it is then present and `len` long).
     pub fn writes(&self, m: usize) -> bool {
         match self.kind {
-            SwitchKind::AllReduce { .. } | SwitchKind::Multicast { .. } => {
-                self.parts[m].dst.is_some()
-            }
+            SwitchKind::AllReduce { .. } | SwitchKind::Multicast { .. } => self.parts[m].dst.is_some(),
             SwitchKind::ReduceTo { to } => m == to as usize,
         }
     }
@@ -341,10 +339,7 @@ impl<'a, M> Machine<'a, M> {
                             grp.streams[member] = si as u32;
                             grp.counts[member] += c[2];
                         }
-                        binds.push(Bind::Group {
-                            g,
-                            member: member as u32,
-                        });
+                        binds.push(Bind::Group { g, member: member as u32 });
                     }
                 }
             }
@@ -382,9 +377,7 @@ impl<'a, M> Machine<'a, M> {
                 )));
             }
             if c.sends > 0 && s.window == 0 {
-                return Err(structure(
-                    "the flow-control window is 0: no message can ever be sent".into(),
-                ));
+                return Err(structure("the flow-control window is 0: no message can ever be sent".into()));
             }
         }
         for g in &groups {
@@ -467,9 +460,9 @@ impl<'a, M> Machine<'a, M> {
     fn peer(&self, k: u32, slot: u16) -> Result<(u32, u32), ScheduleError> {
         match self.bind(k, slot)? {
             Bind::Peer { send, recv } => Ok((send, recv)),
-            Bind::Group { .. } => Err(structure(format!(
-                "stream {k}: binding {slot} is a group, not a peer"
-            ))),
+            Bind::Group { .. } => {
+                Err(structure(format!("stream {k}: binding {slot} is a group, not a peer")))
+            }
         }
     }
 
@@ -511,11 +504,7 @@ impl<'a, M> Machine<'a, M> {
     }
 
     /// Issues the next op of stream `k`, or says what it waits for.
-    fn issue<E: Effects<Msg = M>>(
-        &mut self,
-        k: u32,
-        fx: &mut E,
-    ) -> Result<Option<Block>, ScheduleError> {
+    fn issue<E: Effects<Msg = M>>(&mut self, k: u32, fx: &mut E) -> Result<Option<Block>, ScheduleError> {
         let s = self.s;
         let st = &self.streams[k as usize];
         let i = st.pc;
@@ -523,11 +512,7 @@ impl<'a, M> Machine<'a, M> {
         if ins.after > 0 && !self.is_done(k, i - ins.after) {
             return Ok(Some(Block::After(i - ins.after)));
         }
-        let at = OpRef {
-            stream: k,
-            rank: st.rank,
-            op: i,
-        };
+        let at = OpRef { stream: k, rank: st.rank, op: i };
         match &ins.op {
             Op::Step(step) => {
                 let recv = step.recv.as_slice();
@@ -645,10 +630,7 @@ impl<'a, M> Machine<'a, M> {
             }
             Op::Switch(sw) => {
                 let Bind::Group { g, member } = self.bind(k, sw.group)? else {
-                    return Err(structure(format!(
-                        "stream {k} op {i}: binding {} is not a group",
-                        sw.group
-                    )));
+                    return Err(structure(format!("stream {k} op {i}: binding {} is not a group", sw.group)));
                 };
                 let grp = &mut self.groups[g as usize];
                 let q = &mut grp.issued[member as usize];
@@ -667,9 +649,13 @@ impl<'a, M> Machine<'a, M> {
                 self.mark_done(k, i);
             }
             Op::Wait { lane_delta, op } => {
-                let stream = Schedule::wait_target(&self.by_lane, &s.streams[k as usize], *lane_delta).ok_or_else(|| {
-                    structure(format!("stream {k} waits on lane {:+} of its rank, which has no stream", lane_delta))
-                })?;
+                let stream = Schedule::wait_target(&self.by_lane, &s.streams[k as usize], *lane_delta)
+                    .ok_or_else(|| {
+                        structure(format!(
+                            "stream {k} waits on lane {:+} of its rank, which has no stream",
+                            lane_delta
+                        ))
+                    })?;
                 if !self.is_done(stream, *op) {
                     return Ok(Some(Block::Wait { stream, op: *op }));
                 }
@@ -686,11 +672,7 @@ impl<'a, M> Machine<'a, M> {
     }
 
     /// Executes the oldest pending operation of group `g` (every member has issued it).
-    fn execute_switch<E: Effects<Msg = M>>(
-        &mut self,
-        g: u32,
-        fx: &mut E,
-    ) -> Result<(), ScheduleError> {
+    fn execute_switch<E: Effects<Msg = M>>(&mut self, g: u32, fx: &mut E) -> Result<(), ScheduleError> {
         let s = self.s;
         let grp = &mut self.groups[g as usize];
         let mut parts = std::mem::take(&mut grp.parts);
@@ -704,11 +686,7 @@ impl<'a, M> Machine<'a, M> {
             }
             let k = grp.streams[m];
             let st = &self.streams[k as usize];
-            let at = OpRef {
-                stream: k,
-                rank: st.rank,
-                op,
-            };
+            let at = OpRef { stream: k, rank: st.rank, op };
             let Op::Switch(sw) = &s.programs[st.program as usize].instrs[op as usize].op else {
                 return Err(structure(format!("stream {k} op {op} is not a switch op")));
             };
@@ -753,18 +731,9 @@ impl<'a, M> Machine<'a, M> {
             SwitchKind::Multicast { from } => member_ok(from, "source")?,
             SwitchKind::AllReduce { head: None } => {}
         }
-        let exec = SwitchExec {
-            group: g,
-            kind,
-            len,
-            postop,
-            parts: &parts,
-        };
+        let exec = SwitchExec { group: g, kind, len, postop, parts: &parts };
         for (m, p) in parts.iter().enumerate() {
-            for (what, sp, used) in [
-                ("src", p.src, exec.reads(m)),
-                ("dst", p.dst, exec.writes(m)),
-            ] {
+            for (what, sp, used) in [("src", p.src, exec.reads(m)), ("dst", p.dst, exec.writes(m))] {
                 if !used {
                     continue;
                 }
@@ -804,19 +773,13 @@ impl<'a, M> Machine<'a, M> {
     }
 
     fn finish(&self) -> Result<(), ScheduleError> {
-        let stuck: Vec<usize> = (0..self.streams.len())
-            .filter(|&k| self.streams[k].pc < self.streams[k].len)
-            .collect();
+        let stuck: Vec<usize> =
+            (0..self.streams.len()).filter(|&k| self.streams[k].pc < self.streams[k].len).collect();
         let pending: Vec<&Grp> = self.groups.iter().filter(|g| g.nonempty > 0).collect();
         if !stuck.is_empty() || !pending.is_empty() {
             let mut msg = String::new();
             if !stuck.is_empty() {
-                let _ = write!(
-                    msg,
-                    "{} of {} streams cannot progress",
-                    stuck.len(),
-                    self.streams.len()
-                );
+                let _ = write!(msg, "{} of {} streams cannot progress", stuck.len(), self.streams.len());
             }
             const SHOW: usize = 8;
             for &k in stuck.iter().take(SHOW) {
@@ -829,13 +792,7 @@ impl<'a, M> Machine<'a, M> {
                 if !msg.is_empty() {
                     msg.push_str("; ");
                 }
-                let _ = write!(
-                    msg,
-                    "group {}: switch op #{} {}",
-                    g.id,
-                    g.executed,
-                    self.missing(g)
-                );
+                let _ = write!(msg, "group {}: switch op #{} {}", g.id, g.executed, self.missing(g));
             }
             return Err(ScheduleError::Deadlock(msg));
         }
@@ -854,19 +811,14 @@ impl<'a, M> Machine<'a, M> {
 
     /// "waits for ranks [..]" of a group's oldest pending operation.
     fn missing(&self, g: &Grp) -> String {
-        let missing: Vec<u32> = (0..g.members.len())
-            .filter(|&m| g.issued[m].is_empty())
-            .map(|m| g.members[m])
-            .collect();
+        let missing: Vec<u32> =
+            (0..g.members.len()).filter(|&m| g.issued[m].is_empty()).map(|m| g.members[m]).collect();
         format!("is waiting for ranks {missing:?} to issue it")
     }
 
     fn where_is(&self, k: u32) -> String {
         let st = &self.streams[k as usize];
-        format!(
-            "stream {k} (rank {}, lane {}) at op {} of {}",
-            st.rank, st.lane, st.pc, st.len
-        )
+        format!("stream {k} (rank {}, lane {}) at op {} of {}", st.rank, st.lane, st.pc, st.len)
     }
 
     fn describe(&self, k: u32) -> String {
@@ -903,18 +855,12 @@ impl<'a, M> Machine<'a, M> {
             }
             Block::After(op) => {
                 let mut m = format!("{head} waits for its own op {op}");
-                if let Op::Switch(sw) = &self.s.programs[st.program as usize].instrs[op as usize].op
-                {
+                if let Op::Switch(sw) = &self.s.programs[st.program as usize].instrs[op as usize].op {
                     if let Some(Bind::Group { g, .. }) = (st.nbind > sw.group as u32)
                         .then(|| self.binds[(st.bind0 + sw.group as u32) as usize])
                     {
                         let g = &self.groups[g as usize];
-                        let _ = write!(
-                            m,
-                            ", a switch op on group {} that {}",
-                            g.id,
-                            self.missing(g)
-                        );
+                        let _ = write!(m, ", a switch op on group {} that {}", g.id, self.missing(g));
                     }
                 }
                 m
@@ -928,12 +874,7 @@ impl<'a, M> Machine<'a, M> {
 }
 
 fn mismatch(at: OpRef, detail: String) -> ScheduleError {
-    ScheduleError::Mismatch {
-        stream: at.stream,
-        rank: at.rank,
-        op: at.op,
-        detail,
-    }
+    ScheduleError::Mismatch { stream: at.stream, rank: at.rank, op: at.op, detail }
 }
 
 #[cfg(test)]
@@ -1011,14 +952,7 @@ mod tests {
         let e = check_dynamic(&s, 0).unwrap_err();
         assert_eq!(
             e,
-            ScheduleError::ReadBeforeWrite {
-                stream: 0,
-                rank: 0,
-                op: 0,
-                buf: Buf::Output,
-                start: 2,
-                end: 6
-            }
+            ScheduleError::ReadBeforeWrite { stream: 0, rank: 0, op: 0, buf: Buf::Output, start: 2, end: 6 }
         );
         // Once the region is written first, the same exchange is fine.
         let s = pair(
@@ -1036,49 +970,29 @@ mod tests {
 
     #[test]
     fn two_ranks_receiving_first_deadlock() {
-        let both = prog(&[
-            Step::recv(0, abs(Buf::Output, 0, 4)),
-            Step::send(0, abs(Buf::Input, 0, 4)),
-        ]);
+        let both = prog(&[Step::recv(0, abs(Buf::Output, 0, 4)), Step::send(0, abs(Buf::Input, 0, 4))]);
         let s = pair(8, both.clone(), both);
         let e = check_dynamic(&s, 3).unwrap_err();
-        let ScheduleError::Deadlock(msg) = &e else {
-            panic!("{e}")
-        };
+        let ScheduleError::Deadlock(msg) = &e else { panic!("{e}") };
         assert!(msg.contains("2 of 2 streams cannot progress"), "{msg}");
         assert!(
-            msg.contains(
-                "stream 0 (rank 0, lane 0) at op 0 of 2 waits for a message from rank 1 on port 0"
-            ),
+            msg.contains("stream 0 (rank 0, lane 0) at op 0 of 2 waits for a message from rank 1 on port 0"),
             "{msg}"
         );
         assert!(
-            msg.contains(
-                "stream 1 (rank 1, lane 0) at op 0 of 2 waits for a message from rank 0 on port 0"
-            ),
+            msg.contains("stream 1 (rank 1, lane 0) at op 0 of 2 waits for a message from rank 0 on port 0"),
             "{msg}"
         );
     }
 
     #[test]
     fn more_messages_than_the_window_still_complete() {
-        let sends: Vec<Op> = (0..6)
-            .map(|i| Step::send(0, abs(Buf::Input, i, 1)))
-            .collect();
-        let recvs: Vec<Op> = (0..6)
-            .map(|i| Step::recv(0, abs(Buf::Output, i, 1)))
-            .collect();
+        let sends: Vec<Op> = (0..6).map(|i| Step::send(0, abs(Buf::Input, i, 1))).collect();
+        let recvs: Vec<Op> = (0..6).map(|i| Step::recv(0, abs(Buf::Output, i, 1))).collect();
         let s = pair(1, prog(&sends), prog(&recvs));
         for seed in SEEDS {
             let stats = run(&s, &mut Recorder::default(), seed).unwrap();
-            assert_eq!(
-                stats,
-                Stats {
-                    ops: 12,
-                    messages: 6,
-                    switch_ops: 0
-                }
-            );
+            assert_eq!(stats, Stats { ops: 12, messages: 6, switch_ops: 0 });
             check_dynamic(&s, seed).unwrap();
         }
         // With window 1, the sender can never be two messages ahead of the receiver.
@@ -1094,9 +1008,7 @@ mod tests {
         let s = pair(1, both.clone(), both);
         let msg = check_dynamic(&s, 0).unwrap_err().to_string();
         assert!(
-            msg.contains(
-                "waits for a credit to send to rank 1 on port 0: 1 of 1 messages in flight"
-            ),
+            msg.contains("waits for a credit to send to rank 1 on port 0: 1 of 1 messages in flight"),
             "{msg}"
         );
     }
@@ -1106,17 +1018,11 @@ mod tests {
         let mut s = pair(8, prog(&[]), prog(&[]));
         s.streams[1].rank = 2;
         let e = check_dynamic(&s, 0).unwrap_err();
-        assert!(
-            matches!(&e, ScheduleError::Structure(m) if m.contains("outside the communicator")),
-            "{e}"
-        );
+        assert!(matches!(&e, ScheduleError::Structure(m) if m.contains("outside the communicator")), "{e}");
         let mut s = pair(8, prog(&[]), prog(&[]));
         s.bindings[0] = Binding::Peer { rank: 5, port: 0 };
         let e = check_dynamic(&s, 0).unwrap_err();
-        assert!(
-            matches!(&e, ScheduleError::Structure(m) if m.contains("peer rank 5")),
-            "{e}"
-        );
+        assert!(matches!(&e, ScheduleError::Structure(m) if m.contains("peer rank 5")), "{e}");
     }
 
     #[test]
@@ -1131,7 +1037,12 @@ mod tests {
         s.add_stream(0, 1, 1, 0, b, &[]);
         let msg = check_dynamic(&s, 0).unwrap_err().to_string();
         assert!(msg.starts_with("deadlock"), "{msg}");
-        assert!(msg.contains("stream 0 (rank 0, lane 0) at op 0 of 2 waits for op 1 of stream 1 (rank 0, lane 1) at op 0"), "{msg}");
+        assert!(
+            msg.contains(
+                "stream 0 (rank 0, lane 0) at op 0 of 2 waits for op 1 of stream 1 (rank 0, lane 1) at op 0"
+            ),
+            "{msg}"
+        );
         // Without the cycle, the wait orders the two streams.
         let b = s.add_program(prog(&[copy, copy]));
         s.streams[1].program = b;
@@ -1147,23 +1058,16 @@ mod tests {
         let mut s = pair(8, prog(&[Step::send(0, abs(Buf::Input, 0, 4))]), prog(&[]));
         s.streams[1].bindings = 0..0;
         let e = check_dynamic(&s, 0).unwrap_err();
-        let ScheduleError::Undelivered(msg) = &e else {
-            panic!("{e}")
-        };
+        let ScheduleError::Undelivered(msg) = &e else { panic!("{e}") };
         assert!(
-            msg.contains(
-                "rank 0 on lane 0 sends 1 messages to rank 1 on port 0, but rank 1 receives 0"
-            ),
+            msg.contains("rank 0 on lane 0 sends 1 messages to rank 1 on port 0, but rank 1 receives 0"),
             "{msg}"
         );
         assert!(msg.contains("nobody receives"), "{msg}");
         // Receiving more than the peer sends can never finish.
         let s = pair(8, prog(&[]), prog(&[Step::recv(0, abs(Buf::Output, 0, 4))]));
         let e = check_dynamic(&s, 0).unwrap_err();
-        assert!(
-            matches!(&e, ScheduleError::Deadlock(m) if m.contains("sends only 0")),
-            "{e}"
-        );
+        assert!(matches!(&e, ScheduleError::Deadlock(m) if m.contains("sends only 0")), "{e}");
     }
 
     #[test]
@@ -1187,11 +1091,7 @@ mod tests {
             reduce: true,
             postop: false,
         });
-        let s = pair(
-            8,
-            prog(&[Step::send(0, abs(Buf::Input, 0, 4))]),
-            prog(&[red]),
-        );
+        let s = pair(8, prog(&[Step::send(0, abs(Buf::Input, 0, 4))]), prog(&[red]));
         let e = check_dynamic(&s, 0).unwrap_err();
         assert!(
             matches!(&e, ScheduleError::Mismatch { detail, .. } if detail.contains("local operand")),
@@ -1204,10 +1104,7 @@ mod tests {
     fn switch_then_send(after: u32) -> Schedule {
         let mut s = Schedule::new(2, DType::F32, RedOp::Sum, Proto::Simple);
         s.buf_elems = [4, 4, 4];
-        let g = s.add_group(Group {
-            members: vec![0, 1],
-            kind: GroupKind::Nvls,
-        });
+        let g = s.add_group(Group { members: vec![0, 1], kind: GroupKind::Nvls });
         let sw = Op::Switch(SwitchOp {
             group: 1,
             kind: SwitchKind::AllReduce { head: None },
@@ -1219,49 +1116,23 @@ mod tests {
         let p = s.add_program(Program {
             instrs: vec![
                 Instr::new(sw),
-                Instr {
-                    op: Step::send(0, abs(Buf::Scratch, 0, 4)),
-                    after,
-                },
+                Instr { op: Step::send(0, abs(Buf::Scratch, 0, 4)), after },
                 Instr::new(Step::recv(0, abs(Buf::Output, 0, 4))),
             ],
         });
-        s.add_stream(
-            0,
-            0,
-            0,
-            0,
-            p,
-            &[Binding::Peer { rank: 1, port: 0 }, Binding::Group(g)],
-        );
-        s.add_stream(
-            1,
-            0,
-            0,
-            0,
-            p,
-            &[Binding::Peer { rank: 0, port: 0 }, Binding::Group(g)],
-        );
+        s.add_stream(0, 0, 0, 0, p, &[Binding::Peer { rank: 1, port: 0 }, Binding::Group(g)]);
+        s.add_stream(1, 0, 0, 0, p, &[Binding::Peer { rank: 0, port: 0 }, Binding::Group(g)]);
         s
     }
 
     #[test]
     fn a_missing_dependency_on_a_switch_op_is_caught_by_some_interleaving() {
         let s = switch_then_send(0);
-        let failures: Vec<ScheduleError> = SEEDS
-            .filter_map(|seed| check_dynamic(&s, seed).err())
-            .collect();
-        assert!(
-            !failures.is_empty(),
-            "no interleaving exposed the missing dependency"
-        );
-        assert!(failures.iter().all(|e| matches!(
-            e,
-            ScheduleError::ReadBeforeWrite {
-                buf: Buf::Scratch,
-                ..
-            }
-        )));
+        let failures: Vec<ScheduleError> = SEEDS.filter_map(|seed| check_dynamic(&s, seed).err()).collect();
+        assert!(!failures.is_empty(), "no interleaving exposed the missing dependency");
+        assert!(failures
+            .iter()
+            .all(|e| matches!(e, ScheduleError::ReadBeforeWrite { buf: Buf::Scratch, .. })));
         let s = switch_then_send(1);
         for seed in SEEDS {
             let stats = run(&s, &mut Recorder::default(), seed).unwrap();
@@ -1279,10 +1150,7 @@ mod tests {
         ]));
         s.streams[1].program = p;
         let msg = check_dynamic(&s, 0).unwrap_err().to_string();
-        assert!(
-            msg.contains("group 0: rank 0 issues 1 switch ops but rank 1 issues 0"),
-            "{msg}"
-        );
+        assert!(msg.contains("group 0: rank 0 issues 1 switch ops but rank 1 issues 0"), "{msg}");
     }
 
     #[test]
@@ -1314,12 +1182,8 @@ mod tests {
 
     #[test]
     fn a_seed_fixes_the_interleaving() {
-        let sends: Vec<Op> = (0..8)
-            .map(|i| Step::send(0, abs(Buf::Input, i, 1)))
-            .collect();
-        let recvs: Vec<Op> = (0..8)
-            .map(|i| Step::recv(0, abs(Buf::Output, i, 1)))
-            .collect();
+        let sends: Vec<Op> = (0..8).map(|i| Step::send(0, abs(Buf::Input, i, 1))).collect();
+        let recvs: Vec<Op> = (0..8).map(|i| Step::recv(0, abs(Buf::Output, i, 1))).collect();
         let s = pair(8, prog(&sends), prog(&recvs));
         let order = |seed| {
             let mut r = Recorder::default();
@@ -1328,11 +1192,6 @@ mod tests {
         };
         assert_eq!(order(5), order(5));
         let distinct: std::collections::BTreeSet<Vec<(u32, u32)>> = SEEDS.map(order).collect();
-        assert!(
-            distinct.len() > 4,
-            "only {} interleavings over {} seeds",
-            distinct.len(),
-            SEEDS.end
-        );
+        assert!(distinct.len() > 4, "only {} interleavings over {} seeds", distinct.len(), SEEDS.end);
     }
 }

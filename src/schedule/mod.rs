@@ -188,7 +188,17 @@ pub struct Addr {
 impl Addr {
     /// An absolute region.
     pub fn abs(buf: Buf, offset: u64, len: u64) -> Addr {
-        Addr { buf, base: offset, stride: 0, rel: 0, modulus: 0, perm: false, len, limit: offset + len, limit_stride: 0 }
+        Addr {
+            buf,
+            base: offset,
+            stride: 0,
+            rel: 0,
+            modulus: 0,
+            perm: false,
+            len,
+            limit: offset + len,
+            limit_stride: 0,
+        }
     }
     /// Block `(pos + rel) mod modulus` of `stride`-sized blocks starting at `base`,
     /// `stride` long, clipped to the global end `limit`.
@@ -553,7 +563,15 @@ impl Schedule {
     }
 
     /// Adds a stream with its bindings; returns its index.
-    pub fn add_stream(&mut self, rank: u32, lane: u32, channel: u32, pos: u32, program: u32, bindings: &[Binding]) -> u32 {
+    pub fn add_stream(
+        &mut self,
+        rank: u32,
+        lane: u32,
+        channel: u32,
+        pos: u32,
+        program: u32,
+        bindings: &[Binding],
+    ) -> u32 {
         let start = self.bindings.len() as u32;
         self.bindings.extend_from_slice(bindings);
         self.streams.push(Stream {
@@ -659,15 +677,36 @@ impl ProgramBuilder {
 impl Step {
     /// Send a local region.
     pub fn send(to: u16, src: Addr) -> Op {
-        Op::Step(Step { recv: Slots::NONE, send: Slots::one(to), local: Some(src), write: None, reduce: false, postop: false })
+        Op::Step(Step {
+            recv: Slots::NONE,
+            send: Slots::one(to),
+            local: Some(src),
+            write: None,
+            reduce: false,
+            postop: false,
+        })
     }
     /// Receive into a region.
     pub fn recv(from: u16, dst: Addr) -> Op {
-        Op::Step(Step { recv: Slots::one(from), send: Slots::NONE, local: None, write: Some(dst), reduce: false, postop: false })
+        Op::Step(Step {
+            recv: Slots::one(from),
+            send: Slots::NONE,
+            local: None,
+            write: Some(dst),
+            reduce: false,
+            postop: false,
+        })
     }
     /// Local copy.
     pub fn copy(src: Addr, dst: Addr) -> Op {
-        Op::Step(Step { recv: Slots::NONE, send: Slots::NONE, local: Some(src), write: Some(dst), reduce: false, postop: false })
+        Op::Step(Step {
+            recv: Slots::NONE,
+            send: Slots::NONE,
+            local: Some(src),
+            write: Some(dst),
+            reduce: false,
+            postop: false,
+        })
     }
 }
 
@@ -683,7 +722,14 @@ mod tests {
         let b = Addr::chunk(Buf::Output, 100, 10, 0, 4, 120);
         assert_eq!(b.resolve(3, None).len, 0);
         // Blocks through a permutation, clipped per block.
-        let c = Addr { perm: true, limit: 7, limit_stride: 10, len: 5, base: 4, ..Addr::chunk(Buf::Output, 4, 10, 0, 3, 0) };
+        let c = Addr {
+            perm: true,
+            limit: 7,
+            limit_stride: 10,
+            len: 5,
+            base: 4,
+            ..Addr::chunk(Buf::Output, 4, 10, 0, 3, 0)
+        };
         assert_eq!(c.resolve(0, Some(&[2, 0, 1])), Span { buf: Buf::Output, offset: 24, len: 3 });
         // The stream offset shifts everything.
         let mut s = Schedule::new(2, DType::F32, RedOp::Sum, Proto::Simple);

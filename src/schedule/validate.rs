@@ -78,7 +78,14 @@ struct ProgUse {
     perm_min_len: Option<usize>,
 }
 
-fn check_addr(s: &Schedule, a: &Addr, what: &str, p: usize, i: usize, u: &ProgUse) -> Result<(), ScheduleError> {
+fn check_addr(
+    s: &Schedule,
+    a: &Addr,
+    what: &str,
+    p: usize,
+    i: usize,
+    u: &ProgUse,
+) -> Result<(), ScheduleError> {
     let size = s.buf_elems[a.buf as usize];
     if a.perm && a.modulus > 0 {
         if let Some(min) = u.perm_min_len {
@@ -145,14 +152,10 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                         )));
                     }
                     if !st.reduce && inputs != 1 {
-                        return Err(bad(format!(
-                            "program {p} op {i}: {inputs} inputs but no reduction"
-                        )));
+                        return Err(bad(format!("program {p} op {i}: {inputs} inputs but no reduction")));
                     }
                     if st.send.is_empty() && st.write.is_none() {
-                        return Err(bad(format!(
-                            "program {p} op {i}: a step must send or write its value"
-                        )));
+                        return Err(bad(format!("program {p} op {i}: a step must send or write its value")));
                     }
                     for (what, a) in [("local", &st.local), ("write", &st.write)] {
                         if let Some(a) = a {
@@ -169,16 +172,10 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                 }
                 Op::Compute(c) => {
                     if !(c.flops >= 0.0 && c.flops.is_finite()) {
-                        return Err(bad(format!(
-                            "program {p} op {i}: compute with {} FLOPs",
-                            c.flops
-                        )));
+                        return Err(bad(format!("program {p} op {i}: compute with {} FLOPs", c.flops)));
                     }
                     if c.label as usize >= s.labels.len().max(1) && !s.labels.is_empty() {
-                        return Err(bad(format!(
-                            "program {p} op {i}: unknown label {}",
-                            c.label
-                        )));
+                        return Err(bad(format!("program {p} op {i}: unknown label {}", c.label)));
                     }
                 }
                 Op::Wait { .. } => {} // checked per stream below
@@ -208,36 +205,29 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
             )));
         }
         let Some(prog) = s.programs.get(st.program as usize) else {
-            return Err(bad(format!(
-                "stream {si} uses program {}, which does not exist",
-                st.program
-            )));
+            return Err(bad(format!("stream {si} uses program {}, which does not exist", st.program)));
         };
         if st.bindings.end as usize > s.bindings.len() || st.bindings.start > st.bindings.end {
             return Err(bad(format!("stream {si} has an invalid binding range")));
         }
         if !lanes.insert((st.lane, st.rank)) {
-            return Err(bad(format!(
-                "rank {} has two streams on lane {}",
-                st.rank, st.lane
-            )));
+            return Err(bad(format!("rank {} has two streams on lane {}", st.rank, st.lane)));
         }
         let binds = s.stream_bindings(st);
         for b in binds {
             match *b {
                 Binding::Peer { rank, .. } if rank >= s.nranks => {
-                    return Err(bad(format!("stream {si} (rank {}) binds peer rank {rank}, outside the communicator of {} ranks", st.rank, s.nranks)));
+                    return Err(bad(format!(
+                        "stream {si} (rank {}) binds peer rank {rank}, outside the communicator of {} ranks",
+                        st.rank, s.nranks
+                    )));
                 }
                 Binding::Peer { rank, .. } if rank == st.rank => {
-                    return Err(bad(format!(
-                        "stream {si} binds its own rank {rank} as a peer"
-                    )));
+                    return Err(bad(format!("stream {si} binds its own rank {rank} as a peer")));
                 }
                 Binding::Group(g) => {
                     let Some(grp) = s.groups.get(g as usize) else {
-                        return Err(bad(format!(
-                            "stream {si} binds group {g}, which does not exist"
-                        )));
+                        return Err(bad(format!("stream {si} binds group {g}, which does not exist")));
                     };
                     if !grp.members.contains(&st.rank) {
                         return Err(bad(format!(
@@ -264,9 +254,7 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                 };
                 let want_group = matches!(ins.op, Op::Switch(_));
                 if want_group != matches!(b, Binding::Group(_)) {
-                    return Err(bad(format!(
-                        "stream {si} op {i}: binding {sl} is of the wrong kind"
-                    )));
+                    return Err(bad(format!("stream {si} op {i}: binding {sl} is of the wrong kind")));
                 }
             }
         }
@@ -300,7 +288,9 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                 };
                 let len = s.programs[s.streams[t as usize].program as usize].instrs.len();
                 if op as usize >= len {
-                    return Err(bad(format!("stream {si} waits on op {op} of stream {t}, which has {len} ops")));
+                    return Err(bad(format!(
+                        "stream {si} waits on op {op} of stream {t}, which has {len} ops"
+                    )));
                 }
             }
         }
@@ -388,16 +378,12 @@ impl Symbolic {
         let mut input = Ranges::default();
         input.insert(0, s.buf_elems[Buf::Input as usize]);
         Symbolic {
-            written: (0..s.nranks)
-                .map(|_| [input.clone(), Ranges::default(), Ranges::default()])
-                .collect(),
+            written: (0..s.nranks).map(|_| [input.clone(), Ranges::default(), Ranges::default()]).collect(),
         }
     }
 
     fn read(&self, at: OpRef, sp: Span) -> Result<(), ScheduleError> {
-        match self.written[at.rank as usize][sp.buf as usize]
-            .first_gap(sp.offset, sp.offset + sp.len)
-        {
+        match self.written[at.rank as usize][sp.buf as usize].first_gap(sp.offset, sp.offset + sp.len) {
             None => Ok(()),
             Some((start, end)) => Err(ScheduleError::ReadBeforeWrite {
                 stream: at.stream,
@@ -433,11 +419,7 @@ impl Effects for Symbolic {
         if let Some(sp) = local {
             self.read(at, sp)?;
         }
-        let len = recvd
-            .first()
-            .copied()
-            .or(local.map(|sp| sp.len))
-            .unwrap_or(0);
+        let len = recvd.first().copied().or(local.map(|sp| sp.len)).unwrap_or(0);
         if let Some(w) = write {
             self.write(at.rank, w);
         }

@@ -58,13 +58,7 @@ impl Case {
         self.nodes * self.gpn
     }
     fn args(&self) -> CollArgs {
-        CollArgs {
-            coll: self.coll,
-            count: self.count,
-            dtype: self.dtype,
-            redop: self.redop,
-            root: self.root,
-        }
+        CollArgs { coll: self.coll, count: self.count, dtype: self.dtype, redop: self.redop, root: self.root }
     }
     fn knobs(&self) -> Knobs {
         let d = Knobs::default();
@@ -105,26 +99,11 @@ fn per_count(coll: Collective, n: u32) -> u64 {
 }
 
 fn case(coll: Collective) -> impl Strategy<Value = Case> {
-    let shape = (
-        2u32..=64,
-        any::<prop::sample::Index>(),
-        any::<bool>(),
-        any::<bool>(),
-    );
+    let shape = (2u32..=64, any::<prop::sample::Index>(), any::<bool>(), any::<bool>());
     let size = (0u8..4, any::<u64>(), 1u32..=8, 0u8..3);
-    let kind = (
-        0usize..DType::ALL.len(),
-        0usize..5,
-        any::<u64>(),
-        any::<u64>(),
-        any::<[u64; 2]>(),
-    );
+    let kind = (0usize..DType::ALL.len(), 0usize..5, any::<u64>(), any::<u64>(), any::<[u64; 2]>());
     (shape, size, kind).prop_map(
-        move |(
-            (n, split, nvls, sharp),
-            (class, raw, nchannels, knobs),
-            (dt, op, root, data_seed, seeds),
-        )| {
+        move |((n, split, nvls, sharp), (class, raw, nchannels, knobs), (dt, op, root, data_seed, seeds))| {
             let ds = divisors(n);
             let nodes = ds[split.index(ds.len())];
             let cap = (TOTAL_ELEMS / n as u64 / per_count(coll, n)).max(1);
@@ -215,10 +194,7 @@ fn compare<T: Element>(
     for (r, (g, w)) in got.iter().zip(want).enumerate() {
         let Some(w) = w else {
             // Untouched: still the fill value.
-            let bad = g
-                .output
-                .iter()
-                .position(|x| x.to_bits() != T::sentinel().to_bits());
+            let bad = g.output.iter().position(|x| x.to_bits() != T::sentinel().to_bits());
             prop_assert!(
                 bad.is_none(),
                 "{what}: rank {r}'s output was written at {:?} but must be untouched",
@@ -226,13 +202,7 @@ fn compare<T: Element>(
             );
             continue;
         };
-        prop_assert_eq!(
-            g.output.len(),
-            w.len(),
-            "{}: rank {} output length",
-            what,
-            r
-        );
+        prop_assert_eq!(g.output.len(), w.len(), "{}: rank {} output length", what, r);
         for (i, (&x, &y)) in g.output.iter().zip(w).enumerate() {
             if exact {
                 prop_assert!(
@@ -259,11 +229,7 @@ fn compare<T: Element>(
     }
     if c.coll == Collective::AllReduce {
         for (r, g) in got.iter().enumerate().skip(1) {
-            let diff = g
-                .output
-                .iter()
-                .zip(&got[0].output)
-                .position(|(a, b)| a.to_bits() != b.to_bits());
+            let diff = g.output.iter().zip(&got[0].output).position(|(a, b)| a.to_bits() != b.to_bits());
             prop_assert!(
                 diff.is_none(),
                 "{what}: rank {r}'s all-reduce result differs from rank 0's at {:?}",
@@ -301,16 +267,10 @@ fn run_typed<T: Element>(c: &Case) -> (u32, Vec<(String, String)>) {
                 c.dtype.nccl_name(),
                 c.redop.nccl_name()
             );
-            let choice = Choice {
-                algo,
-                proto,
-                nchannels: c.nchannels,
-            };
+            let choice = Choice { algo, proto, nchannels: c.nchannels };
             let s = match collective::build_schedule(&comm, &args, &choice, &c.knobs()) {
                 Ok(s) => s,
-                Err(CollError::Unsupported { hint, .. }) if hint.contains("in progress") => {
-                    continue
-                }
+                Err(CollError::Unsupported { hint, .. }) if hint.contains("in progress") => continue,
                 Err(e) => {
                     failures.push((what, format!("build: {e}")));
                     continue;
@@ -348,8 +308,7 @@ fn check_schedule<T: Element>(
 ) -> Result<(), String> {
     validate::validate(s, c.seeds[0]).map_err(|e| format!("validate: {e}"))?;
     for &seed in &c.seeds {
-        let got =
-            cpu::execute(s, inputs, seed).map_err(|e| format!("execute (seed {seed}): {e}"))?;
+        let got = cpu::execute(s, inputs, seed).map_err(|e| format!("execute (seed {seed}): {e}"))?;
         compare(c, &format!("seed {seed}"), inputs, &got, want).map_err(|e| e.to_string())?;
     }
     Ok(())
@@ -364,10 +323,7 @@ fn known_bug(algo: Algo, err: &str) -> Option<&'static str> {
     }
     // collective/pat.rs sends all of a step's blocks to one peer before receiving any: with
     // more blocks than the window (8; from n = 18 on), every rank waits for a credit.
-    if algo == Algo::Pat
-        && err.starts_with("validate: deadlock")
-        && err.contains("waits for a credit")
-    {
+    if algo == Algo::Pat && err.starts_with("validate: deadlock") && err.contains("waits for a credit") {
         return Some("PAT: more blocks per step than the flow-control window");
     }
     None
@@ -385,14 +341,8 @@ fn check_case(c: &Case, must_run: bool) -> Result<(), TestCaseError> {
 
 fn config() -> ProptestConfig {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
-    let cases = env("FABRICSIM_CPU_CASES")
-        .or_else(|| env("PROPTEST_CASES"))
-        .unwrap_or(48);
-    ProptestConfig {
-        cases,
-        max_shrink_iters: 256,
-        ..ProptestConfig::default()
-    }
+    let cases = env("FABRICSIM_CPU_CASES").or_else(|| env("PROPTEST_CASES")).unwrap_or(48);
+    ProptestConfig { cases, max_shrink_iters: 256, ..ProptestConfig::default() }
 }
 
 proptest! {
@@ -437,18 +387,9 @@ proptest! {
 /// The oracle itself, on a case small enough to check by hand.
 #[test]
 fn the_oracle_follows_the_collective_table() {
-    let args = |coll, redop| CollArgs {
-        coll,
-        count: 2,
-        dtype: DType::I32,
-        redop,
-        root: 1,
-    };
-    let inp: Vec<Vec<i32>> = vec![
-        vec![1, 2, 3, 4, 5, 6],
-        vec![10, 20, 30, 40, 50, 60],
-        vec![100, 200, 300, 400, 500, 600],
-    ];
+    let args = |coll, redop| CollArgs { coll, count: 2, dtype: DType::I32, redop, root: 1 };
+    let inp: Vec<Vec<i32>> =
+        vec![vec![1, 2, 3, 4, 5, 6], vec![10, 20, 30, 40, 50, 60], vec![100, 200, 300, 400, 500, 600]];
     let two: Vec<Vec<i32>> = inp.iter().map(|v| v[..2].to_vec()).collect();
     let some = |v: Vec<Vec<i32>>| v.into_iter().map(Some).collect::<Vec<_>>();
     assert_eq!(
@@ -481,11 +422,7 @@ fn the_oracle_follows_the_collective_table() {
     );
     assert_eq!(
         cpu::expected(&args(Collective::AllToAll, RedOp::Sum), &inp).unwrap(),
-        some(vec![
-            vec![1, 2, 10, 20, 100, 200],
-            vec![3, 4, 30, 40, 300, 400],
-            vec![5, 6, 50, 60, 500, 600]
-        ])
+        some(vec![vec![1, 2, 10, 20, 100, 200], vec![3, 4, 30, 40, 300, 400], vec![5, 6, 50, 60, 500, 600]])
     );
     assert_eq!(
         cpu::expected(&args(Collective::SendRecv, RedOp::Sum), &two).unwrap(),
@@ -506,18 +443,8 @@ fn in_progress_algorithms_are_the_only_ones_skipped() {
                 if collective::check_supported(&comm, coll, algo, proto).is_err() {
                     continue;
                 }
-                let args = CollArgs {
-                    coll,
-                    count: 1000,
-                    dtype: DType::F32,
-                    redop: RedOp::Sum,
-                    root: 0,
-                };
-                let choice = Choice {
-                    algo,
-                    proto,
-                    nchannels: 2,
-                };
+                let args = CollArgs { coll, count: 1000, dtype: DType::F32, redop: RedOp::Sum, root: 0 };
+                let choice = Choice { algo, proto, nchannels: 2 };
                 match collective::build_schedule(&comm, &args, &choice, &Knobs::default()) {
                     Ok(_) => {}
                     Err(CollError::Unsupported { hint, .. }) if hint.contains("in progress") => {
@@ -529,10 +456,7 @@ fn in_progress_algorithms_are_the_only_ones_skipped() {
         }
     }
     if !skipped.is_empty() {
-        eprintln!(
-            "in progress, not yet covered by exec_cpu: {}",
-            skipped.join(", ")
-        );
+        eprintln!("in progress, not yet covered by exec_cpu: {}", skipped.join(", "));
     }
 }
 
@@ -540,10 +464,7 @@ fn in_progress_algorithms_are_the_only_ones_skipped() {
 /// prints every failure grouped by algorithm and protocol instead of stopping at the first.
 #[test]
 fn survey() {
-    let Some(n) = std::env::var("FABRICSIM_CPU_SURVEY")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-    else {
+    let Some(n) = std::env::var("FABRICSIM_CPU_SURVEY").ok().and_then(|v| v.parse::<u32>().ok()) else {
         return;
     };
     let mut runner = proptest::test_runner::TestRunner::deterministic();
@@ -563,15 +484,9 @@ fn survey() {
             }
         }
     }
-    eprintln!(
-        "survey: {total} schedules run, {} failing combinations",
-        by_combo.len()
-    );
+    eprintln!("survey: {total} schedules run, {} failing combinations", by_combo.len());
     for (k, (count, first)) in &by_combo {
-        eprintln!(
-            "- {k}: {count} failures; first: {}",
-            &first[..first.len().min(600)]
-        );
+        eprintln!("- {k}: {count} failures; first: {}", &first[..first.len().min(600)]);
     }
 }
 
@@ -585,18 +500,8 @@ fn known_bug_pat_step_larger_than_the_window_deadlocks() {
     }
     let comm = Comm::synthetic(18, 1, false, false);
     for coll in [Collective::AllGather, Collective::ReduceScatter] {
-        let args = CollArgs {
-            coll,
-            count: 1,
-            dtype: DType::F32,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        let choice = Choice {
-            algo: Algo::Pat,
-            proto: Proto::Simple,
-            nchannels: 1,
-        };
+        let args = CollArgs { coll, count: 1, dtype: DType::F32, redop: RedOp::Sum, root: 0 };
+        let choice = Choice { algo: Algo::Pat, proto: Proto::Simple, nchannels: 1 };
         let s = collective::build_schedule(&comm, &args, &choice, &Knobs::default()).unwrap();
         validate::validate(&s, 0).unwrap_or_else(|e| panic!("{coll}: {e}"));
     }
@@ -621,11 +526,7 @@ fn corrupted_schedules_are_caught() {
         seeds: [2, 3],
     };
     let comm = Comm::synthetic(c.nodes, c.gpn, false, false);
-    let choice = Choice {
-        algo: Algo::Ring,
-        proto: Proto::Simple,
-        nchannels: c.nchannels,
-    };
+    let choice = Choice { algo: Algo::Ring, proto: Proto::Simple, nchannels: c.nchannels };
     let good = collective::build_schedule(&comm, &c.args(), &choice, &c.knobs()).unwrap();
     let inputs = inputs::<f32>(&c);
     let want = cpu::expected(&c.args(), &inputs).unwrap();
@@ -648,38 +549,26 @@ fn corrupted_schedules_are_caught() {
     };
     let cases = [
         // A reduction that forgets its local contribution.
-        (
-            "drop a contribution",
-            corrupt(&|st| st.reduce && st.local.is_some(), &|st| st.local = None),
-        ),
+        ("drop a contribution", corrupt(&|st| st.reduce && st.local.is_some(), &|st| st.local = None)),
         // Avg that never divides.
-        (
-            "drop the postop",
-            corrupt(&|st| st.postop, &|st| st.postop = false),
-        ),
+        ("drop the postop", corrupt(&|st| st.postop, &|st| st.postop = false)),
         // A copy into the wrong chunk.
         (
             "write the wrong chunk",
-            corrupt(
-                &|st| !st.reduce && st.write.is_some() && !st.recv.is_empty(),
-                &|st| {
-                    if let Some(w) = st.write.as_mut() {
-                        w.rel += 1;
-                    }
-                },
-            ),
+            corrupt(&|st| !st.reduce && st.write.is_some() && !st.recv.is_empty(), &|st| {
+                if let Some(w) = st.write.as_mut() {
+                    w.rel += 1;
+                }
+            }),
         ),
         // A chunk sent from output before it is computed.
         (
             "send from unwritten output",
-            corrupt(
-                &|st| !st.reduce && st.local.is_some() && !st.send.is_empty(),
-                &|st| {
-                    if let Some(l) = st.local.as_mut() {
-                        l.buf = fabricsim::schedule::Buf::Output;
-                    }
-                },
-            ),
+            corrupt(&|st| !st.reduce && st.local.is_some() && !st.send.is_empty(), &|st| {
+                if let Some(l) = st.local.as_mut() {
+                    l.buf = fabricsim::schedule::Buf::Output;
+                }
+            }),
         ),
     ];
     for (what, s) in cases {

@@ -1,5 +1,5 @@
 //! Integration tests: one binary, one module per area.
 
+mod exec_cpu;
 mod plot;
 mod topo;
-mod exec_cpu;

@@ -31,9 +31,8 @@ fn cleanup(dir: &Path) {
 
 /// Decodes a PNG and returns (width, height, distinct colours).
 fn png_info(path: &Path) -> (u32, u32, BTreeSet<[u8; 3]>) {
-    let img = image::open(path)
-        .unwrap_or_else(|e| panic!("{} does not decode: {e}", path.display()))
-        .to_rgb8();
+    let img =
+        image::open(path).unwrap_or_else(|e| panic!("{} does not decode: {e}", path.display())).to_rgb8();
     let colours: BTreeSet<[u8; 3]> = img.pixels().map(|p| p.0).collect();
     (img.width(), img.height(), colours)
 }
@@ -54,18 +53,8 @@ fn three_series_chart() -> LineChart {
         Axis::linear("bus bandwidth (GB/s)"),
     )
     .subtitle("simulated, Simple protocol");
-    for (name, peak, lat) in [
-        ("ring", 360.0, 12.0),
-        ("tree", 300.0, 8.0),
-        ("nvls", 470.0, 6.0),
-    ] {
-        chart.push_series(Series::new(
-            name,
-            sizes()
-                .into_iter()
-                .map(|s| (s, busbw(s, peak, lat)))
-                .collect(),
-        ));
+    for (name, peak, lat) in [("ring", 360.0, 12.0), ("tree", 300.0, 8.0), ("nvls", 470.0, 6.0)] {
+        chart.push_series(Series::new(name, sizes().into_iter().map(|s| (s, busbw(s, peak, lat))).collect()));
     }
     chart
 }
@@ -77,26 +66,14 @@ fn line_chart_with_three_series_on_a_byte_axis() {
     assert_eq!(paths, [dir.join("busbw.png"), dir.join("busbw.svg")]);
     let (w, h, colours) = png_info(&paths[0]);
     assert_eq!((w, h), (800, 500));
-    assert!(
-        colours.len() > 20,
-        "only {} colours: blank image?",
-        colours.len()
-    );
+    assert!(colours.len() > 20, "only {} colours: blank image?", colours.len());
     // The fixed algorithm colours are all drawn.
     for c in [[31, 119, 180], [255, 127, 14], [214, 39, 40]] {
         assert!(colours.contains(&c), "series colour {c:?} missing");
     }
     let svg = std::fs::read_to_string(&paths[1]).unwrap();
     assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
-    for text in [
-        "allreduce on dgx-h100",
-        "ring",
-        "tree",
-        "nvls",
-        "8G",
-        "1G",
-        "message size",
-    ] {
+    for text in ["allreduce on dgx-h100", "ring", "tree", "nvls", "8G", "1G", "message size"] {
         assert!(svg.contains(text), "SVG lacks {text:?}");
     }
     cleanup(&dir);
@@ -109,12 +86,7 @@ fn rendering_twice_gives_identical_bytes() {
     let pa = three_series_chart().render(&a, "x").unwrap();
     let pb = three_series_chart().render(&b, "x").unwrap();
     for (x, y) in pa.iter().zip(&pb) {
-        assert_eq!(
-            std::fs::read(x).unwrap(),
-            std::fs::read(y).unwrap(),
-            "{} differs",
-            x.display()
-        );
+        assert_eq!(std::fs::read(x).unwrap(), std::fs::read(y).unwrap(), "{} differs", x.display());
     }
     cleanup(&a);
     cleanup(&b);
@@ -123,32 +95,19 @@ fn rendering_twice_gives_identical_bytes() {
 #[test]
 fn secondary_panel_dashed_series_and_custom_size() {
     let dir = temp_dir("panel");
-    let model: Vec<(f64, f64)> = sizes()
-        .into_iter()
-        .map(|s| (s, busbw(s, 360.0, 11.0)))
-        .collect();
-    let measured: Vec<(f64, f64)> = sizes()
-        .into_iter()
-        .map(|s| (s, busbw(s, 350.0, 12.5)))
-        .collect();
-    let error: Vec<(f64, f64)> = model
-        .iter()
-        .zip(&measured)
-        .map(|(m, r)| (m.0, 100.0 * (m.1 - r.1) / r.1))
-        .collect();
-    let chart = LineChart::new(
-        "model vs measurement",
-        Axis::bytes("size"),
-        Axis::log10("busbw (GB/s)"),
-    )
-    .series(Series::new("measured", measured).markers())
-    .series(Series::new("model", model).dashed())
-    .secondary(Panel {
-        y: Axis::linear("error (%)"),
-        series: vec![Series::new("model", error)],
-        reference: Some(0.0),
-    })
-    .size(1000, 760);
+    let model: Vec<(f64, f64)> = sizes().into_iter().map(|s| (s, busbw(s, 360.0, 11.0))).collect();
+    let measured: Vec<(f64, f64)> = sizes().into_iter().map(|s| (s, busbw(s, 350.0, 12.5))).collect();
+    let error: Vec<(f64, f64)> =
+        model.iter().zip(&measured).map(|(m, r)| (m.0, 100.0 * (m.1 - r.1) / r.1)).collect();
+    let chart = LineChart::new("model vs measurement", Axis::bytes("size"), Axis::log10("busbw (GB/s)"))
+        .series(Series::new("measured", measured).markers())
+        .series(Series::new("model", model).dashed())
+        .secondary(Panel {
+            y: Axis::linear("error (%)"),
+            series: vec![Series::new("model", error)],
+            reference: Some(0.0),
+        })
+        .size(1000, 760);
     let paths = chart.render(&dir, "panel").unwrap();
     let (w, h, colours) = png_info(&paths[0]);
     assert_eq!((w, h), (1000, 760));
@@ -161,10 +120,7 @@ fn bad_data_is_filtered_or_reported_never_panics() {
     let dir = temp_dir("bad");
     // NaN, zero and negative values on log axes are dropped; a single point still draws.
     let chart = LineChart::new("odd", Axis::bytes("size"), Axis::log10("time (µs)"))
-        .series(Series::new(
-            "a",
-            vec![(0.0, 1.0), (f64::NAN, 2.0), (64.0, -3.0), (128.0, 5.0)],
-        ))
+        .series(Series::new("a", vec![(0.0, 1.0), (f64::NAN, 2.0), (64.0, -3.0), (128.0, 5.0)]))
         .series(Series::new("b", vec![]))
         .series(Series::new("c", vec![(f64::INFINITY, 1.0)]));
     assert!(!chart.data_warnings().is_empty());
@@ -181,9 +137,7 @@ fn bad_data_is_filtered_or_reported_never_panics() {
         .unwrap_err();
     assert!(matches!(e, PlotError::NoData { .. }), "{e}");
     assert!(e.to_string().contains("\"empty\""), "{e}");
-    let e = LineChart::new("none", Axis::linear("x"), Axis::linear("y"))
-        .render(&dir, "none")
-        .unwrap_err();
+    let e = LineChart::new("none", Axis::linear("x"), Axis::linear("y")).render(&dir, "none").unwrap_err();
     assert!(e.to_string().contains("no series"), "{e}");
     cleanup(&dir);
 }
@@ -206,13 +160,8 @@ fn heatmap_and_bar_chart_render() {
                 .collect(),
         })
         .collect();
-    let heat = Heatmap::new(
-        "link utilisation",
-        SimTime::ZERO,
-        SimTime::from_ns(250),
-        tracks.clone(),
-    )
-    .subtitle("allreduce 256M, ring");
+    let heat = Heatmap::new("link utilisation", SimTime::ZERO, SimTime::from_ns(250), tracks.clone())
+        .subtitle("allreduce 256M, ring");
     let paths = heat.render(&dir, "heat").unwrap();
     let (w, h, colours) = png_info(&paths[0]);
     assert_eq!((w, h), (900, 500));
@@ -225,9 +174,8 @@ fn heatmap_and_bar_chart_render() {
             values: (0..3000).map(|b| ((i + b) % 10) as f64 / 10.0).collect(),
         })
         .collect();
-    let paths = Heatmap::new("big", SimTime::from_ns(1000), SimTime::from_ns(10), big)
-        .render(&dir, "big")
-        .unwrap();
+    let paths =
+        Heatmap::new("big", SimTime::from_ns(1000), SimTime::from_ns(10), big).render(&dir, "big").unwrap();
     let svg_len = std::fs::metadata(&paths[1]).unwrap().len();
     assert!(svg_len < 40_000_000, "SVG is {svg_len} bytes");
 
@@ -235,31 +183,16 @@ fn heatmap_and_bar_chart_render() {
         .iter()
         .take(12)
         .enumerate()
-        .map(|(i, t)| Bar {
-            label: t.name.clone(),
-            value: 1.0 - i as f64 * 0.07,
-        })
-        .chain([Bar {
-            label: "broken".into(),
-            value: f64::NAN,
-        }])
+        .map(|(i, t)| Bar { label: t.name.clone(), value: 1.0 - i as f64 * 0.07 })
+        .chain([Bar { label: "broken".into(), value: f64::NAN }])
         .collect();
-    let paths = BarChart::new("busiest links", "utilisation", bars)
-        .percent()
-        .render(&dir, "bars")
-        .unwrap();
+    let paths = BarChart::new("busiest links", "utilisation", bars).percent().render(&dir, "bars").unwrap();
     let (w, h, colours) = png_info(&paths[0]);
     assert_eq!((w, h), (800, 500));
     assert!(colours.len() > 10);
 
-    assert!(
-        Heatmap::new("zero bin", SimTime::ZERO, SimTime::ZERO, tracks)
-            .render(&dir, "z")
-            .is_err()
-    );
-    assert!(BarChart::new("none", "v", vec![])
-        .render(&dir, "n")
-        .is_err());
+    assert!(Heatmap::new("zero bin", SimTime::ZERO, SimTime::ZERO, tracks).render(&dir, "z").is_err());
+    assert!(BarChart::new("none", "v", vec![]).render(&dir, "n").is_err());
     cleanup(&dir);
 }
 
@@ -278,17 +211,10 @@ fn trace_json_parses_back_with_events_in_order() {
             slices.push(Slice {
                 track,
                 name: format!("step {step}"),
-                category: if track < 2 {
-                    "reduce".into()
-                } else {
-                    "send".into()
-                },
+                category: if track < 2 { "reduce".into() } else { "send".into() },
                 start: SimTime::from_ps(step * 1_500_000 + track as u64 * 1_234),
                 duration: SimTime::from_ps(1_000_500),
-                args: vec![
-                    ("bytes".into(), "1048576".into()),
-                    ("chunk".into(), step.to_string()),
-                ],
+                args: vec![("bytes".into(), "1048576".into()), ("chunk".into(), step.to_string())],
             });
         }
     }
@@ -302,10 +228,7 @@ fn trace_json_parses_back_with_events_in_order() {
     let x: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
     assert_eq!(x.len(), 200);
     let ts: Vec<f64> = x.iter().map(|e| e["ts"].as_f64().unwrap()).collect();
-    assert!(
-        ts.windows(2).all(|w| w[0] <= w[1]),
-        "slices not in time order"
-    );
+    assert!(ts.windows(2).all(|w| w[0] <= w[1]), "slices not in time order");
     assert_eq!(x[0]["ts"].as_f64().unwrap(), 0.0);
     assert_eq!(x[1]["ts"].as_f64().unwrap(), 0.001234);
     assert_eq!(x[0]["dur"].as_f64().unwrap(), 1.0005);
@@ -314,22 +237,11 @@ fn trace_json_parses_back_with_events_in_order() {
     let names: Vec<(&str, u64)> = events
         .iter()
         .filter(|e| e["ph"] == "M" && e["name"] == "process_name")
-        .map(|e| {
-            (
-                e["args"]["name"].as_str().unwrap(),
-                e["pid"].as_u64().unwrap(),
-            )
-        })
+        .map(|e| (e["args"]["name"].as_str().unwrap(), e["pid"].as_u64().unwrap()))
         .collect();
     assert_eq!(names, [("node 0", 1), ("links", 2), ("switches", 3)]);
-    let threads = events
-        .iter()
-        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
-        .count();
-    assert_eq!(
-        threads, 4,
-        "no slice overlaps another on its track, so no extra lanes"
-    );
+    let threads = events.iter().filter(|e| e["ph"] == "M" && e["name"] == "thread_name").count();
+    assert_eq!(threads, 4, "no slice overlaps another on its track, so no extra lanes");
     // Same input, same bytes.
     let path2 = dir.join("t2.json");
     write_trace(&path2, &tracks, &slices).unwrap();
@@ -349,13 +261,8 @@ fn trace_json_parses_back_with_events_in_order() {
 // ---- the `plot` subcommand -----------------------------------------------------------
 
 fn write_fixture(dir: &Path) -> PathBuf {
-    let mut csv =
-        String::from("collective,topology,gpus,algo,proto,size_bytes,time_us,busbw_GBps\n");
-    for (algo, peak, lat) in [
-        ("ring", 360.0, 12.0),
-        ("tree", 300.0, 8.0),
-        ("nvls", 470.0, 6.0),
-    ] {
+    let mut csv = String::from("collective,topology,gpus,algo,proto,size_bytes,time_us,busbw_GBps\n");
+    for (algo, peak, lat) in [("ring", 360.0, 12.0), ("tree", 300.0, 8.0), ("nvls", 470.0, 6.0)] {
         for proto in ["LL", "Simple"] {
             for k in (3..=33).step_by(2) {
                 let s = 2f64.powi(k);
@@ -373,10 +280,7 @@ fn write_fixture(dir: &Path) -> PathBuf {
 }
 
 fn fabricsim(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim"))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim")).args(args).output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -413,14 +317,8 @@ fn plot_command_writes_figures_and_prints_paths() {
     assert_eq!((w, h), (800, 500));
     assert!(colours.len() > 20);
     let svg = std::fs::read_to_string(lines[1]).unwrap();
-    assert!(
-        svg.contains("allreduce on dgx-h100 (8 GPUs)"),
-        "default title"
-    );
-    assert!(
-        svg.contains("busbw (GB/s)") && svg.contains("size (bytes)"),
-        "axis labels with units"
-    );
+    assert!(svg.contains("allreduce on dgx-h100 (8 GPUs)"), "default title");
+    assert!(svg.contains("busbw (GB/s)") && svg.contains("size (bytes)"), "axis labels with units");
 
     // One figure per facet value, log y axis.
     let (ok, stdout, stderr) = fabricsim(&[
@@ -439,16 +337,8 @@ fn plot_command_writes_figures_and_prints_paths() {
         out.to_str().unwrap(),
     ]);
     assert!(ok, "{stderr}");
-    let names: Vec<String> = stdout
-        .lines()
-        .map(|l| {
-            Path::new(l)
-                .file_name()
-                .unwrap()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
+    let names: Vec<String> =
+        stdout.lines().map(|l| Path::new(l).file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(
         names,
         [
@@ -469,16 +359,7 @@ fn plot_command_errors_name_the_file_and_what_is_valid() {
     let out = dir.join("plots");
     let out_s = out.to_str().unwrap();
 
-    let (ok, _, stderr) = fabricsim(&[
-        "plot",
-        csv_s,
-        "--x",
-        "size_bytes",
-        "--y",
-        "busbw",
-        "-o",
-        out_s,
-    ]);
+    let (ok, _, stderr) = fabricsim(&["plot", csv_s, "--x", "size_bytes", "--y", "busbw", "-o", out_s]);
     assert!(!ok);
     assert!(stderr.contains("sweep.csv"), "{stderr}");
     assert!(stderr.contains("no column `busbw`"), "{stderr}");
@@ -502,40 +383,16 @@ fn plot_command_errors_name_the_file_and_what_is_valid() {
         out_s,
     ]);
     assert!(!ok);
-    assert!(
-        stderr.contains("values present: ring, tree, nvls"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("values present: ring, tree, nvls"), "{stderr}");
 
-    let (ok, _, stderr) = fabricsim(&[
-        "plot",
-        csv_s,
-        "--x",
-        "size_bytes",
-        "--y",
-        "algo",
-        "-o",
-        out_s,
-    ]);
+    let (ok, _, stderr) = fabricsim(&["plot", csv_s, "--x", "size_bytes", "--y", "algo", "-o", out_s]);
     assert!(!ok);
     assert!(stderr.contains("no numeric values"), "{stderr}");
-    assert!(
-        stderr.contains("numeric columns: gpus, size_bytes, time_us, busbw_GBps"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("numeric columns: gpus, size_bytes, time_us, busbw_GBps"), "{stderr}");
 
     let empty = dir.join("empty.csv");
     std::fs::write(&empty, "").unwrap();
-    let (ok, _, stderr) = fabricsim(&[
-        "plot",
-        empty.to_str().unwrap(),
-        "--x",
-        "a",
-        "--y",
-        "b",
-        "-o",
-        out_s,
-    ]);
+    let (ok, _, stderr) = fabricsim(&["plot", empty.to_str().unwrap(), "--x", "a", "--y", "b", "-o", out_s]);
     assert!(!ok);
     assert!(stderr.contains("empty.csv is empty"), "{stderr}");
 
@@ -554,19 +411,10 @@ fn plot_command_errors_name_the_file_and_what_is_valid() {
     assert!(!ok);
     assert!(stderr.contains("no data rows"), "{stderr}");
 
-    let (ok, _, stderr) = fabricsim(&[
-        "plot",
-        dir.join("missing.csv").to_str().unwrap(),
-        "--x",
-        "a",
-        "--y",
-        "b",
-    ]);
+    let (ok, _, stderr) =
+        fabricsim(&["plot", dir.join("missing.csv").to_str().unwrap(), "--x", "a", "--y", "b"]);
     assert!(!ok);
     assert!(stderr.contains("missing.csv"), "{stderr}");
-    assert!(
-        !out.exists() || std::fs::read_dir(&out).unwrap().next().is_none(),
-        "no figure on error"
-    );
+    assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none(), "no figure on error");
     cleanup(&dir);
 }

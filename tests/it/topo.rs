@@ -34,14 +34,7 @@ fn load(name: &str) -> TopologySpec {
 }
 
 fn fabric(name: &str, nodes: Option<u32>) -> Fabric {
-    build(
-        &load(name),
-        &BuildOpts {
-            nodes,
-            ..Default::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"))
+    build(&load(name), &BuildOpts { nodes, ..Default::default() }).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// Every topology file shipped in topologies/, sorted.
@@ -70,11 +63,7 @@ fn switches_per_tier(f: &Fabric) -> Vec<usize> {
 }
 
 fn fabricsim(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim")).args(args).current_dir(root()).output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -85,10 +74,8 @@ fn fabricsim(args: &[&str]) -> (bool, String, String) {
 #[test]
 fn every_shipped_topology_loads_and_builds() {
     let files = shipped();
-    let names: Vec<String> = files
-        .iter()
-        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
-        .collect();
+    let names: Vec<String> =
+        files.iter().map(|p| p.file_stem().unwrap().to_string_lossy().into_owned()).collect();
     for want in [
         "dgx-a100",
         "dgx-h100",
@@ -101,48 +88,23 @@ fn every_shipped_topology_loads_and_builds() {
         "superpod-h100",
         "superpod-b200",
     ] {
-        assert!(
-            names.iter().any(|n| n == want),
-            "topologies/{want}.toml is missing"
-        );
+        assert!(names.iter().any(|n| n == want), "topologies/{want}.toml is missing");
     }
     for path in &files {
         let spec = load_topology(path).unwrap_or_else(|e| panic!("{e}"));
         let text = std::fs::read_to_string(path).unwrap();
-        assert!(
-            text.contains("[S") || text.contains("[L40S]"),
-            "{}: cites no source tag",
-            path.display()
-        );
+        assert!(text.contains("[S") || text.contains("[L40S]"), "{}: cites no source tag", path.display());
         let f = build(&spec, &BuildOpts::default()).unwrap();
-        assert_eq!(
-            f.num_nodes(),
-            spec.cluster.default_nodes,
-            "{}",
-            path.display()
-        );
-        assert_eq!(
-            f.num_gpus(),
-            spec.cluster.default_nodes * spec.node.gpus.len() as u32
-        );
+        assert_eq!(f.num_nodes(), spec.cluster.default_nodes, "{}", path.display());
+        assert_eq!(f.num_gpus(), spec.cluster.default_nodes * spec.node.gpus.len() as u32);
         if spec.cluster.network.is_some() {
             for n in [2, 33] {
-                let f = build(
-                    &spec,
-                    &BuildOpts {
-                        nodes: Some(n),
-                        ..Default::default()
-                    },
-                )
-                .unwrap_or_else(|e| panic!("{} --nodes {n}: {e}", path.display()));
+                let f = build(&spec, &BuildOpts { nodes: Some(n), ..Default::default() })
+                    .unwrap_or_else(|e| panic!("{} --nodes {n}: {e}", path.display()));
                 assert_eq!(f.num_nodes(), n);
                 let r = Router::new(&f, 0);
                 let last = f.num_gpus() - 1;
-                assert!(
-                    r.route(0, last, &RouteOpts::default()).is_some(),
-                    "{} --nodes {n}",
-                    path.display()
-                );
+                assert!(r.route(0, last, &RouteOpts::default()).is_some(), "{} --nodes {n}", path.display());
             }
         }
     }
@@ -184,24 +146,10 @@ fn gpu_models_and_switch_capabilities() {
     assert_eq!(s.nvswitch_chips, 2);
     let s = summarize(&fabric("superpod-a100", Some(20)));
     let net = s.network.unwrap();
-    assert_eq!(
-        (
-            net.switch_model.as_str(),
-            net.switch_radix,
-            net.sharp_generation
-        ),
-        ("QM8700", 40, Some(2))
-    );
+    assert_eq!((net.switch_model.as_str(), net.switch_radix, net.sharp_generation), ("QM8700", 40, Some(2)));
     let s = summarize(&fabric("superpod-h100", Some(32)));
     let net = s.network.unwrap();
-    assert_eq!(
-        (
-            net.switch_model.as_str(),
-            net.switch_radix,
-            net.sharp_generation
-        ),
-        ("QM9700", 64, Some(3))
-    );
+    assert_eq!((net.switch_model.as_str(), net.switch_radix, net.sharp_generation), ("QM9700", 64, Some(3)));
 }
 
 #[test]
@@ -232,12 +180,7 @@ fn superpod_bisection_is_half_the_gpus_at_50_and_lower_when_oversubscribed() {
 
     let spec = load_topology(&data("superpod-h100-2to1.toml")).unwrap();
     let o = summarize(&build(&spec, &BuildOpts::default()).unwrap());
-    assert!(
-        o.bisection_gbps < s.bisection_gbps,
-        "{} !< {}",
-        o.bisection_gbps,
-        s.bisection_gbps
-    );
+    assert!(o.bisection_gbps < s.bisection_gbps, "{} !< {}", o.bisection_gbps, s.bisection_gbps);
     assert_eq!(o.bisection_gbps, 256.0 * 50.0);
     assert!((o.oversubscription - 2.0).abs() < 1e-9);
     // Only the links `bisection_with` keeps count.
@@ -247,12 +190,7 @@ fn superpod_bisection_is_half_the_gpus_at_50_and_lower_when_oversubscribed() {
 #[test]
 fn superpod_switch_counts_match_the_reference_architectures() {
     // DGX H100 SuperPOD RA Table 4 [S11]: SUs -> (leaf, spine); 3 SUs also use 16 spines.
-    for (sus, want) in [
-        (1, vec![8, 4]),
-        (2, vec![16, 8]),
-        (3, vec![24, 16]),
-        (4, vec![32, 16]),
-    ] {
+    for (sus, want) in [(1, vec![8, 4]), (2, vec![16, 8]), (3, vec![24, 16]), (4, vec![32, 16])] {
         let f = fabric("superpod-h100", Some(32 * sus));
         assert_eq!(switches_per_tier(&f), want, "H100, {sus} SU");
         assert_eq!(f.network.as_ref().unwrap().tiers, 2);
@@ -261,12 +199,7 @@ fn superpod_switch_counts_match_the_reference_architectures() {
     let f = fabric("superpod-h100", Some(32 * 5));
     assert_eq!(f.network.as_ref().unwrap().tiers, 3);
     // DGX B200 SuperPOD RA [S12]: 2/4/8 SUs two tiers, 16 SUs 128 leaf, 128 spine, 64 core.
-    for (sus, want) in [
-        (2, vec![16, 8]),
-        (4, vec![32, 16]),
-        (8, vec![64, 32]),
-        (16, vec![128, 128, 64]),
-    ] {
+    for (sus, want) in [(2, vec![16, 8]), (4, vec![32, 16]), (8, vec![64, 32]), (16, vec![128, 128, 64])] {
         let f = fabric("superpod-b200", Some(32 * sus));
         assert_eq!(switches_per_tier(&f), want, "B200, {sus} SU");
     }
@@ -286,22 +219,13 @@ fn gb200_rack_is_one_nvlink_domain() {
     // The NIC hangs off Grace: GPU -> C2C -> CPU -> PCIe -> NIC is NCCL's P2C.
     let s = summarize(&f);
     assert_eq!(s.rails[0].nic_path, Some(PathType::P2c));
-    assert_eq!(
-        s.rails.iter().map(|r| r.rails[0]).collect::<Vec<_>>(),
-        vec![0, 1, 2, 3]
-    );
+    assert_eq!(s.rails.iter().map(|r| r.rails[0]).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
 
     let m = fabric("gb200-nvl72-multirack", None);
     assert_eq!((m.num_gpus(), m.domains.len()), (288, 4));
     let r = Router::new(&m, 0);
-    assert_eq!(
-        r.route(0, 71, &RouteOpts::default()).unwrap().path_type,
-        PathType::Nvl
-    );
-    assert_eq!(
-        r.route(0, 72, &RouteOpts::default()).unwrap().path_type,
-        PathType::Net
-    );
+    assert_eq!(r.route(0, 71, &RouteOpts::default()).unwrap().path_type, PathType::Nvl);
+    assert_eq!(r.route(0, 72, &RouteOpts::default()).unwrap().path_type, PathType::Net);
     assert_eq!(summarize(&m).bisection_network_gbps, 144.0 * 50.0);
 }
 
@@ -314,41 +238,19 @@ fn gpus_sharing_two_nics_use_one_each() {
     assert!(s.rails.iter().all(|r| r.nic_path == Some(PathType::Pix)));
     let p = summarize(&fabric("pcie-8gpu", None));
     let paths: Vec<_> = p.rails.iter().map(|r| r.nic_path.unwrap().name()).collect();
-    assert_eq!(
-        paths,
-        ["PIX", "PIX", "PHB", "PHB", "PIX", "PIX", "PHB", "PHB"]
-    );
+    assert_eq!(paths, ["PIX", "PIX", "PHB", "PHB", "PIX", "PIX", "PHB", "PHB"]);
 }
 
 #[test]
 fn path_0_200_on_superpod_h100_is_net_over_one_leaf() {
-    let (ok, out, err) = fabricsim(&[
-        "topo",
-        "topologies/superpod-h100.toml",
-        "--path",
-        "0",
-        "200",
-    ]);
+    let (ok, out, err) = fabricsim(&["topo", "topologies/superpod-h100.toml", "--path", "0", "200"]);
     assert!(ok, "{err}");
     // gpu -> pcie switch -> nic -> leaf -> nic -> pcie switch -> gpu: same SU, same rail.
-    assert!(
-        out.starts_with("rank 0 (n0/gpu0) -> rank 200 (n25/gpu0): NET, 6 hops, rail 0"),
-        "{out}"
-    );
-    assert!(
-        out.contains("n0/nic0") && out.contains("leaf.su0.r0") && out.contains("network"),
-        "{out}"
-    );
+    assert!(out.starts_with("rank 0 (n0/gpu0) -> rank 200 (n25/gpu0): NET, 6 hops, rail 0"), "{out}");
+    assert!(out.contains("n0/nic0") && out.contains("leaf.su0.r0") && out.contains("network"), "{out}");
     assert!(out.contains("50.0") && out.contains("us"), "{out}");
 
-    let (ok, out, _) = fabricsim(&[
-        "topo",
-        "topologies/superpod-h100.toml",
-        "--path",
-        "0",
-        "1000",
-        "--json",
-    ]);
+    let (ok, out, _) = fabricsim(&["topo", "topologies/superpod-h100.toml", "--path", "0", "1000", "--json"]);
     assert!(ok);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["path_type"], "NET");
@@ -363,25 +265,14 @@ fn path_0_200_on_superpod_h100_is_net_over_one_leaf() {
 fn path_out_of_range_names_the_valid_ranks() {
     let (ok, _, err) = fabricsim(&["topo", "topologies/dgx-h100.toml", "--path", "0", "8"]);
     assert!(!ok);
-    assert!(
-        err.contains("rank 8 is out of range") && err.contains("0..=7"),
-        "{err}"
-    );
+    assert!(err.contains("rank 8 is out of range") && err.contains("0..=7"), "{err}");
 }
 
 #[test]
 fn summary_text_json_and_dot() {
     let (ok, out, err) = fabricsim(&["topo", "topologies/dgx-h100.toml"]);
     assert!(ok, "{err}");
-    for want in [
-        "NVLink4",
-        "450.0 GB/s",
-        "50.0 GB/s",
-        "PIX",
-        "n0/nic0",
-        "NVLS yes",
-        "1800.0 GB/s",
-    ] {
+    for want in ["NVLink4", "450.0 GB/s", "50.0 GB/s", "PIX", "n0/nic0", "NVLS yes", "1800.0 GB/s"] {
         assert!(out.contains(want), "missing {want:?} in\n{out}");
     }
     let (ok, out, _) = fabricsim(&["topo", "topologies/superpod-h100.toml", "--json"]);
@@ -392,10 +283,7 @@ fn summary_text_json_and_dot() {
     assert_eq!(v["gpu_nvlink_GBps"], 450.0);
     assert_eq!(v["gpu_network_GBps"], 50.0);
     assert_eq!(v["bisection_GBps"], 25600.0);
-    assert_eq!(
-        v["network"]["switches_per_tier"],
-        serde_json::json!([32, 16])
-    );
+    assert_eq!(v["network"]["switches_per_tier"], serde_json::json!([32, 16]));
     assert_eq!(v["network"]["sharp_generation"], 3);
 
     let (ok, out, _) = fabricsim(&["topo", "topologies/dgx-h100.toml", "--dot", "--nodes", "2"]);
@@ -408,9 +296,7 @@ fn summary_text_json_and_dot() {
     // A large cluster is drawn with node 0 expanded and the other nodes as boxes.
     let (ok, out, _) = fabricsim(&["topo", "topologies/superpod-h100.toml", "--dot"]);
     assert!(
-        ok && out.contains("cluster_node0")
-            && !out.contains("cluster_node1")
-            && out.contains("node127 [")
+        ok && out.contains("cluster_node0") && !out.contains("cluster_node1") && out.contains("node127 [")
     );
 }
 
@@ -424,21 +310,11 @@ fn closed_pipe_is_not_an_error() {
         .spawn()
         .unwrap();
     let mut first = [0u8; 16];
-    child
-        .stdout
-        .as_mut()
-        .unwrap()
-        .read_exact(&mut first)
-        .unwrap();
+    child.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
     drop(child.stdout.take());
     let status = child.wait().unwrap();
     let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert!(status.success(), "status {status:?}, stderr {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
@@ -465,67 +341,32 @@ fn nccl_xml_h100_dump_imports() {
     for a in 0..8 {
         for b in 0..8 {
             if a != b {
-                assert_eq!(
-                    r.route(a, b, &RouteOpts::default()).unwrap().path_type,
-                    PathType::Nvl
-                );
+                assert_eq!(r.route(a, b, &RouteOpts::default()).unwrap().path_type, PathType::Nvl);
             }
         }
     }
     let s = summarize(&f);
-    assert!(
-        s.rails.iter().all(|g| g.nic_path == Some(PathType::Pix)),
-        "{:?}",
-        s.rails
-    );
-    assert_eq!(
-        s.rails.iter().map(|g| g.rails[0]).collect::<Vec<_>>(),
-        (0..8).collect::<Vec<_>>()
-    );
+    assert!(s.rails.iter().all(|g| g.nic_path == Some(PathType::Pix)), "{:?}", s.rails);
+    assert_eq!(s.rails.iter().map(|g| g.rails[0]).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>());
     assert_eq!((s.nvswitch_chips, s.nvls), (4, true));
     assert_eq!(s.bisection_gbps, 1800.0);
-    assert!(s
-        .links
-        .iter()
-        .any(|l| l.label == "PCIe5 x16" && l.bw_gbps == 63.0));
+    assert!(s.links.iter().any(|l| l.label == "PCIe5 x16" && l.bw_gbps == 63.0));
     // The default network lets the dump scale out.
-    let f = build(
-        &spec,
-        &BuildOpts {
-            nodes: Some(4),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let f = build(&spec, &BuildOpts { nodes: Some(4), ..Default::default() }).unwrap();
     assert_eq!(f.network.as_ref().unwrap().switch_model, "QM9700");
-    assert_eq!(
-        Router::new(&f, 0)
-            .route(0, 24, &RouteOpts::default())
-            .unwrap()
-            .path_type,
-        PathType::Net
-    );
+    assert_eq!(Router::new(&f, 0).route(0, 24, &RouteOpts::default()).unwrap().path_type, PathType::Net);
     // And the binary takes it by extension.
-    let (ok, out, err) = fabricsim(&[
-        "topo",
-        "tests/data/dgx-h100-nccl.xml",
-        "--nodes",
-        "2",
-        "--json",
-    ]);
+    let (ok, out, err) = fabricsim(&["topo", "tests/data/dgx-h100-nccl.xml", "--nodes", "2", "--json"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["gpus"], 16);
 }
 
 fn xml_err(text: &str) -> String {
-    parse_nccl_xml(text, Path::new("dump.xml"))
-        .unwrap_err()
-        .to_string()
+    parse_nccl_xml(text, Path::new("dump.xml")).unwrap_err().to_string()
 }
 
-const XML_CPU: &str =
-    r#"<cpu numaid="0" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">"#;
+const XML_CPU: &str = r#"<cpu numaid="0" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">"#;
 
 fn xml_gpu(busid: &str, dev: u32, sm: u32) -> String {
     format!(
@@ -541,18 +382,13 @@ fn nccl_xml_errors_are_located() {
     assert!(e.contains("malformed XML"), "{e}");
     // Truncated file.
     let e = xml_err("<system version=\"1\">\n  <cpu numaid=\"0\">\n");
-    assert!(
-        e.starts_with("dump.xml:") && e.contains("never closed"),
-        "{e}"
-    );
+    assert!(e.starts_with("dump.xml:") && e.contains("never closed"), "{e}");
     // Wrong root.
     let e = xml_err("<graphs version=\"1\"/>");
     assert!(e.contains("dump.xml:1:1") && e.contains("<system"), "{e}");
     // Unknown sm: located at the <gpu> element, listing the known ones.
-    let text = format!(
-        "<system version=\"1\">\n{XML_CPU}\n{}\n</cpu>\n</system>\n",
-        xml_gpu("0000:01:00.0", 0, 75)
-    );
+    let text =
+        format!("<system version=\"1\">\n{XML_CPU}\n{}\n</cpu>\n</system>\n", xml_gpu("0000:01:00.0", 0, 75));
     let e = xml_err(&text);
     assert!(e.starts_with("dump.xml:3:"), "{e}");
     assert!(e.contains("sm=75") && e.contains("90 (H100/H200)"), "{e}");
@@ -572,25 +408,16 @@ fn nccl_xml_errors_are_located() {
     );
     let e = xml_err(&text);
     assert!(e.starts_with("dump.xml:5:"), "{e}");
-    assert!(
-        e.contains("GPU dev=1") && e.contains("no route") && e.contains("inside a <cpu>"),
-        "{e}"
-    );
+    assert!(e.contains("GPU dev=1") && e.contains("no route") && e.contains("inside a <cpu>"), "{e}");
     // An NVLink to nowhere.
     let text = format!(
         "<system version=\"1\">\n{XML_CPU}\n<pci busid=\"0000:01:00.0\" class=\"0x030200\">\n<gpu dev=\"0\" sm=\"90\">\n<nvlink target=\"0000:99:00.0\" count=\"4\" tclass=\"0x030200\"/>\n</gpu>\n</pci>\n</cpu>\n</system>\n"
     );
     let e = xml_err(&text);
-    assert!(
-        e.starts_with("dump.xml:5:") && e.contains("0000:99:00.0") && e.contains("0000:01:00.0"),
-        "{e}"
-    );
+    assert!(e.starts_with("dump.xml:5:") && e.contains("0000:99:00.0") && e.contains("0000:01:00.0"), "{e}");
     // Not a file.
     let e = load_nccl_xml(&data("missing.xml")).unwrap_err().to_string();
-    assert!(
-        e.contains("missing.xml") && e.contains("cannot read"),
-        "{e}"
-    );
+    assert!(e.contains("missing.xml") && e.contains("cannot read"), "{e}");
 }
 
 // ---------------------------------------------------------------- bad TOML
@@ -619,9 +446,7 @@ lanes = 18
 fn toml_err(from: &str, to: &str) -> String {
     assert!(GOOD.contains(from), "{from}");
     let text = GOOD.replacen(from, to, 1);
-    parse_topology(&text, Path::new("bad.toml"))
-        .unwrap_err()
-        .to_string()
+    parse_topology(&text, Path::new("bad.toml")).unwrap_err().to_string()
 }
 
 #[test]
@@ -629,92 +454,42 @@ fn bad_topologies_give_located_errors_with_alternatives() {
     assert!(parse_topology(GOOD, Path::new("good.toml")).is_ok());
     // (replace, with, must contain...)
     let cases: &[(&str, &str, &[&str])] = &[
-        (
-            "lanes = 18",
-            "lanes = 18\nbandwith = \"5GB/s\"",
-            &["bad.toml:19:1", "bandwith", "bandwidth"],
-        ),
-        (
-            "hbm = \"80GB\"\n",
-            "",
-            &["bad.toml:", "missing field `hbm`"],
-        ),
-        (
-            "[\"gpu\", \"nvs\"]",
-            "[\"gpu\", \"nvsw\"]",
-            &["bad.toml:15:11", "\"nvsw\"", "gpu, nvs"],
-        ),
-        (
-            "lanes = 18",
-            "bandwidth = \"0GB/s\"",
-            &["bad.toml:18:13", "\"0GB/s\"", "positive", "400Gbps"],
-        ),
-        (
-            "lanes = 18",
-            "bandwidth = \"-5GB/s\"",
-            &["bad.toml:18:13", "\"-5GB/s\"", "positive"],
-        ),
+        ("lanes = 18", "lanes = 18\nbandwith = \"5GB/s\"", &["bad.toml:19:1", "bandwith", "bandwidth"]),
+        ("hbm = \"80GB\"\n", "", &["bad.toml:", "missing field `hbm`"]),
+        ("[\"gpu\", \"nvs\"]", "[\"gpu\", \"nvsw\"]", &["bad.toml:15:11", "\"nvsw\"", "gpu, nvs"]),
+        ("lanes = 18", "bandwidth = \"0GB/s\"", &["bad.toml:18:13", "\"0GB/s\"", "positive", "400Gbps"]),
+        ("lanes = 18", "bandwidth = \"-5GB/s\"", &["bad.toml:18:13", "\"-5GB/s\"", "positive"]),
         (
             "kind = \"nvlink\"",
             "kind = \"nvlnk\"",
-            &[
-                "bad.toml:16:8",
-                "\"nvlnk\"",
-                "nvlink, pcie, inter_socket, c2c",
-            ],
+            &["bad.toml:16:8", "\"nvlnk\"", "nvlink, pcie, inter_socket, c2c"],
         ),
         (
             "kind = \"nvswitch\"",
             "kind = \"nvswich\"",
             &["bad.toml:13:8", "gpu, nvswitch, pcie_switch, cpu, nic"],
         ),
-        (
-            "gen = 4",
-            "gen = 7",
-            &["bad.toml:17:7", "valid: 2, 3, 4, 5"],
-        ),
-        (
-            "lanes = 18",
-            "lanes = 0",
-            &["bad.toml:18:9", "valid: 1 to 256"],
-        ),
+        ("gen = 4", "gen = 7", &["bad.toml:17:7", "valid: 2, 3, 4, 5"]),
+        ("lanes = 18", "lanes = 0", &["bad.toml:18:9", "valid: 1 to 256"]),
         // Extreme values found by the fuzz properties below (overflows before the fix).
-        (
-            "lanes = 18",
-            "lanes = 4294967295",
-            &["bad.toml:18:9", "valid: 1 to 256"],
-        ),
-        (
-            "lanes = 18",
-            "bandwidth = \"1e30GB/s\"",
-            &["bad.toml:18:13", "up to 1 PB/s"],
-        ),
-        (
-            "count = 2",
-            "count = 100000",
-            &["bad.toml:10:9", "at most 1024 devices"],
-        ),
+        ("lanes = 18", "lanes = 4294967295", &["bad.toml:18:9", "valid: 1 to 256"]),
+        ("lanes = 18", "bandwidth = \"1e30GB/s\"", &["bad.toml:18:13", "up to 1 PB/s"]),
+        ("count = 2", "count = 100000", &["bad.toml:10:9", "at most 1024 devices"]),
         ("sm = 90", "sm = 9", &["bad.toml:4:6", "70, 80, 90, 100"]),
         ("count = 2", "count = 0", &["bad.toml:10:9", "at least 1"]),
     ];
     for (from, to, wants) in cases {
         let e = toml_err(from, to);
         for w in *wants {
-            assert!(
-                e.contains(w),
-                "replacing {from:?} by {to:?}: {e:?} lacks {w:?}"
-            );
+            assert!(e.contains(w), "replacing {from:?} by {to:?}: {e:?} lacks {w:?}");
         }
     }
     // A GPU with no route to another (no link at all).
     let text = GOOD.split("[[node.links]]").next().unwrap();
-    let e = parse_topology(text, Path::new("bad.toml"))
-        .unwrap_err()
-        .to_string();
+    let e = parse_topology(text, Path::new("bad.toml")).unwrap_err().to_string();
     assert!(e.starts_with("bad.toml:"), "{e}");
     assert!(
-        e.contains("n0/gpu0 has no route to GPU n0/gpu1")
-            && e.contains("nvswitch, a pcie_switch or a cpu"),
+        e.contains("n0/gpu0 has no route to GPU n0/gpu1") && e.contains("nvswitch, a pcie_switch or a cpu"),
         "{e}"
     );
     // The network's new key is checked against the radix.
@@ -723,38 +498,16 @@ fn bad_topologies_give_located_errors_with_alternatives() {
         .unwrap()
         .replace("two_tier_max_leaves = 32", "two_tier_max_leaves = 99");
     let e = parse_topology(&text, &path).unwrap_err().to_string();
-    assert!(
-        e.contains("dgx-h100.toml:") && e.contains("between 2 and the switch radix 64"),
-        "{e}"
-    );
+    assert!(e.contains("dgx-h100.toml:") && e.contains("between 2 and the switch radix 64"), "{e}");
 }
 
 #[test]
 fn bad_node_counts_are_refused() {
     let spec = load("dgx-h100");
-    let e = build(
-        &spec,
-        &BuildOpts {
-            nodes: Some(0),
-            ..Default::default()
-        },
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        e.contains("dgx-h100.toml") && e.contains("at least 1"),
-        "{e}"
-    );
+    let e = build(&spec, &BuildOpts { nodes: Some(0), ..Default::default() }).unwrap_err().to_string();
+    assert!(e.contains("dgx-h100.toml") && e.contains("at least 1"), "{e}");
     let spec = load_topology(&data("no-network.toml")).unwrap();
-    let e = build(
-        &spec,
-        &BuildOpts {
-            nodes: Some(2),
-            ..Default::default()
-        },
-    )
-    .unwrap_err()
-    .to_string();
+    let e = build(&spec, &BuildOpts { nodes: Some(2), ..Default::default() }).unwrap_err().to_string();
     assert!(
         e.contains("no-network.toml") && e.contains("--nodes 1") && e.contains("[cluster.network]"),
         "{e}"
@@ -773,10 +526,8 @@ fn bad_node_counts_are_refused() {
 fn shipped_texts() -> &'static [(PathBuf, String)] {
     static TEXTS: std::sync::OnceLock<Vec<(PathBuf, String)>> = std::sync::OnceLock::new();
     TEXTS.get_or_init(|| {
-        let mut v: Vec<(PathBuf, String)> = shipped()
-            .into_iter()
-            .map(|p| (p.clone(), std::fs::read_to_string(&p).unwrap()))
-            .collect();
+        let mut v: Vec<(PathBuf, String)> =
+            shipped().into_iter().map(|p| (p.clone(), std::fs::read_to_string(&p).unwrap())).collect();
         let xml = data("dgx-h100-nccl.xml");
         v.push((xml.clone(), std::fs::read_to_string(&xml).unwrap()));
         v
@@ -792,13 +543,7 @@ fn load_and_build(text: &str, path: &Path) {
     };
     if let Ok(spec) = spec {
         let _ = build(&spec, &BuildOpts::default());
-        let _ = build(
-            &spec,
-            &BuildOpts {
-                nodes: Some(2),
-                ..Default::default()
-            },
-        );
+        let _ = build(&spec, &BuildOpts { nodes: Some(2), ..Default::default() });
     }
 }
 
@@ -813,15 +558,8 @@ fn cut(s: &str, at: usize) -> &str {
 
 /// 64 cases per property unless `PROPTEST_CASES` asks for more (or fewer).
 fn fuzz_config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(64);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(64);
+    ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
 }
 
 proptest! {
