@@ -47,25 +47,43 @@ pub struct Comm {
     pub nic_gbps: f64,
     /// NICs per NCCL node.
     pub nics_per_node: u32,
+    /// Fabric rank (GPU) of each communicator rank.
+    pub fabric_ranks: Vec<u32>,
 }
 
 impl Comm {
     /// The communicator of all GPUs of a fabric.
     pub fn from_fabric(f: &Fabric, router: &Router) -> Comm {
-        let n = f.num_gpus();
+        let all: Vec<u32> = (0..f.num_gpus()).collect();
+        Comm::from_ranks(f, router, &all)
+    }
+
+    /// The communicator of some GPUs of a fabric (fabric ranks in communicator order);
+    /// communicator rank i is fabric rank `ranks[i]`. Schedules built on it use
+    /// communicator ranks; [`crate::schedule::Schedule::relabel`] places them on the fabric.
+    pub fn from_ranks(f: &Fabric, router: &Router, ranks_in: &[u32]) -> Comm {
+        let n = ranks_in.len() as u32;
         let mut nodes = Vec::new();
         let mut node_of = vec![0; n as usize];
         let mut local_of = vec![0; n as usize];
         let mut nic_owners = Vec::new();
         let mut nic_partners = Vec::new();
         let mut rail_of = vec![None; n as usize];
-        for (d, dom) in f.domains.iter().enumerate() {
-            let ranks: Vec<u32> = dom.ranks.clone().collect();
+        // Group the communicator ranks by NVLink domain, in order of first appearance.
+        let mut by_domain: Vec<(u32, Vec<u32>)> = Vec::new();
+        for (cr, &fr) in ranks_in.iter().enumerate() {
+            let d = f.domain_of_rank(fr);
+            match by_domain.iter_mut().find(|x| x.0 == d) {
+                Some(x) => x.1.push(cr as u32),
+                None => by_domain.push((d, vec![cr as u32])),
+            }
+        }
+        for (d, (_, ranks)) in by_domain.into_iter().enumerate() {
             let mut owners = Vec::new();
             for (li, &r) in ranks.iter().enumerate() {
                 node_of[r as usize] = d as u32;
                 local_of[r as usize] = li as u32;
-                let host_local = f.local_rank(r);
+                let host_local = f.local_rank(ranks_in[r as usize]);
                 // The GPU owns the rails for which it is the owner in its host node.
                 let rails: Vec<u32> =
                     (0..router.rails()).filter(|&x| router.rail_owner(x) == Some(host_local)).collect();
@@ -81,12 +99,13 @@ impl Comm {
                 .map(|&li| {
                     let r = ranks[li as usize];
                     let rail = rail_of[r as usize]?;
-                    let host = f.local_rank(r);
+                    let fr = ranks_in[r as usize];
                     ranks.iter().enumerate().find_map(|(lj, &q)| {
+                        let fq = ranks_in[q as usize];
                         (lj as u32 != li
-                            && f.node_of_rank(q) == f.node_of_rank(r)
-                            && f.local_rank(q) != host
-                            && router.close_rails(f.local_rank(q)).contains(&rail))
+                            && f.node_of_rank(fq) == f.node_of_rank(fr)
+                            && f.local_rank(fq) != f.local_rank(fr)
+                            && router.close_rails(f.local_rank(fq)).contains(&rail))
                         .then_some(lj as u32)
                     })
                 })
@@ -125,6 +144,7 @@ impl Comm {
         let nvl = f.gpu_nvlink_bw(0).gbytes();
         Comm {
             nranks: n,
+            fabric_ranks: ranks_in.to_vec(),
             nics_per_node: nic_owners.first().map(|o| o.len() as u32).unwrap_or(0),
             nodes,
             node_of,
@@ -152,6 +172,7 @@ impl Comm {
             nodes: (0..nodes).map(|d| (d * per_node..(d + 1) * per_node).collect()).collect(),
             node_of: (0..n).map(|r| r / per_node).collect(),
             local_of: (0..n).map(|r| r % per_node).collect(),
+            fabric_ranks: (0..n).collect(),
             nic_owners: (0..nodes).map(|_| (0..per_node).collect()).collect(),
             nic_partners: (0..nodes).map(|_| vec![None; per_node as usize]).collect(),
             rail_of: (0..n).map(|r| Some(r % per_node)).collect(),

@@ -108,14 +108,79 @@ pub enum SimError {
 /// An observer that records every service interval (for traces and utilisation).
 #[derive(Debug, Default, Clone)]
 pub struct Recorder {
-    /// (resource, start, end, bytes).
-    pub services: Vec<(u32, SimTime, SimTime, u64)>,
+    /// (resource, start, end, bytes, flow tag).
+    pub services: Vec<(u32, SimTime, SimTime, u64, u64)>,
 }
 
 impl Observer for Recorder {
-    fn on_service(&mut self, res: ResourceId, start: SimTime, end: SimTime, bytes: u64, _tag: u64) {
-        self.services.push((res.0, start, end, bytes));
+    fn on_service(&mut self, res: ResourceId, start: SimTime, end: SimTime, bytes: u64, tag: u64) {
+        self.services.push((res.0, start, end, bytes, tag));
     }
+}
+
+/// What a flow of a traced simulation did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlowWhat {
+    /// A message to the stream (schedule index) `to`.
+    Send {
+        /// Receiving stream.
+        to: u32,
+    },
+    /// Local work of a step (reduction or copy).
+    Local,
+    /// A phase of an in-switch operation of schedule group `group`.
+    Switch {
+        /// Group.
+        group: u32,
+        /// 0 reduce, 1 multicast.
+        phase: u8,
+    },
+    /// GPU compute.
+    Compute,
+}
+
+/// One flow of a traced simulation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowLog {
+    /// The tag services carry.
+    pub tag: u64,
+    /// Schedule stream that issued it (u32::MAX for switch phases).
+    pub stream: u32,
+    /// Op index in that stream (the switch instance for switch phases).
+    pub op: u32,
+    /// Payload bytes.
+    pub bytes: u64,
+    /// What it was.
+    pub what: FlowWhat,
+}
+
+/// Everything a trace or a utilisation plot needs from one simulation.
+#[derive(Clone, Debug)]
+pub struct Traced {
+    /// The result.
+    pub result: SimResult,
+    /// Every service interval.
+    pub services: Vec<(u32, SimTime, SimTime, u64, u64)>,
+    /// What each engine resource is.
+    pub roles: Vec<ResourceRole>,
+    /// Every flow.
+    pub flows: Vec<FlowLog>,
+}
+
+/// Runs a schedule and records every transfer (for timelines and link utilisation).
+pub fn simulate_traced(f: &Fabric, router: &Router, s: &Schedule, opts: &SimOpts) -> Result<Traced, SimError> {
+    if s.nranks > f.num_gpus() {
+        return Err(SimError::TooManyRanks { need: s.nranks, have: f.num_gpus() });
+    }
+    let (mut sim, mut engine) = Sim::setup(f, router, s, opts, Recorder::default())?;
+    sim.flow_log = Some(Vec::new());
+    for k in 0..sim.streams.len() {
+        engine.timer(sim.streams[k].start, timer_tag(k as u32));
+    }
+    let end = engine.run(&mut sim);
+    let log = sim.flow_log.take().unwrap_or_default();
+    let (result, rec, roles) = sim.finish(engine, end)?;
+    Ok(Traced { result, services: rec.services, roles, flows: log })
 }
 
 /// What an engine resource stands for (for traces and link statistics).
@@ -230,6 +295,8 @@ struct Sim<'a> {
     end: SimTime,
     /// Streams to advance once the current one is done (avoids re-entrancy).
     pending_wakes: Vec<u32>,
+    /// Flow records, when tracing.
+    flow_log: Option<Vec<FlowLog>>,
     lane_map: BTreeMap<(u32, u32), u32>,
 }
 
@@ -503,14 +570,16 @@ impl<'a> Sim<'a> {
             compute_res,
             end: SimTime::ZERO,
             pending_wakes: Vec::new(),
+            flow_log: None,
             lane_map: s.lane_map(),
         };
         Ok((sim, engine))
     }
 
+    /// Stores a flow record; the tag is unique over the run (serial number above the slot).
     fn new_flow(&mut self, rec: FlowRec) -> u64 {
         self.nflows += 1;
-        match self.free.pop() {
+        let slot = match self.free.pop() {
             Some(i) => {
                 self.flows[i as usize] = rec;
                 i as u64
@@ -519,7 +588,22 @@ impl<'a> Sim<'a> {
                 self.flows.push(rec);
                 (self.flows.len() - 1) as u64
             }
+        };
+        let tag = (self.nflows << SLOT_BITS) | slot;
+        if let Some(log) = &mut self.flow_log {
+            let what = match rec.kind {
+                FlowKind::Send { conn } => FlowWhat::Send { to: self.conns[conn as usize].receiver },
+                FlowKind::Local => FlowWhat::Local,
+                FlowKind::Switch { group, phase, .. } => FlowWhat::Switch { group: self.groups[group as usize].id, phase },
+                FlowKind::Compute => FlowWhat::Compute,
+            };
+            let stream = match rec.kind {
+                FlowKind::Switch { .. } => u32::MAX,
+                _ => self.sim_streams[rec.stream as usize],
+            };
+            log.push(FlowLog { tag, stream, op: rec.op, bytes: rec.bytes, what });
         }
+        tag
     }
 
     fn wire(&self, bytes: u64) -> u64 {
@@ -764,6 +848,8 @@ impl<'a> Sim<'a> {
 }
 
 const TAG_KIND_SHIFT: u32 = 60;
+/// Bits of a flow tag that hold the record slot (flows in flight at once).
+const SLOT_BITS: u32 = 24;
 const TAG_FLOW: u64 = 0;
 const TAG_TIMER: u64 = 1;
 const TAG_WAKE: u64 = 2;
@@ -779,8 +865,9 @@ impl Handler for Sim<'_> {
         match tag >> TAG_KIND_SHIFT {
             TAG_TIMER | TAG_WAKE => self.advance(api, id as u32),
             _ => {
-                let rec = self.flows[id as usize];
-                self.free.push(id as u32);
+                let slot = id & ((1 << SLOT_BITS) - 1);
+                let rec = self.flows[slot as usize];
+                self.free.push(slot as u32);
                 match rec.kind {
                     FlowKind::Send { conn } => {
                         let c = &mut self.conns[conn as usize];

@@ -630,6 +630,74 @@ impl Schedule {
         self.streams.iter().map(|s| self.programs[s.program as usize].instrs.len() as u64).sum()
     }
 
+    /// Places a schedule built on a sub-communicator onto the ranks of a larger one: rank `r`
+    /// becomes `map[r]` (streams, peers, group members). Buffer layouts (block indices and
+    /// permutations) stay those of the communicator.
+    pub fn relabel(&mut self, map: &[u32], nranks: u32) {
+        let m = |r: u32| map.get(r as usize).copied().unwrap_or(r);
+        for st in &mut self.streams {
+            st.rank = m(st.rank);
+        }
+        for b in &mut self.bindings {
+            if let Binding::Peer { rank, .. } = b {
+                *rank = m(*rank);
+            }
+        }
+        for g in &mut self.groups {
+            for r in &mut g.members {
+                *r = m(*r);
+            }
+        }
+        self.nranks = nranks;
+    }
+
+    /// Runs `other` alongside this schedule (two collectives at once): its lanes, channels,
+    /// programs, groups and permutations are renumbered after this schedule's. Both must
+    /// use the same protocol and flow-control window.
+    pub fn merge(&mut self, other: &Schedule) -> Result<(), String> {
+        if other.proto != self.proto || other.window != self.window {
+            return Err(format!(
+                "cannot run a {} schedule alongside a {} one: the protocol and window must match",
+                other.proto, self.proto
+            ));
+        }
+        let lane0 = self.streams.iter().map(|s| s.lane + 1).max().unwrap_or(0);
+        let (p0, g0, perm0, ch0) =
+            (self.programs.len() as u32, self.groups.len() as u32, self.perms.len() as u32, self.channels);
+        let l0 = self.labels.len() as u32;
+        self.programs.extend(other.programs.iter().map(|p| {
+            let mut p = p.clone();
+            for ins in &mut p.instrs {
+                if let Op::Compute(c) = &mut ins.op {
+                    c.label += l0;
+                }
+            }
+            p
+        }));
+        self.groups.extend(other.groups.iter().cloned());
+        self.perms.extend(other.perms.iter().cloned());
+        for st in &other.streams {
+            let binds: Vec<Binding> = other
+                .stream_bindings(st)
+                .iter()
+                .map(|b| match *b {
+                    Binding::Group(g) => Binding::Group(g + g0),
+                    p => p,
+                })
+                .collect();
+            let i = self.add_stream_at(st.rank, st.lane + lane0, st.channel + ch0, st.pos, st.program + p0, &binds, st.offset);
+            self.streams[i as usize].perm = if st.perm == 0 { 0 } else { st.perm + perm0 };
+        }
+        for (i, b) in other.buf_elems.iter().enumerate() {
+            self.buf_elems[i] = self.buf_elems[i].max(*b);
+        }
+        self.channel_class.extend(other.channel_class.iter().map(|c| c + ch0));
+        self.channels += other.channels;
+        self.nranks = self.nranks.max(other.nranks);
+        self.labels.extend(other.labels.iter().cloned());
+        Ok(())
+    }
+
     /// Marks every channel as its own class.
     pub fn set_channels(&mut self, n: u32) {
         self.channels = n;
