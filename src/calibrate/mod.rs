@@ -4,4 +4,5 @@
 //! Architecture invariant: calibration reads measurements and drives the benchmark
 //! workload; it never changes the model itself, only the parameters a profile carries.
 
+pub mod profile;
 pub mod reference;

@@ -3,7 +3,7 @@
 //! --channels --fidelity --calibration --format --nccl`).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -66,8 +66,9 @@ pub struct BenchArgs {
     /// analytical (closed form) or event (discrete-event simulation).
     #[arg(long, default_value = "event")]
     pub fidelity: String,
-    /// Event granularity: path (one event per transfer) or hop (one per link).
-    #[arg(long, default_value = "path")]
+    /// Event granularity: hop (one event per link a transfer crosses, exact arrival order)
+    /// or path (one event per transfer, links claimed when it starts: faster, approximate).
+    #[arg(long, default_value = "hop")]
     pub granularity: String,
     /// Simulate every channel instead of one per symmetry class.
     #[arg(long)]
@@ -87,24 +88,16 @@ pub struct BenchArgs {
     /// Output: table, csv or json.
     #[arg(long, default_value = "table")]
     pub format: String,
+    /// Also write a Chrome/Perfetto trace (JSON) of ONE call: the first size of the sweep,
+    /// re-run with the discrete-event simulator whatever --fidelity says. Channels are
+    /// folded unless --no-fold; big runs are cut after about 250k slices (stated in the trace).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
 }
 
 /// Reads a calibration profile: a TOML file whose `[params]` table overrides model parameters.
-pub fn load_profile(path: &PathBuf) -> Result<toml::Table> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{}: cannot read calibration profile", path.display()))?;
-    let t: toml::Table = toml::from_str(&text).map_err(|e| {
-        let (line, col) = e.span().map(|s| fabric::file::line_col(&text, s.start)).unwrap_or((0, 0));
-        anyhow::anyhow!("{}:{line}:{col}: {}", path.display(), e.message())
-    })?;
-    match t.get("params") {
-        Some(toml::Value::Table(p)) => Ok(p.clone()),
-        Some(_) => bail!("{}: `params` must be a table", path.display()),
-        None => bail!(
-            "{}: a calibration profile needs a [params] table (same keys as fabric/params.toml)",
-            path.display()
-        ),
-    }
+pub fn load_profile(path: &Path) -> Result<toml::Table> {
+    Ok(fabricsim::calibrate::profile::load_profile(path)?)
 }
 
 /// Parses the arguments into a fabric and a configuration.
@@ -173,24 +166,26 @@ pub fn config(a: &BenchArgs) -> Result<(fabric::Fabric, BenchConfig)> {
         cfg.env.set(k.trim(), v.trim(), coll).map_err(anyhow::Error::msg)?;
     }
     let spec = load_any_topology(&a.topology)?;
-    let params = a.calibration.as_ref().map(load_profile).transpose()?;
+    let params = a.calibration.as_deref().map(load_profile).transpose()?;
     let f = fabric::build::build(&spec, &BuildOpts { nodes: a.nodes, gpus_per_node: a.gpus, params })?;
     Ok((f, cfg))
 }
 
 /// Loads a TOML topology or an NCCL XML dump (by extension).
-pub fn load_any_topology(path: &PathBuf) -> Result<fabric::TopologySpec> {
-    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("xml")) {
-        Ok(fabric::nccl_xml::load_nccl_xml(path)?)
-    } else {
-        Ok(fabric::load_topology(path)?)
-    }
+pub fn load_any_topology(path: &Path) -> Result<fabric::TopologySpec> {
+    Ok(fabricsim::scenario::file::load_any_topology(path)?)
 }
 
 /// Runs `bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let (f, cfg) = config(&a)?;
     let rows = run_bench(&f, &cfg)?;
+    if let (Some(path), Some(first)) = (&a.trace, rows.first()) {
+        let opts = fabricsim::report::timeline::TimelineOpts::default();
+        let st = fabricsim::report::timeline::trace_bench_row(path, &f, &cfg, first, &opts)?;
+        let cut = st.cut_at.map(|t| format!(", cut at {t} ({} slices left out)", st.dropped)).unwrap_or_default();
+        eprintln!("trace of the {} B call: {} ({} slices{cut})", first.size_bytes, path.display(), st.slices);
+    }
     let stdout = std::io::stdout();
     let mut w = stdout.lock();
     let res = match a.format.as_str() {

@@ -67,7 +67,12 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         }
     }
     s.set_channels(used.max(1));
-    s.channel_class = vec![0; used.max(1) as usize];
+    // CollNet Direct channels are alike (one symmetry class; folding them agrees with the
+    // full simulation). CollNet Chain keeps every channel: its chain pipelines overlap
+    // across channels in a way one folded channel does not reproduce.
+    if choice.algo == Algo::CollNetDirect {
+        s.channel_class = vec![0; used.max(1) as usize];
+    }
     Ok(s)
 }
 

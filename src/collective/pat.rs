@@ -84,6 +84,8 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         }
     }
     s.set_channels(used.max(1));
+    // One GPU per node and rank-relative peers: every rank behaves alike.
+    s.rank_period = Some(1);
     s.channel_class = vec![0; used.max(1) as usize];
     Ok(s)
 }

@@ -60,6 +60,10 @@ pub struct Resource {
     pub latency: SimTime,
     /// Packet size for cut-through (bytes).
     pub granule: u32,
+    /// Picoseconds per byte, 32.32 fixed point.
+    q: u64,
+    /// Serialisation time of a full packet.
+    pkt: SimTime,
     /// Backlog horizon: when the work charged so far is done.
     free_at: SimTime,
     /// Total service time charged.
@@ -92,7 +96,7 @@ impl Observer for NoObserver {}
 /// Receives completions.
 pub trait Handler {
     /// The flow, fan or timer tagged `tag` completed at `now`.
-    fn complete(&mut self, engine: &mut dyn EngineApi, now: SimTime, tag: u64);
+    fn complete<E: EngineApi>(&mut self, engine: &mut E, now: SimTime, tag: u64);
 }
 
 /// What a handler may do with the engine while it runs.
@@ -174,11 +178,21 @@ impl<O: Observer> Engine<O> {
 
     /// Adds a server.
     pub fn add_resource(&mut self, bw: Bandwidth, latency: SimTime, granule: u32) -> ResourceId {
+        self.add_shared_resource(bw, 1.0, latency, granule)
+    }
+
+    /// Adds a server that stands for a `share` of a link (a folded simulation's part): bulk
+    /// data moves at `bw * share`, but a packet still crosses at the full `bw`.
+    pub fn add_shared_resource(&mut self, bw: Bandwidth, share: f64, latency: SimTime, granule: u32) -> ResourceId {
         let id = ResourceId(self.resources.len() as u32);
+        let q = bw.scaled(share.clamp(1e-9, 1.0)).ps_per_byte_q32();
+        let pkt = Bandwidth::time_q32(bw.ps_per_byte_q32(), granule.max(1) as u64);
         self.resources.push(Resource {
             bw,
             latency,
             granule: granule.max(1),
+            q,
+            pkt,
             free_at: SimTime::ZERO,
             busy: SimTime::ZERO,
             bytes: 0,
@@ -234,8 +248,13 @@ impl<O: Observer> Engine<O> {
         tag: u64,
     ) -> (SimTime, SimTime) {
         let res = &mut self.resources[r.0 as usize];
-        let ser = res.bw.time_for(bytes);
-        let pkt = res.bw.time_for(bytes.min(res.granule as u64));
+        let ser = Bandwidth::time_q32(res.q, bytes);
+        // The first packet crosses at the link's full rate (`pkt`), scaled down for a short flow.
+        let pkt = if bytes >= res.granule as u64 {
+            res.pkt
+        } else {
+            SimTime(res.pkt.0 * bytes / res.granule as u64)
+        };
         let start = head.max(res.free_at);
         res.free_at = start + ser;
         res.busy += ser;
@@ -392,8 +411,9 @@ impl<O: Observer> EngineApi for Engine<O> {
 pub fn uncontended_time(servers: &[(Bandwidth, SimTime, u32)], bytes: u64) -> SimTime {
     let (mut head, mut tail) = (SimTime::ZERO, SimTime::ZERO);
     for &(bw, lat, granule) in servers {
-        let ser = bw.time_for(bytes);
-        let pkt = bw.time_for(bytes.min(granule.max(1) as u64));
+        let q = bw.ps_per_byte_q32();
+        let ser = Bandwidth::time_q32(q, bytes);
+        let pkt = Bandwidth::time_q32(q, bytes.min(granule.max(1) as u64));
         let end = (head + ser).max(tail + pkt);
         head = head + pkt + lat;
         tail = end + lat;
@@ -407,7 +427,7 @@ mod tests {
 
     struct Collect(Vec<(u64, SimTime)>);
     impl Handler for Collect {
-        fn complete(&mut self, _e: &mut dyn EngineApi, now: SimTime, tag: u64) {
+        fn complete<E: EngineApi>(&mut self, _e: &mut E, now: SimTime, tag: u64) {
             self.0.push((tag, now));
         }
     }

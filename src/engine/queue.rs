@@ -4,14 +4,14 @@
 
 use std::cmp::Reverse;
 
-use dary_heap::QuaternaryHeap;
+use radix_heap::RadixHeapMap;
 
 use crate::units::SimTime;
 
 /// A deterministic priority queue of events carrying a `u64` payload.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct EventQueue {
-    heap: QuaternaryHeap<Reverse<(u128, u64)>>,
+    heap: RadixHeapMap<Reverse<u128>, u64>,
     seq: u64,
 }
 
@@ -24,19 +24,20 @@ impl EventQueue {
     /// Schedules `payload` at `at`.
     #[inline]
     pub fn push(&mut self, at: SimTime, payload: u64) {
-        self.heap.push(Reverse((((at.0 as u128) << 64) | self.seq as u128, payload)));
+        self.heap.push(Reverse(((at.0 as u128) << 64) | self.seq as u128), payload);
         self.seq += 1;
     }
 
     /// Removes the earliest event.
     #[inline]
     pub fn pop(&mut self) -> Option<(SimTime, u64)> {
-        self.heap.pop().map(|Reverse((k, p))| (SimTime((k >> 64) as u64), p))
+        self.heap.pop().map(|(Reverse(k), p)| (SimTime((k >> 64) as u64), p))
     }
 
     /// Time of the earliest event.
     pub fn peek_time(&self) -> Option<SimTime> {
-        self.heap.peek().map(|Reverse((k, _))| SimTime((*k >> 64) as u64))
+        // Not on the hot path: the radix heap keeps its minimum only loosely ordered.
+        self.heap.keys().map(|Reverse(k)| *k).min().map(|k| SimTime((k >> 64) as u64))
     }
 
     /// Pending events.

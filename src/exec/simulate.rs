@@ -16,7 +16,7 @@
 //! the representative carries on it (computed from the routes of all channels). A test
 //! holds the folded result to the full one within 1%.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use crate::engine::{Engine, EngineApi, Granularity, Handler, NoObserver, Observer, PathRef, ResourceId};
 use crate::fabric::params::{kind_index, Resolved};
@@ -38,16 +38,20 @@ pub struct SimOpts {
     pub gpus_per_thread: u32,
     /// Relay sends through the rail owner (NCCL's PXN).
     pub pxn: bool,
+    /// Simulate one period of ranks when the schedule declares a translation symmetry
+    /// ([`Schedule::rank_period`]) and has no switch groups.
+    pub fold_ranks: bool,
 }
 
 impl Default for SimOpts {
     fn default() -> Self {
         SimOpts {
-            granularity: Granularity::Path,
+            granularity: Granularity::Hop,
             fold_channels: true,
             seed: 0,
             gpus_per_thread: 1,
             pxn: true,
+            fold_ranks: true,
         }
     }
 }
@@ -218,24 +222,107 @@ pub fn simulate_observed<O: Observer>(
     sim.finish(engine, end)
 }
 
+/// Arrived but not yet received messages of a connection (at most the window, which NCCL
+/// bounds by its 8 FIFO slots): a fixed ring, so the hot path does not chase a pointer.
+#[derive(Clone, Copy, Default)]
+struct Fifo {
+    buf: [u64; MAX_WINDOW],
+    head: u8,
+    len: u8,
+}
+
+impl Fifo {
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    #[inline]
+    fn push(&mut self, v: u64) {
+        let i = (self.head as usize + self.len as usize) % MAX_WINDOW;
+        self.buf[i] = v;
+        self.len += 1;
+    }
+    #[inline]
+    fn pop(&mut self) -> u64 {
+        let v = self.buf[self.head as usize];
+        self.head = ((self.head as usize + 1) % MAX_WINDOW) as u8;
+        self.len -= 1;
+        v
+    }
+}
+
+/// Schedules with fewer ops than this are simulated without channel folding.
+const FOLD_MIN_OPS: u64 = 20_000;
+
+/// Largest flow-control window the simulator supports (NCCL_STEPS).
+const MAX_WINDOW: usize = 8;
+
 struct ConnState {
-    path: PathRef,
-    reduce_path: PathRef,
-    step_latency: SimTime,
-    queue: VecDeque<u64>,
+    queue: Fifo,
     inflight: u32,
     sender: u32,
     receiver: u32,
+    path: PathRef,
+    reduce_path: PathRef,
+    step_latency: SimTime,
+}
+
+/// Ops a stream may have issued but not completed (a bound on a channel's pipelining far
+/// above what NCCL's FIFOs allow).
+const OPS_IN_FLIGHT: u32 = 64;
+
+/// Completion state of a stream's recent ops: every op below `done_below` is complete; the
+/// others issued so far keep their outstanding flow count in a small ring.
+struct Outstanding {
+    ring: [u8; OPS_IN_FLIGHT as usize],
+    done_below: u32,
+}
+
+impl Outstanding {
+    fn new() -> Outstanding {
+        Outstanding { ring: [0; OPS_IN_FLIGHT as usize], done_below: 0 }
+    }
+    /// Whether op `op` is complete (`pc`: the next op to issue).
+    #[inline]
+    fn is_done(&self, op: u32, pc: u32) -> bool {
+        op < self.done_below || (op < pc && self.ring[(op % OPS_IN_FLIGHT) as usize] == 0)
+    }
+    /// Records that op `op` (the next to issue) has `n` outstanding flows.
+    #[inline]
+    fn issue(&mut self, op: u32, n: u8) {
+        self.ring[(op % OPS_IN_FLIGHT) as usize] = n;
+        if n == 0 && op == self.done_below {
+            self.done_below += 1;
+        }
+    }
+    /// One flow of op `op` finished; returns whether the op is now complete.
+    #[inline]
+    fn finish(&mut self, op: u32, pc: u32) -> bool {
+        let e = &mut self.ring[(op % OPS_IN_FLIGHT) as usize];
+        *e = e.saturating_sub(1);
+        let done = *e == 0;
+        while self.done_below < pc && self.ring[(self.done_below % OPS_IN_FLIGHT) as usize] == 0 {
+            self.done_below += 1;
+        }
+        done
+    }
+    /// Whether another op may be issued.
+    #[inline]
+    fn has_room(&self, pc: u32) -> bool {
+        pc - self.done_below < OPS_IN_FLIGHT
+    }
 }
 
 struct StreamState {
     pc: u32,
     len: u32,
     start: SimTime,
-    /// Per op: flows outstanding (u8::MAX: not issued).
-    pending: Vec<u8>,
-    /// (send conn, recv conn) per binding; u32::MAX where absent.
-    conns: Vec<(u32, u32)>,
+    /// Flows outstanding per issued op that is not complete yet.
+    ops: Outstanding,
+    /// First entry of this stream's bindings in [`Sim::stream_conns`].
+    conn_base: u32,
+    /// The stream stopped because too many of its ops are in flight.
+    room_blocked: bool,
     engine_path: PathRef,
     reducer_path: PathRef,
     /// Switch ops issued per binding.
@@ -297,6 +384,8 @@ struct Sim<'a> {
     pending_wakes: Vec<u32>,
     /// Flow records, when tracing.
     flow_log: Option<Vec<FlowLog>>,
+    /// (send conn, recv conn) of every binding of every simulated stream.
+    stream_conns: Vec<(u32, u32)>,
     lane_map: BTreeMap<(u32, u32), u32>,
 }
 
@@ -315,12 +404,27 @@ impl<'a> Sim<'a> {
         opts: &SimOpts,
         observer: O,
     ) -> Result<(Self, Engine<O>), SimError> {
+        check_window(s)?;
         let p = f.params.resolve();
         let proto = p.proto[s.proto as usize];
-        // Streams to simulate.
-        let rep = |ch: u32| s.channel_class.get(ch as usize).copied().unwrap_or(ch) == ch;
+        // Streams to simulate: one channel per symmetry class, and one period of ranks when
+        // the schedule is invariant under a rank shift (messages to a rank outside the
+        // period are delivered to its image inside it, over the real route).
+        // Channels fold only in schedules big enough for it to matter: a folded channel sees
+        // its share of a link as a slower link, which delays latency-bound small messages by
+        // a fraction of a packet time per step (about 2% at 64 KiB on one node).
+        let fold_channels = opts.fold_channels && s.total_ops() > FOLD_MIN_OPS;
+        let rep = |ch: u32| !fold_channels || s.channel_class.get(ch as usize).copied().unwrap_or(ch) == ch;
+        let n = s.nranks;
+        let period = s
+            .rank_period
+            .filter(|&p| opts.fold_ranks && s.groups.is_empty() && p > 0 && p < n && n % p == 0);
+        let fold = |r: u32| period.map_or(r, |p| r % p);
         let sim_streams: Vec<u32> = (0..s.streams.len() as u32)
-            .filter(|&i| !opts.fold_channels || rep(s.streams[i as usize].channel))
+            .filter(|&i| {
+                let st = &s.streams[i as usize];
+                rep(st.channel) && fold(st.rank) == st.rank
+            })
             .collect();
         let mut stream_index = vec![u32::MAX; s.streams.len()];
         for (k, &i) in sim_streams.iter().enumerate() {
@@ -387,25 +491,28 @@ impl<'a> Sim<'a> {
                         if !simulated {
                             continue;
                         }
+                        // A connection is named by its sender's image, the rank offset and the
+                        // port (exactly the peer pair when nothing is folded).
                         let mut conn = |a: u32, b: u32| -> Result<u32, SimError> {
-                            let key = (st.lane, a, b, port);
+                            let (fa, delta) = (fold(a), (b + n - a) % n);
+                            let key = (st.lane, fa, delta, port);
                             if let Some(&c) = conn_keys.get(&key) {
                                 return Ok(c);
                             }
                             let id = conns.len() as u32;
                             conn_keys.insert(key, id);
-                            let sender = by_lane.get(&(st.lane, a)).copied().unwrap_or(u32::MAX);
-                            let receiver = by_lane.get(&(st.lane, b)).copied().unwrap_or(u32::MAX);
+                            let sender = by_lane.get(&(st.lane, fa)).copied().unwrap_or(u32::MAX);
+                            let receiver = by_lane.get(&(st.lane, fold(b))).copied().unwrap_or(u32::MAX);
                             conns.push(ConnState {
                                 path: PathRef::EMPTY,
                                 reduce_path: PathRef::EMPTY,
                                 step_latency: SimTime::ZERO,
-                                queue: VecDeque::new(),
+                                queue: Fifo::default(),
                                 inflight: 0,
                                 sender,
                                 receiver,
                             });
-                            conn_routes.push(route(a, b, st.channel)?);
+                            conn_routes.push(route(fa, (fa + delta) % n, st.channel)?);
                             Ok(id)
                         };
                         let sc = conn(st.rank, rank)?;
@@ -450,11 +557,14 @@ impl<'a> Sim<'a> {
                 return ResourceId(link_res[l.idx()]);
             }
             let link = f.link(l);
-            let mut eff = p.link_eff[kind_index(link.kind)];
-            if opts.fold_channels && uses_all[l.idx()] > 0 {
-                eff *= uses_rep[l.idx()].max(1) as f64 / uses_all[l.idx()] as f64;
-            }
-            let r = engine.add_resource(link.bw.scaled(eff), link.latency, granule(link.kind));
+            let eff = p.link_eff[kind_index(link.kind)];
+            // A folded simulation carries only its share of the link's traffic.
+            let share = if uses_all[l.idx()] > 0 {
+                uses_rep[l.idx()].max(1) as f64 / uses_all[l.idx()] as f64
+            } else {
+                1.0
+            };
+            let r = engine.add_shared_resource(link.bw.scaled(eff), share, link.latency, granule(link.kind));
             roles.push(ResourceRole::Link(l));
             link_res[l.idx()] = r.0;
             r
@@ -465,6 +575,7 @@ impl<'a> Sim<'a> {
             p.launch + SimTime(p.launch_stagger.0 * (rank % g) as u64)
         };
         let mut streams = Vec::with_capacity(sim_streams.len());
+        let mut flat_conns = Vec::new();
         for (k, &i) in sim_streams.iter().enumerate() {
             let st = &s.streams[i as usize];
             let eng = engine.add_resource(proto.channel_bw, SimTime::ZERO, 4096);
@@ -477,8 +588,13 @@ impl<'a> Sim<'a> {
                 pc: 0,
                 len,
                 start: stagger(st.rank),
-                pending: vec![u8::MAX; len as usize],
-                conns: std::mem::take(&mut stream_conns[k]),
+                ops: Outstanding::new(),
+                room_blocked: false,
+                conn_base: {
+                    let b = flat_conns.len() as u32;
+                    flat_conns.extend_from_slice(&stream_conns[k]);
+                    b
+                },
                 engine_path: engine.add_path(&[eng]),
                 reducer_path: engine.add_path(&[red, eng]),
                 group_count: vec![0; ngroups],
@@ -571,6 +687,7 @@ impl<'a> Sim<'a> {
             end: SimTime::ZERO,
             pending_wakes: Vec::new(),
             flow_log: None,
+            stream_conns: flat_conns,
             lane_map: s.lane_map(),
         };
         Ok((sim, engine))
@@ -607,11 +724,15 @@ impl<'a> Sim<'a> {
     }
 
     fn wire(&self, bytes: u64) -> u64 {
-        (bytes as f64 / self.payload).ceil() as u64
+        if self.payload >= 1.0 {
+            bytes
+        } else {
+            (bytes as f64 / self.payload).ceil() as u64
+        }
     }
 
     /// Issues as many ops of stream `k` as possible.
-    fn advance(&mut self, api: &mut dyn EngineApi, k: u32) {
+    fn advance<E: EngineApi>(&mut self, api: &mut E, k: u32) {
         let now = api.now();
         let ku = k as usize;
         if now < self.streams[ku].start {
@@ -627,28 +748,32 @@ impl<'a> Sim<'a> {
             }
             let i = ss.pc as usize;
             let ins = &instrs[i];
-            if ins.after > 0 && ss.pending[i - ins.after as usize] != 0 {
+            if !ss.ops.has_room(ss.pc) {
+                self.streams[ku].room_blocked = true;
+                return;
+            }
+            if ins.after > 0 && !ss.ops.is_done(ss.pc - ins.after, ss.pc) {
                 return;
             }
             match &ins.op {
                 Op::Step(step) => {
                     // Inputs and credits.
                     for &b in step.recv.as_slice() {
-                        let rc = ss.conns[b as usize].1;
+                        let rc = self.stream_conns[(ss.conn_base + b as u32) as usize].1;
                         if self.conns[rc as usize].queue.is_empty() {
                             return;
                         }
                     }
                     for &b in step.send.as_slice() {
-                        let sc = ss.conns[b as usize].0;
+                        let sc = self.stream_conns[(ss.conn_base + b as u32) as usize].0;
                         if self.conns[sc as usize].inflight >= self.s.window {
                             return;
                         }
                     }
                     let mut bytes = step.local.map(|a| self.s.resolve(&a, st).len * self.elem);
                     for &b in step.recv.as_slice() {
-                        let rc = self.streams[ku].conns[b as usize].1 as usize;
-                        let m = self.conns[rc].queue.pop_front().unwrap_or(0);
+                        let rc = self.stream_conns[(self.streams[ku].conn_base + b as u32) as usize].1 as usize;
+                        let m = if self.conns[rc].queue.is_empty() { 0 } else { self.conns[rc].queue.pop() };
                         bytes.get_or_insert(m);
                         self.conns[rc].inflight -= 1;
                         let sender = self.conns[rc].sender;
@@ -662,7 +787,7 @@ impl<'a> Sim<'a> {
                     let bytes = bytes.unwrap_or(0);
                     let mut n = 0u8;
                     for &b in step.send.as_slice() {
-                        let sc = self.streams[ku].conns[b as usize].0 as usize;
+                        let sc = self.stream_conns[(self.streams[ku].conn_base + b as u32) as usize].0 as usize;
                         self.conns[sc].inflight += 1;
                         let c = &self.conns[sc];
                         let path = if step.reduce { c.reduce_path } else { c.path };
@@ -688,7 +813,7 @@ impl<'a> Sim<'a> {
                         api.flow(now, path, bytes, SimTime::ZERO, tag);
                         n = 1;
                     }
-                    self.streams[ku].pending[i] = n;
+                    self.streams[ku].ops.issue(i as u32, n);
                 }
                 Op::Switch(sw) => {
                     let b = sw.group as usize;
@@ -696,7 +821,7 @@ impl<'a> Sim<'a> {
                     let Some(&gk) = self.group_index.get(&gid) else { return };
                     let inst = self.streams[ku].group_count[b];
                     self.streams[ku].group_count[b] += 1;
-                    self.streams[ku].pending[i] = 1;
+                    self.streams[ku].ops.issue(i as u32, 1);
                     let g = &mut self.groups[gk as usize];
                     let e = g.pending.entry(inst).or_insert_with(|| GroupInst { members: Vec::new() });
                     e.members.push((k, i as u32));
@@ -711,20 +836,20 @@ impl<'a> Sim<'a> {
                     let tag =
                         self.new_flow(FlowRec { stream: k, op: i as u32, bytes: 0, kind: FlowKind::Compute });
                     api.flow(now, path, ps, SimTime::ZERO, tag);
-                    self.streams[ku].pending[i] = 1;
+                    self.streams[ku].ops.issue(i as u32, 1);
                 }
                 Op::Wait { lane_delta, op } => {
                     let ws = Schedule::wait_target(&self.lane_map, st, *lane_delta)
                         .map(|t| self.stream_index[t as usize])
                         .unwrap_or(u32::MAX);
-                    if ws != u32::MAX && self.streams[ws as usize].pending[*op as usize] != 0 {
+                    if ws != u32::MAX && !self.streams[ws as usize].ops.is_done(*op, self.streams[ws as usize].pc) {
                         let w = &mut self.streams[ws as usize].waiters;
                         if !w.contains(&(*op, k)) {
                             w.push((*op, k));
                         }
                         return;
                     }
-                    self.streams[ku].pending[i] = 0;
+                    self.streams[ku].ops.issue(i as u32, 0);
                 }
             }
             self.streams[ku].pc += 1;
@@ -742,9 +867,9 @@ impl<'a> Sim<'a> {
         (flops / peak).max(bytes as f64 / hbm)
     }
 
-    fn start_switch(
+    fn start_switch<E: EngineApi>(
         &mut self,
-        api: &mut dyn EngineApi,
+        api: &mut E,
         gk: u32,
         inst: u32,
         phase: u8,
@@ -781,11 +906,7 @@ impl<'a> Sim<'a> {
 
     fn op_done(&mut self, k: u32, op: u32) {
         let ss = &mut self.streams[k as usize];
-        let p = &mut ss.pending[op as usize];
-        if *p != u8::MAX && *p > 0 {
-            *p -= 1;
-        }
-        if *p != 0 {
+        if !ss.ops.finish(op, ss.pc) {
             return;
         }
         // Wake the streams waiting for exactly this op, and this stream if its next op
@@ -802,14 +923,17 @@ impl<'a> Sim<'a> {
         let si = self.sim_streams[k as usize] as usize;
         let prog = &self.s.programs[self.s.streams[si].program as usize].instrs;
         if let Some(next) = prog.get(ss.pc as usize) {
-            if next.after > 0 && ss.pc - next.after == op {
+            // The next op waits for this one, or for room among the ops in flight.
+            let room = ss.room_blocked && ss.ops.has_room(ss.pc);
+            if room || (next.after > 0 && ss.pc - next.after == op) {
+                ss.room_blocked = false;
                 self.pending_wakes.push(k);
             }
         }
     }
 
     /// Advances every stream queued for waking.
-    fn run_wakes(&mut self, api: &mut dyn EngineApi) {
+    fn run_wakes<E: EngineApi>(&mut self, api: &mut E) {
         while let Some(w) = self.pending_wakes.pop() {
             self.advance(api, w);
         }
@@ -859,7 +983,7 @@ fn timer_tag(k: u32) -> u64 {
 }
 
 impl Handler for Sim<'_> {
-    fn complete(&mut self, api: &mut dyn EngineApi, now: SimTime, tag: u64) {
+    fn complete<E: EngineApi>(&mut self, api: &mut E, now: SimTime, tag: u64) {
         self.end = self.end.max(now);
         let id = tag & ((1 << TAG_KIND_SHIFT) - 1);
         match tag >> TAG_KIND_SHIFT {
@@ -871,7 +995,7 @@ impl Handler for Sim<'_> {
                 match rec.kind {
                     FlowKind::Send { conn } => {
                         let c = &mut self.conns[conn as usize];
-                        c.queue.push_back(rec.bytes);
+                        c.queue.push(rec.bytes);
                         let recv = c.receiver;
                         self.op_done(rec.stream, rec.op);
                         if recv != u32::MAX {
@@ -909,6 +1033,16 @@ impl Handler for Sim<'_> {
         self.run_wakes(api);
         let _ = TAG_FLOW;
     }
+}
+
+fn check_window(s: &Schedule) -> Result<(), SimError> {
+    if s.window == 0 || s.window as usize > MAX_WINDOW {
+        return Err(SimError::Deadlock(format!(
+            "a flow-control window of {} messages is not supported (valid: 1..={MAX_WINDOW}, NCCL's FIFO depth)",
+            s.window
+        )));
+    }
+    Ok(())
 }
 
 /// Link paths of a switch group: for each member, the path up to the merge point and the

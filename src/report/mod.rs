@@ -1,9 +1,15 @@
 //! The report layer: renders result rows, tables, traces and plots into files. It knows
 //! nothing of how results were produced (no fabric, engine or collective types here).
+//! Three modules are the exception and say so: `timeline` and `utilisation` read a traced
+//! simulation and the fabric (to name links and devices), and `gallery` runs the
+//! benchmarks and simulations whose figures it draws.
 
 pub mod bench;
 pub mod csvdata;
+pub mod gallery;
 pub mod heatmap;
 pub mod plot;
+pub mod timeline;
 pub mod topo;
 pub mod trace;
+pub mod utilisation;

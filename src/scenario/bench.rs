@@ -120,7 +120,7 @@ impl Default for BenchConfig {
             proto: None,
             channels: None,
             fidelity: Fidelity::Event,
-            granularity: Granularity::Path,
+            granularity: Granularity::Hop,
             fold_channels: true,
             env: NcclEnv::default(),
             seed: 0,
@@ -418,6 +418,7 @@ fn time_one(
                 seed: cfg.seed,
                 gpus_per_thread: cfg.gpus_per_thread,
                 pxn: !cfg.env.knobs.pxn_disable,
+                fold_ranks: cfg.fold_channels,
             };
             let r = simulate(f, router, &s, &opts)?;
             Ok((r.time.as_us(), choice.nchannels, r.events))

@@ -506,6 +506,11 @@ pub struct Schedule {
     pub labels: Vec<String>,
     /// Permutations used by relative addresses (e.g. ring position to rank).
     pub perms: Vec<Vec<u32>>,
+    /// A rank shift under which the schedule is invariant (every rank r behaves like
+    /// r + period: same program, peers shifted alike), declared by the algorithm, e.g. a
+    /// node's GPU count for a ring over identical nodes. The simulator may then simulate one
+    /// period of ranks. Message sizes may differ by the last uneven chunk.
+    pub rank_period: Option<u32>,
 }
 
 impl Schedule {
@@ -526,6 +531,7 @@ impl Schedule {
             channel_class: vec![0],
             labels: Vec::new(),
             perms: Vec::new(),
+            rank_period: None,
         }
     }
 
@@ -649,6 +655,7 @@ impl Schedule {
             }
         }
         self.nranks = nranks;
+        self.rank_period = None;
     }
 
     /// Runs `other` alongside this schedule (two collectives at once): its lanes, channels,
@@ -695,6 +702,7 @@ impl Schedule {
         self.channels += other.channels;
         self.nranks = self.nranks.max(other.nranks);
         self.labels.extend(other.labels.iter().cloned());
+        self.rank_period = None;
         Ok(())
     }
 
