@@ -23,6 +23,16 @@ enum Command {
     Bench(cli::bench::BenchArgs),
     /// Draw a line chart (PNG and SVG) from a results CSV: --x, --y, --series, --facet, --filter.
     Plot(cli::plot::PlotArgs),
+    /// Run a scenario file (and its sweep): comparison table, results CSV/JSONL and a plot.
+    Run(cli::run::RunArgs),
+    /// Run a scenario's sweep, resumable and shardable (--shard K/N, --threads N), with progress.
+    Sweep(cli::sweep::SweepArgs),
+    /// Join the output folders of sharded sweeps into one results.csv and results.jsonl.
+    Merge(cli::merge::MergeArgs),
+    /// Regenerate the gallery: every figure (PNG and SVG), a Chrome trace and index.html (-o DIR, --quick).
+    Report(cli::report::ReportArgs),
+    /// Score the simulator (and NCCL's cost model) against the measured tables in validate/reference/.
+    Validate(cli::validate::ValidateArgs),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +41,11 @@ fn main() -> ExitCode {
         Command::Topo(a) => cli::topo::run(a),
         Command::Bench(a) => cli::bench::run(a),
         Command::Plot(a) => cli::plot::run(a),
+        Command::Run(a) => cli::run::run(a),
+        Command::Sweep(a) => cli::sweep::run(a),
+        Command::Merge(a) => cli::merge::run(a),
+        Command::Report(a) => cli::report::run(a),
+        Command::Validate(a) => cli::validate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

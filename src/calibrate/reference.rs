@@ -124,6 +124,9 @@ pub struct PointError {
     pub error: f64,
     /// Algorithm and protocol simulated.
     pub choice: String,
+    /// The same error for NCCL's own cost model (its tuner's time for that algorithm and
+    /// protocol), where it covers the collective.
+    pub nccl_error: Option<f64>,
 }
 
 /// The score of one dataset.
@@ -145,6 +148,16 @@ pub struct Score {
     pub bias_large: f64,
     /// Largest |error|.
     pub worst: Option<PointError>,
+    /// Median |error| of NCCL's cost model over sizes >= 1 MiB (`None`: not modelled).
+    pub nccl_median_large: Option<f64>,
+    /// Median |error| of NCCL's cost model over all sizes.
+    pub nccl_median_all: Option<f64>,
+}
+
+/// Median |error| of NCCL's model over points it covers all of.
+fn nccl_median(points: &[&PointError]) -> Option<f64> {
+    let errs: Option<Vec<f64>> = points.iter().map(|p| p.nccl_error.map(f64::abs)).collect();
+    errs.filter(|e| !e.is_empty()).map(median)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -210,6 +223,7 @@ pub fn score(
             simulated: r.busbw_gbps,
             error,
             choice: format!("{}/{}", r.algo, r.proto),
+            nccl_error: r.nccl_model_us.filter(|&m| m > 0.0).map(|m| (1.0 + error) * r.time_us / m - 1.0),
         });
     }
     let large: Vec<&PointError> = points.iter().filter(|p| p.size_bytes >= 1 << 20).collect();
@@ -222,6 +236,8 @@ pub fn score(
         median_all: median(points.iter().map(|p| p.error.abs()).collect()),
         bias_large: median(large.iter().map(|p| p.error).collect()),
         worst,
+        nccl_median_large: nccl_median(&large),
+        nccl_median_all: nccl_median(&points.iter().collect::<Vec<_>>()),
         points,
     }))
 }

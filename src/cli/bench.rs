@@ -180,10 +180,17 @@ pub fn load_any_topology(path: &Path) -> Result<fabric::TopologySpec> {
 pub fn run(a: BenchArgs) -> Result<()> {
     let (f, cfg) = config(&a)?;
     let rows = run_bench(&f, &cfg)?;
+    if cfg.fidelity == Fidelity::Analytical && rows.iter().any(|r| r.algo != Algo::Ring) {
+        eprintln!(
+            "note: the analytical times of algorithms other than ring are estimates (README, \"Fidelity\"); \
+             --fidelity event simulates them"
+        );
+    }
     if let (Some(path), Some(first)) = (&a.trace, rows.first()) {
         let opts = fabricsim::report::timeline::TimelineOpts::default();
         let st = fabricsim::report::timeline::trace_bench_row(path, &f, &cfg, first, &opts)?;
-        let cut = st.cut_at.map(|t| format!(", cut at {t} ({} slices left out)", st.dropped)).unwrap_or_default();
+        let cut =
+            st.cut_at.map(|t| format!(", cut at {t} ({} slices left out)", st.dropped)).unwrap_or_default();
         eprintln!("trace of the {} B call: {} ({} slices{cut})", first.size_bytes, path.display(), st.slices);
     }
     let stdout = std::io::stdout();

@@ -82,7 +82,14 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
                     for group in rounds.chunks(P2P_BATCH) {
                         for l in &lp {
                             for &d in group {
-                                b.push(step(&[], &[(d - 1) as u16], Some(blk(Buf::Input, l, d)), None, false, false));
+                                b.push(step(
+                                    &[],
+                                    &[(d - 1) as u16],
+                                    Some(blk(Buf::Input, l, d)),
+                                    None,
+                                    false,
+                                    false,
+                                ));
                             }
                             for &d in group {
                                 let from = (n as i64 - d - 1) as u16;

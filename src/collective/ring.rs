@@ -144,7 +144,10 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     // nodes, every rank behaves like the rank one node further (broadcast and reduce have a
     // root, which breaks that symmetry).
     s.channel_class = vec![0; used.max(1) as usize];
-    if comm.uniform() && comm.num_nodes() > 1 && !matches!(args.coll, Collective::Broadcast | Collective::Reduce) {
+    if comm.uniform()
+        && comm.num_nodes() > 1
+        && !matches!(args.coll, Collective::Broadcast | Collective::Reduce)
+    {
         s.rank_period = Some(comm.ppn());
     }
     Ok(s)

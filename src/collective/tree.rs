@@ -105,7 +105,7 @@ pub(crate) fn span(buf: Buf, l: &Loop, end: u64) -> Addr {
 }
 
 /// Tree LL128 chunk reduction for small sizes (NCCL_FACTS §4.3).
-fn tree_chunk(comm: &Comm, proto: Proto, nbytes: u64, nch: u32, mut chunk: u64) -> u64 {
+pub(crate) fn tree_chunk(comm: &Comm, proto: Proto, nbytes: u64, nch: u32, mut chunk: u64) -> u64 {
     if proto == Proto::LL128 {
         let ppn = comm.ppn().max(1) as f64;
         let s = 1.0 + (comm.num_nodes().max(1) as f64).log2().floor() + 0.1 * ppn;

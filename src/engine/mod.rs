@@ -183,7 +183,13 @@ impl<O: Observer> Engine<O> {
 
     /// Adds a server that stands for a `share` of a link (a folded simulation's part): bulk
     /// data moves at `bw * share`, but a packet still crosses at the full `bw`.
-    pub fn add_shared_resource(&mut self, bw: Bandwidth, share: f64, latency: SimTime, granule: u32) -> ResourceId {
+    pub fn add_shared_resource(
+        &mut self,
+        bw: Bandwidth,
+        share: f64,
+        latency: SimTime,
+        granule: u32,
+    ) -> ResourceId {
         let id = ResourceId(self.resources.len() as u32);
         let q = bw.scaled(share.clamp(1e-9, 1.0)).ps_per_byte_q32();
         let pkt = Bandwidth::time_q32(bw.ps_per_byte_q32(), granule.max(1) as u64);

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use crate::collective::chunking::{chunking, Chunking};
 use crate::collective::{channel_parts, tree, Algo, Choice, CollArgs, CollError, Collective, Comm, Knobs};
 use crate::fabric::params::{kind_index, Resolved};
-use crate::fabric::{DeviceKind, Fabric, LinkClass, LinkId, PathType, RouteOpts, Router};
-use crate::units::{Bandwidth, SimTime};
+use crate::fabric::{Fabric, LinkClass, LinkId, PathType, RouteOpts, Router};
+use crate::units::SimTime;
 
 /// Cost of sending one message over one connection class.
 #[derive(Clone, Copy, Debug)]
@@ -88,13 +88,24 @@ fn hop_of(
     Hop { lat, bw, step: pr.step(class_of(ty)).as_us() }
 }
 
-/// Worst hop of each class among routes.
+/// The distinct hops among routes, each with the share of the routes it describes.
 fn worst(hops: impl Iterator<Item = Hop>) -> Vec<Hop> {
-    let mut v: Vec<Hop> = Vec::new();
+    weighted(hops).into_iter().map(|(h, _)| h).collect()
+}
+
+/// Distinct hops with their shares of the routes (shares sum to 1).
+fn weighted(hops: impl Iterator<Item = Hop>) -> Vec<(Hop, f64)> {
+    let mut v: Vec<(Hop, f64)> = Vec::new();
+    let mut total = 0.0f64;
     for h in hops {
-        if !v.iter().any(|x| x.bw == h.bw && x.lat == h.lat && x.step == h.step) {
-            v.push(h);
+        total += 1.0;
+        match v.iter_mut().find(|(x, _)| x.bw == h.bw && x.lat == h.lat && x.step == h.step) {
+            Some((_, c)) => *c += 1.0,
+            None => v.push((h, 1.0)),
         }
+    }
+    for (_, c) in &mut v {
+        *c /= total.max(1.0);
     }
     v
 }
@@ -140,20 +151,9 @@ pub fn time(
                 }
             }
             let (load, routes) = loads(router, &edges);
-            let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, 1.0)));
+            let hops = weighted(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, 1.0)));
             let ch = chunking(args.coll, Algo::Ring, choice.proto, knobs);
-            ring_time(
-                args.coll,
-                n,
-                per_ch,
-                e as f64,
-                &ch,
-                &hops,
-                payload,
-                reduce_bw,
-                args.count as f64 * e as f64,
-                nch,
-            )
+            ring_time(args.coll, n, per_ch, e as f64, &ch, &hops, payload, reduce_bw)
         }
         Algo::Tree => {
             let mut edges = Vec::new();
@@ -179,7 +179,9 @@ pub fn time(
             }
             let (load, routes) = loads(router, &edges);
             let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, 1.0)));
-            let ch = chunking(args.coll, Algo::Tree, choice.proto, knobs);
+            let mut ch = chunking(args.coll, Algo::Tree, choice.proto, knobs);
+            ch.chunk_bytes =
+                tree::tree_chunk(comm, choice.proto, args.count * e, choice.nchannels, ch.chunk_bytes);
             let chunk = (ch.chunk_bytes as f64).min(per_ch * e as f64).max(e as f64);
             let k = (per_ch * e as f64 / chunk).ceil().max(1.0);
             let m = wire(chunk, payload);
@@ -239,13 +241,10 @@ fn ring_time(
     per_ch: f64,
     e: f64,
     ch: &Chunking,
-    hops: &[Hop],
+    hops: &[(Hop, f64)],
     payload: f64,
     reduce_bw: f64,
-    total: f64,
-    nch: u32,
 ) -> f64 {
-    let _ = (total, nch);
     let per_ch_bytes = per_ch * e;
     let chain = matches!(coll, Collective::Broadcast | Collective::Reduce);
     let (steps, block) = match coll {
@@ -265,18 +264,22 @@ fn ring_time(
         let sl = (rc / nsl).ceil();
         let m = wire(sl, payload);
         let reduces = coll.reduces();
-        let step_time = hops
+        let t_of = |h: &Hop| h.t(m).max(if reduces { sl / reduce_bw } else { 0.0 });
+        // A step's slices stream at the slowest hop's pace, unless the window (messages in
+        // flight per connection) throttles them; the dependency chain that carries a slice
+        // around the ring crosses every kind of hop in proportion to its share.
+        let stream = hops
             .iter()
-            .map(|h| {
-                let t = h.t(m).max(if reduces { sl / reduce_bw } else { 0.0 });
-                (nsl * t).max(t + h.lat + h.step).max((t + h.lat + h.step) * nsl / window)
-            })
+            .map(|(h, _)| (nsl * t_of(h)).max((t_of(h) + h.lat + h.step) * nsl / window))
             .fold(0.0, f64::max);
+        let chain_lat: f64 = hops.iter().map(|(h, w)| w * (t_of(h) + h.lat + h.step)).sum();
+        let step_time = stream.max(chain_lat);
         if chain {
             // Pipelined chain: the first message crosses n-1 hops, the rest follow at the
             // bottleneck's pace.
-            let msg = hops.iter().map(|h| h.msg(m)).fold(0.0, f64::max);
-            let tau = hops.iter().map(|h| h.t(m)).fold(0.0, f64::max).max(msg / window);
+            let msg: f64 = hops.iter().map(|(h, w)| w * h.msg(m)).sum();
+            let slowest: f64 = hops.iter().map(|(h, _)| h.msg(m)).fold(0.0, f64::max);
+            let tau = hops.iter().map(|(h, _)| h.t(m)).fold(0.0f64, f64::max).max(slowest / window);
             total_t += if first { steps as f64 * msg + (nsl - 1.0) * tau } else { nsl * tau };
         } else {
             total_t += steps as f64 * step_time;
@@ -331,11 +334,9 @@ fn nvls_collnet_time(
             .map(|r| r.links.iter().map(|l| f.link(*l).latency.as_us()).sum::<f64>())
             .unwrap_or(0.0)
     };
-    let _ = DeviceKind::Gpu;
     let eff = p.nvls_eff;
     let chunk = 128.0 * 1024.0f64;
     let total = per_ch_bytes * nch;
-    let _ = args;
     match (choice.algo, nodes) {
         (Algo::Nvls, 1) => {
             // Per GPU and direction S(1 + 1/n) of multimem traffic.
@@ -369,6 +370,3 @@ fn nvls_collnet_time(
         }
     }
 }
-
-#[allow(dead_code)]
-fn _unused(_: Bandwidth) {}

@@ -11,10 +11,15 @@
 //! (NVLS) or their NIC paths up to the SHARP aggregation root. Kernels start at the launch
 //! latency, staggered per GPU when one host thread launches several (nccl-tests `-g`).
 //!
-//! Symmetry: with `fold_channels`, only one representative channel of each symmetry class
-//! is simulated, and every link's bandwidth is scaled by the share of the class's traffic
-//! the representative carries on it (computed from the routes of all channels). A test
-//! holds the folded result to the full one within 1%.
+//! Symmetry: a schedule invariant under a rank shift ([`Schedule::rank_period`]: rings
+//! and PAT on uniform nodes) is simulated for one period of ranks, messages leaving the
+//! period being delivered to their image inside it over the real route; this is exact up
+//! to ECMP choices (tests hold it within 1%). Runs still big after that (more than
+//! [`FOLD_MIN_OPS`] ops) also fold channels: one representative channel of each symmetry
+//! class is simulated, and every link's bandwidth is scaled by the share of the class's
+//! traffic the representative carries on it (computed from the routes of all channels).
+//! That is approximate: the representative cannot borrow the gaps other channels leave
+//! (tests hold it within 5% of the full simulation on large rings).
 
 use std::collections::BTreeMap;
 
@@ -30,8 +35,11 @@ use crate::units::{Bandwidth, SimTime};
 pub struct SimOpts {
     /// Engine granularity.
     pub granularity: Granularity,
-    /// Simulate one channel per symmetry class.
+    /// Simulate one channel per symmetry class when more than `fold_min_ops` ops remain to
+    /// simulate after rank folding.
     pub fold_channels: bool,
+    /// Threshold of `fold_channels` (default [`FOLD_MIN_OPS`]).
+    pub fold_min_ops: u64,
     /// ECMP seed.
     pub seed: u64,
     /// GPUs launched by one host thread (nccl-tests `-g`); their kernels start staggered.
@@ -48,6 +56,7 @@ impl Default for SimOpts {
         SimOpts {
             granularity: Granularity::Hop,
             fold_channels: true,
+            fold_min_ops: FOLD_MIN_OPS,
             seed: 0,
             gpus_per_thread: 1,
             pxn: true,
@@ -172,7 +181,12 @@ pub struct Traced {
 }
 
 /// Runs a schedule and records every transfer (for timelines and link utilisation).
-pub fn simulate_traced(f: &Fabric, router: &Router, s: &Schedule, opts: &SimOpts) -> Result<Traced, SimError> {
+pub fn simulate_traced(
+    f: &Fabric,
+    router: &Router,
+    s: &Schedule,
+    opts: &SimOpts,
+) -> Result<Traced, SimError> {
     if s.nranks > f.num_gpus() {
         return Err(SimError::TooManyRanks { need: s.nranks, have: f.num_gpus() });
     }
@@ -251,8 +265,9 @@ impl Fifo {
     }
 }
 
-/// Schedules with fewer ops than this are simulated without channel folding.
-const FOLD_MIN_OPS: u64 = 20_000;
+/// Schedules that leave fewer ops than this to simulate after rank folding are simulated
+/// without channel folding (a few hundred ms of simulation at most).
+pub const FOLD_MIN_OPS: u64 = 2_000_000;
 
 /// Largest flow-control window the simulator supports (NCCL_STEPS).
 const MAX_WINDOW: usize = 8;
@@ -410,16 +425,19 @@ impl<'a> Sim<'a> {
         // Streams to simulate: one channel per symmetry class, and one period of ranks when
         // the schedule is invariant under a rank shift (messages to a rank outside the
         // period are delivered to its image inside it, over the real route).
-        // Channels fold only in schedules big enough for it to matter: a folded channel sees
-        // its share of a link as a slower link, which delays latency-bound small messages by
-        // a fraction of a packet time per step (about 2% at 64 KiB on one node).
-        let fold_channels = opts.fold_channels && s.total_ops() > FOLD_MIN_OPS;
-        let rep = |ch: u32| !fold_channels || s.channel_class.get(ch as usize).copied().unwrap_or(ch) == ch;
         let n = s.nranks;
         let period = s
             .rank_period
-            .filter(|&p| opts.fold_ranks && s.groups.is_empty() && p > 0 && p < n && n % p == 0);
+            .filter(|&p| opts.fold_ranks && s.groups.is_empty() && p > 0 && p < n && n.is_multiple_of(p));
         let fold = |r: u32| period.map_or(r, |p| r % p);
+        // Channels fold only when the simulation would otherwise be long: a folded channel
+        // sees its share of a link as a slower link of its own, so it cannot use the gaps
+        // the other channels leave between their messages (a few % slower than the full
+        // simulation on bandwidth-bound runs, more on latency-bound ones).
+        let unfolded_ops: u64 =
+            s.streams.iter().filter(|st| fold(st.rank) == st.rank).map(|st| s.instrs(st).len() as u64).sum();
+        let fold_channels = opts.fold_channels && unfolded_ops > opts.fold_min_ops;
+        let rep = |ch: u32| !fold_channels || s.channel_class.get(ch as usize).copied().unwrap_or(ch) == ch;
         let sim_streams: Vec<u32> = (0..s.streams.len() as u32)
             .filter(|&i| {
                 let st = &s.streams[i as usize];
@@ -711,7 +729,9 @@ impl<'a> Sim<'a> {
             let what = match rec.kind {
                 FlowKind::Send { conn } => FlowWhat::Send { to: self.conns[conn as usize].receiver },
                 FlowKind::Local => FlowWhat::Local,
-                FlowKind::Switch { group, phase, .. } => FlowWhat::Switch { group: self.groups[group as usize].id, phase },
+                FlowKind::Switch { group, phase, .. } => {
+                    FlowWhat::Switch { group: self.groups[group as usize].id, phase }
+                }
                 FlowKind::Compute => FlowWhat::Compute,
             };
             let stream = match rec.kind {
@@ -772,7 +792,8 @@ impl<'a> Sim<'a> {
                     }
                     let mut bytes = step.local.map(|a| self.s.resolve(&a, st).len * self.elem);
                     for &b in step.recv.as_slice() {
-                        let rc = self.stream_conns[(self.streams[ku].conn_base + b as u32) as usize].1 as usize;
+                        let rc =
+                            self.stream_conns[(self.streams[ku].conn_base + b as u32) as usize].1 as usize;
                         let m = if self.conns[rc].queue.is_empty() { 0 } else { self.conns[rc].queue.pop() };
                         bytes.get_or_insert(m);
                         self.conns[rc].inflight -= 1;
@@ -787,7 +808,8 @@ impl<'a> Sim<'a> {
                     let bytes = bytes.unwrap_or(0);
                     let mut n = 0u8;
                     for &b in step.send.as_slice() {
-                        let sc = self.stream_conns[(self.streams[ku].conn_base + b as u32) as usize].0 as usize;
+                        let sc =
+                            self.stream_conns[(self.streams[ku].conn_base + b as u32) as usize].0 as usize;
                         self.conns[sc].inflight += 1;
                         let c = &self.conns[sc];
                         let path = if step.reduce { c.reduce_path } else { c.path };
@@ -842,7 +864,9 @@ impl<'a> Sim<'a> {
                     let ws = Schedule::wait_target(&self.lane_map, st, *lane_delta)
                         .map(|t| self.stream_index[t as usize])
                         .unwrap_or(u32::MAX);
-                    if ws != u32::MAX && !self.streams[ws as usize].ops.is_done(*op, self.streams[ws as usize].pc) {
+                    if ws != u32::MAX
+                        && !self.streams[ws as usize].ops.is_done(*op, self.streams[ws as usize].pc)
+                    {
                         let w = &mut self.streams[ws as usize].waiters;
                         if !w.contains(&(*op, k)) {
                             w.push((*op, k));

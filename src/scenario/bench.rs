@@ -415,6 +415,7 @@ fn time_one(
             let opts = SimOpts {
                 granularity: cfg.granularity,
                 fold_channels: cfg.fold_channels,
+                fold_min_ops: crate::exec::simulate::FOLD_MIN_OPS,
                 seed: cfg.seed,
                 gpus_per_thread: cfg.gpus_per_thread,
                 pxn: !cfg.env.knobs.pxn_disable,

@@ -1,8 +1,10 @@
-//! Scenarios: what to run. [`bench`] is the collective benchmark workload (what `fabricsim
+//! Scenarios: what to run. [`bench`](mod@bench) is the collective benchmark workload (what `fabricsim
 //! bench` runs): a collective over a size sweep on a fabric, timed with a chosen fidelity.
 //!
 //! Architecture invariant: the scenario layer drives fabric, collective and exec; it never
 //! renders (that is `report`'s job) and never prints.
 
 pub mod bench;
+pub mod file;
 pub mod nccl_env;
+pub mod sweep;

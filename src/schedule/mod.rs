@@ -692,7 +692,15 @@ impl Schedule {
                     p => p,
                 })
                 .collect();
-            let i = self.add_stream_at(st.rank, st.lane + lane0, st.channel + ch0, st.pos, st.program + p0, &binds, st.offset);
+            let i = self.add_stream_at(
+                st.rank,
+                st.lane + lane0,
+                st.channel + ch0,
+                st.pos,
+                st.program + p0,
+                &binds,
+                st.offset,
+            );
             self.streams[i as usize].perm = if st.perm == 0 { 0 } else { st.perm + perm0 };
         }
         for (i, b) in other.buf_elems.iter().enumerate() {

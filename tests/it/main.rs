@@ -1,5 +1,9 @@
 //! Integration tests: one binary, one module per area.
 
+mod accuracy;
 mod exec_cpu;
 mod plot;
+mod report;
+mod scenario;
+mod simulate;
 mod topo;

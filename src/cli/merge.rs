@@ -1,0 +1,49 @@
+//! `fabricsim merge DIR... -o DIR`: joins the output folders of `fabricsim sweep --shard K/N`
+//! into one `results.csv` and `results.jsonl`, the same bytes an unsharded run writes.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+
+use fabricsim::scenario::sweep::{merge, RESULTS_CSV, RESULTS_JSONL};
+
+/// Arguments of `merge`.
+#[derive(Args, Debug)]
+pub struct MergeArgs {
+    /// Shard output folders (e.g. out-*/ as the shell expands it).
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// Folder for the merged results.csv and results.jsonl.
+    #[arg(short = 'o', long = "out")]
+    pub out: PathBuf,
+}
+
+/// Runs `merge`.
+pub fn run(a: MergeArgs) -> Result<()> {
+    let s = merge(&a.dirs, &a.out)?;
+    for n in &s.notes {
+        eprintln!("note: {n}");
+    }
+    eprintln!(
+        "merged {} point{} ({} rows) from {} folder{}",
+        s.points,
+        if s.points == 1 { "" } else { "s" },
+        s.rows,
+        a.dirs.len(),
+        if a.dirs.len() == 1 { "" } else { "s" }
+    );
+    if !s.missing.is_empty() {
+        let shown: Vec<String> = s.missing.iter().take(20).map(usize::to_string).collect();
+        eprintln!(
+            "warning: {} point{} missing: {}{} (run or resume the shards that hold them)",
+            s.missing.len(),
+            if s.missing.len() == 1 { " is" } else { "s are" },
+            shown.join(", "),
+            if s.missing.len() > 20 { ", ..." } else { "" }
+        );
+    }
+    println!("{}", a.out.join(RESULTS_CSV).display());
+    println!("{}", a.out.join(RESULTS_JSONL).display());
+    Ok(())
+}

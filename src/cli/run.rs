@@ -1,0 +1,228 @@
+//! `fabricsim run SCENARIO [-o DIR]`: runs one scenario (its whole sweep), prints a compact
+//! comparison table (bus bandwidth by message size, one block per fabric and one column per
+//! swept setting), and writes `results.csv`, `results.jsonl` and a default plot (busbw vs
+//! size, one line per swept setting, one figure per fabric) into DIR (default
+//! `out/<scenario name>/`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use fabricsim::report::csvdata::Table;
+use fabricsim::report::plot::{Axis, LineChart, Series, SeriesStyle};
+use fabricsim::scenario::file::load_plan;
+use fabricsim::scenario::sweep::{Plan, RunOpts};
+use fabricsim::units::format_bytes_short;
+
+use super::sweep::{default_out, execute};
+
+/// Arguments of `run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Scenario file (see scenarios/quickstart.toml).
+    pub scenario: PathBuf,
+    /// Output folder (default: out/<scenario name>/).
+    #[arg(short = 'o', long = "out")]
+    pub out: Option<PathBuf>,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Keep the points already in the output folder instead of running everything again.
+    #[arg(long)]
+    pub resume: bool,
+    /// Do not draw the default plot.
+    #[arg(long)]
+    pub no_plot: bool,
+}
+
+/// One fabric of the results: the rows of one (topology, nodes, gpus).
+struct Facet {
+    topology: String,
+    nodes: String,
+    gpus: String,
+    /// Series in order of first appearance, each with (size, busbw) points.
+    series: Vec<(String, Vec<(u64, f64)>)>,
+}
+
+impl Facet {
+    fn title(&self) -> String {
+        let nodes: u64 = self.nodes.parse().unwrap_or(0);
+        let gpus: u64 = self.gpus.parse().unwrap_or(0);
+        let per = gpus.checked_div(nodes).unwrap_or(0);
+        if nodes == 1 {
+            format!("{}: 1 node x {per} GPUs", self.topology)
+        } else {
+            format!("{}: {nodes} nodes x {per} GPUs ({gpus} GPUs)", self.topology)
+        }
+    }
+    fn stem(&self) -> String {
+        let s = format!("busbw_{}_{}n_{}g", self.topology, self.nodes, self.gpus);
+        s.chars()
+            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' })
+            .collect()
+    }
+}
+
+struct Results {
+    collective: String,
+    facets: Vec<Facet>,
+    /// (point, error) of points the model rejected.
+    rejected: Vec<(usize, String)>,
+}
+
+/// Groups the results CSV by fabric and series. The series of a row is the values of the
+/// swept settings that do not choose the fabric (`topology.*`).
+fn collect(plan: &Plan, t: &Table) -> Result<Results> {
+    let col = |name: &str| t.text(name).map(|c| c.to_vec()).context("results.csv");
+    let (topo, nodes, gpus, status) = (col("topology")?, col("nodes")?, col("gpus")?, col("status")?);
+    let (sizes, busbw, point, error) = (col("size_bytes")?, col("busbw_GBps")?, col("point")?, col("error")?);
+    let colls = col("collective")?;
+    let series_cols: Vec<Vec<String>> =
+        plan.columns.iter().filter(|c| !c.starts_with("topology")).map(|c| col(c)).collect::<Result<_>>()?;
+    let mut facets: Vec<Facet> = Vec::new();
+    let mut rejected = Vec::new();
+    let mut collectives: Vec<String> = Vec::new();
+    for r in 0..t.len() {
+        if !collectives.contains(&colls[r]) {
+            collectives.push(colls[r].clone());
+        }
+        if status[r] != "ok" {
+            rejected.push((point[r].parse().unwrap_or(0), error[r].clone()));
+            continue;
+        }
+        let (Ok(size), Ok(bw)) = (sizes[r].parse::<u64>(), busbw[r].parse::<f64>()) else { continue };
+        let key = if series_cols.is_empty() {
+            colls[r].clone()
+        } else {
+            series_cols.iter().map(|c| c[r].as_str()).filter(|v| !v.is_empty()).collect::<Vec<_>>().join(" ")
+        };
+        let fi = match facets
+            .iter()
+            .position(|f| f.topology == topo[r] && f.nodes == nodes[r] && f.gpus == gpus[r])
+        {
+            Some(i) => i,
+            None => {
+                facets.push(Facet {
+                    topology: topo[r].clone(),
+                    nodes: nodes[r].clone(),
+                    gpus: gpus[r].clone(),
+                    series: Vec::new(),
+                });
+                facets.len() - 1
+            }
+        };
+        let f = &mut facets[fi];
+        match f.series.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, pts)) => pts.push((size, bw)),
+            None => f.series.push((key, vec![(size, bw)])),
+        }
+    }
+    Ok(Results { collective: collectives.join("/"), facets, rejected })
+}
+
+/// Three significant digits or so: 0.00412, 0.412, 41.20, 412.0.
+fn busbw_cell(v: f64) -> String {
+    match v {
+        v if v >= 100.0 => format!("{v:.1}"),
+        v if v >= 1.0 => format!("{v:.2}"),
+        v if v >= 0.01 => format!("{v:.3}"),
+        v => format!("{v:.5}"),
+    }
+}
+
+fn print_table(plan: &Plan, res: &Results) {
+    let fidelities: Vec<&str> = {
+        let mut v: Vec<&str> = plan.points.iter().map(|p| p.scenario.fidelity.name()).collect();
+        v.dedup();
+        v
+    };
+    println!(
+        "# {}: {} bus bandwidth (GB/s) by message size, {} fidelity{}",
+        plan.name,
+        res.collective,
+        fidelities.join("/"),
+        match plan.columns.iter().filter(|c| !c.starts_with("topology")).count() {
+            0 => String::new(),
+            _ => format!(
+                "; columns: {}",
+                plan.columns
+                    .iter()
+                    .filter(|c| !c.starts_with("topology"))
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+        }
+    );
+    for f in &res.facets {
+        println!();
+        println!("{}", f.title());
+        let mut sizes: Vec<u64> = f.series.iter().flat_map(|(_, p)| p.iter().map(|x| x.0)).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let widths: Vec<usize> = f.series.iter().map(|(k, _)| k.len().max(8) + 2).collect();
+        let mut head = format!("{:>10}", "size");
+        for ((k, _), w) in f.series.iter().zip(&widths) {
+            head.push_str(&format!("{k:>w$}"));
+        }
+        println!("{head}");
+        for s in &sizes {
+            let mut line = format!("{:>10}", format_bytes_short(*s));
+            for ((_, pts), w) in f.series.iter().zip(&widths) {
+                let cell = pts.iter().find(|p| p.0 == *s).map_or("-".to_string(), |p| busbw_cell(p.1));
+                line.push_str(&format!("{cell:>w$}"));
+            }
+            println!("{line}");
+        }
+    }
+    if !res.rejected.is_empty() {
+        println!();
+        println!("# {} point(s) skipped (the model rejects them):", res.rejected.len());
+        for (i, e) in &res.rejected {
+            let label = plan.points.get(*i).map(|p| p.label.as_str()).unwrap_or("");
+            println!("#   point {i} ({label}): {e}");
+        }
+    }
+}
+
+fn plot(plan: &Plan, res: &Results, out: &std::path::Path) -> Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    for f in &res.facets {
+        let mut chart = LineChart::new(
+            format!("{} on {}", res.collective, f.title()),
+            Axis::bytes("message size"),
+            Axis::linear("bus bandwidth (GB/s)"),
+        )
+        .subtitle(format!("scenario {}", plan.name));
+        for (name, pts) in &f.series {
+            let mut p: Vec<(f64, f64)> = pts.iter().map(|&(s, b)| (s as f64, b)).collect();
+            p.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let style = SeriesStyle { dashed: false, markers: p.len() <= 24 };
+            chart.push_series(Series { name: name.clone(), points: p, style });
+        }
+        let stem = if res.facets.len() == 1 { "busbw".to_string() } else { f.stem() };
+        written.extend(chart.render(out, &stem).with_context(|| format!("plotting into {}", out.display()))?);
+    }
+    Ok(written)
+}
+
+/// Runs `run`.
+pub fn run(a: RunArgs) -> Result<()> {
+    let plan = load_plan(&a.scenario)?;
+    let out = a.out.clone().unwrap_or_else(|| default_out(&plan));
+    let summary =
+        execute(&plan, &out, &RunOpts { threads: a.threads, resume: a.resume, ..Default::default() })?;
+    let table = Table::read(&summary.csv)?;
+    let res = collect(&plan, &table)?;
+    print_table(&plan, &res);
+    let mut files = vec![summary.csv.clone(), summary.jsonl.clone()];
+    if !a.no_plot && res.facets.iter().any(|f| !f.series.is_empty()) {
+        files.extend(plot(&plan, &res, &out)?);
+    }
+    println!();
+    for f in files {
+        println!("wrote {}", f.display());
+    }
+    Ok(())
+}

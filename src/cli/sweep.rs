@@ -1,0 +1,157 @@
+//! `fabricsim sweep FILE [-o DIR] [--shard K/N] [--threads N]`: runs every point of a
+//! scenario's sweep into `DIR/results.csv` and `DIR/results.jsonl`, resuming what an earlier
+//! (interrupted) run left there. Shows a progress bar with ETA on a terminal and plain log
+//! lines otherwise. Also the progress display that `run` shares.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use fabricsim::scenario::file::load_plan;
+use fabricsim::scenario::sweep::{self, Event, Plan, RunOpts, RunSummary, Shard};
+
+/// Arguments of `sweep`.
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    /// Scenario file (TOML with a [sweep] table; see scenarios/).
+    pub scenario: PathBuf,
+    /// Output folder for results.csv and results.jsonl (default: out/<scenario name>/).
+    #[arg(short = 'o', long = "out")]
+    pub out: Option<PathBuf>,
+    /// Run only the K-th of N disjoint slices of the points (1-based; points i with i % N == K-1).
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<Shard>,
+    /// Worker threads (default: one per core). Results are the same bytes for any count.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Start afresh instead of resuming the points already in the output folder.
+    #[arg(long)]
+    pub fresh: bool,
+    /// Only list the points (number, hash, swept values) and exit.
+    #[arg(long)]
+    pub list: bool,
+}
+
+/// `out/<name>/`, the default output folder of a scenario.
+pub fn default_out(plan: &Plan) -> PathBuf {
+    let name: String = plan
+        .name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' })
+        .collect();
+    Path::new("out").join(name.trim_matches('.'))
+}
+
+/// Runs a plan with a progress display on stderr.
+pub fn execute(plan: &Plan, out: &Path, opts: &RunOpts) -> Result<RunSummary> {
+    if opts.threads == Some(0) {
+        anyhow::bail!("--threads 0: give at least one thread");
+    }
+    let tty = std::io::stderr().is_terminal();
+    let bar = if tty { ProgressBar::new(0) } else { ProgressBar::hidden() };
+    let style = ProgressStyle::with_template(
+        "{spinner:.green} [{elapsed_precise}] {bar:32.cyan/blue} {pos}/{len} points  ETA {eta}  {wide_msg}",
+    )
+    .context("progress bar template")?
+    .progress_chars("=> ");
+    bar.set_style(style);
+    // Progress and run time are for the terminal only; nothing timed reaches the results.
+    #[allow(clippy::disallowed_methods)]
+    let started = Instant::now();
+    let counter = std::sync::atomic::AtomicUsize::new(0);
+    let total = std::sync::atomic::AtomicUsize::new(0);
+    let on_event = |e: Event<'_>| match e {
+        Event::Start { points, resumed, to_run } => {
+            total.store(to_run, std::sync::atomic::Ordering::SeqCst);
+            let msg = format!(
+                "{}: {points} point{} in {}{}",
+                plan.name,
+                if points == 1 { "" } else { "s" },
+                out.display(),
+                if resumed > 0 {
+                    format!(", {resumed} already done, {to_run} to run")
+                } else {
+                    String::new()
+                }
+            );
+            if tty {
+                bar.set_length(to_run as u64);
+                bar.enable_steady_tick(Duration::from_millis(200));
+                bar.println(msg);
+            } else {
+                eprintln!("{msg}");
+            }
+        }
+        Event::Note(n) => {
+            if tty {
+                bar.println(format!("note: {n}"));
+            } else {
+                eprintln!("note: {n}");
+            }
+        }
+        Event::Done { point, error, rows } => {
+            let k = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            let n = total.load(std::sync::atomic::Ordering::SeqCst);
+            let what = if point.label.is_empty() { String::new() } else { format!(" ({})", point.label) };
+            if tty {
+                bar.inc(1);
+                bar.set_message(point.label.clone());
+                if let Some(e) = error {
+                    bar.println(format!("point {}{what} skipped: {e}", point.index));
+                }
+            } else {
+                match error {
+                    None => eprintln!(
+                        "[{k}/{n}] point {}{what}: ok, {rows} row{}",
+                        point.index,
+                        if rows == 1 { "" } else { "s" }
+                    ),
+                    Some(e) => eprintln!("[{k}/{n}] point {}{what} skipped: {e}", point.index),
+                }
+            }
+        }
+    };
+    let summary = sweep::run(plan, out, opts, &on_event);
+    bar.finish_and_clear();
+    let summary = summary?;
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "{} point{} run in {secs:.1} s ({} rejected by the model){}",
+        summary.ran,
+        if summary.ran == 1 { "" } else { "s" },
+        summary.failed,
+        if summary.resumed > 0 { format!(", {} resumed", summary.resumed) } else { String::new() }
+    );
+    Ok(summary)
+}
+
+/// Runs `sweep`.
+pub fn run(a: SweepArgs) -> Result<()> {
+    let plan = load_plan(&a.scenario)?;
+    let shard = a.shard.unwrap_or_default();
+    if a.list {
+        let mode = match plan.mode {
+            sweep::Mode::Product => "product",
+            sweep::Mode::Zip => "zip",
+        };
+        println!(
+            "# {}: {} points ({mode}); swept: {}",
+            plan.name,
+            plan.points.len(),
+            plan.columns.join(", ")
+        );
+        for p in plan.points.iter().filter(|p| shard.contains(p.index)) {
+            println!("{:>6}  {}  {}", p.index, p.hash_hex(), p.label);
+        }
+        return Ok(());
+    }
+    let out = a.out.clone().unwrap_or_else(|| default_out(&plan));
+    let summary = execute(&plan, &out, &RunOpts { threads: a.threads, shard, resume: !a.fresh })?;
+    println!("{}", summary.csv.display());
+    println!("{}", summary.jsonl.display());
+    Ok(())
+}

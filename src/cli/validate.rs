@@ -1,0 +1,112 @@
+//! `fabricsim validate`: scores the simulator against every measured nccl-tests table in
+//! validate/reference/ (datasets.toml) and prints, per dataset, the median |busbw error|
+//! of fabricsim and of NCCL's own cost model, or why a dataset is not covered.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use fabricsim::calibrate::profile::load_profile;
+use fabricsim::calibrate::reference::{load_manifest, reference_dir, score};
+use fabricsim::scenario::bench::Fidelity;
+
+/// Arguments of `validate`.
+#[derive(Args, Debug)]
+pub struct ValidateArgs {
+    /// Only datasets whose file name contains this.
+    #[arg(long, default_value = "")]
+    pub filter: String,
+    /// Also print every size of every dataset.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Model fidelity: analytical | event.
+    #[arg(long, default_value = "event")]
+    pub fidelity: String,
+    /// Calibration profile (TOML) overriding the default parameters.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// Project root holding validate/reference/ and topologies/.
+    #[arg(long, default_value = ".")]
+    pub root: PathBuf,
+    /// Output format: table | markdown.
+    #[arg(long, default_value = "table")]
+    pub format: String,
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map(|v| format!("{:.1}%", v * 100.0)).unwrap_or_else(|| "-".into())
+}
+
+/// Runs `validate`.
+pub fn run(a: ValidateArgs) -> Result<()> {
+    let fidelity = Fidelity::parse(&a.fidelity)
+        .with_context(|| format!("unknown fidelity {:?}; valid: analytical, event", a.fidelity))?;
+    let md = match a.format.as_str() {
+        "table" => false,
+        "markdown" | "md" => true,
+        f => anyhow::bail!("unknown format {f:?}; valid: table, markdown"),
+    };
+    let params = a.calibration.as_deref().map(load_profile).transpose()?;
+    let dir = reference_dir(&a.root);
+    let sets = load_manifest(&dir)?;
+    if md {
+        println!(
+            "| dataset | quality | fabricsim ≥1 MiB | fabricsim all | NCCL model ≥1 MiB | NCCL model all |"
+        );
+        println!("|---|---|---:|---:|---:|---:|");
+    } else {
+        println!(
+            "{:<78} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "dataset", "asserted", "large", "all", "nccl-lg", "nccl-all"
+        );
+    }
+    let mut uncovered = Vec::new();
+    for d in sets.iter().filter(|d| d.file.contains(&a.filter)) {
+        let Some(s) = score(&a.root, d, fidelity, params.as_ref()).map_err(anyhow::Error::msg)? else {
+            uncovered.push((d.file.clone(), d.reason.clone().unwrap_or_else(|| "no topology".into())));
+            continue;
+        };
+        let name = s.file.trim_end_matches(".csv");
+        if md {
+            println!(
+                "| {name} | {} | {} | {} | {} | {} |",
+                s.quality,
+                pct(Some(s.median_large)),
+                pct(Some(s.median_all)),
+                pct(s.nccl_median_large),
+                pct(s.nccl_median_all)
+            );
+        } else {
+            println!(
+                "{name:<78} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                if s.asserted { "yes" } else { "no" },
+                pct(Some(s.median_large)),
+                pct(Some(s.median_all)),
+                pct(s.nccl_median_large),
+                pct(s.nccl_median_all)
+            );
+        }
+        if a.verbose {
+            for p in &s.points {
+                println!(
+                    "    {:>12} B  measured {:>8.2}  simulated {:>8.2} GB/s  {:>+7.1}%  nccl-model {:>8}  {}",
+                    p.size_bytes,
+                    p.measured,
+                    p.simulated,
+                    p.error * 100.0,
+                    p.nccl_error.map(|e| format!("{:+.1}%", e * 100.0)).unwrap_or_else(|| "-".into()),
+                    p.choice
+                );
+            }
+        }
+    }
+    if !uncovered.is_empty() {
+        println!();
+        println!("not covered:");
+        for (f, why) in uncovered {
+            println!("  {f}: {why}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,938 @@
+//! Sweeps: the expansion of a scenario's `[sweep]` into points (cartesian product or zip),
+//! the stable identity of a point (FNV-1a 64 of its canonical text), sharding, running the
+//! points in parallel (rayon; one point is single-threaded), the result files with resume,
+//! and merging shard outputs.
+//!
+//! Result files, in the output folder:
+//! - `results.csv`: a header, then one flat row per (point, size): `point`, `point_hash`, one
+//!   column per swept setting (named by its dotted path), `topology`, `nodes`, `gpus`,
+//!   `collective`, the columns of `fabricsim bench --format csv`, `status` (`ok` | `error`)
+//!   and `error`. A point the model rejects (NVLS without NVSwitch, CollNet on one node, a
+//!   fabric that cannot be built) is one row with `status = error` and empty measurements.
+//! - `results.jsonl`: the same rows as JSON objects (same keys first, then `channels`,
+//!   `root`, NCCL's pick and model time, and the event count).
+//!
+//! Determinism: rows are written in point order whatever the thread count (completions
+//! that arrive early wait in a buffer), numbers are formatted deterministically and nothing
+//! depends on the clock, so the same inputs give byte-identical files for any `--threads`,
+//! and shards merged with [`merge`] give the bytes of an unsharded run.
+//!
+//! Resume: each point's rows are appended to `results.jsonl`, then to `results.csv`, and
+//! flushed. A point counts as done when both files hold the same, non-zero number of
+//! complete rows for its hash; rerunning skips done points, drops partial ones and rewrites
+//! the files in point order, so an interrupted run completes to the same bytes.
+//!
+//! Architecture invariant: no printing and no clock. Progress goes to the caller's
+//! callback; the scenario file's syntax is [`super::file`]'s business.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use super::bench::{run_bench, BenchRow};
+use super::file::Scenario;
+use crate::collective::Collective;
+use crate::fabric::build::build;
+
+/// Name of the CSV results file in an output folder.
+pub const RESULTS_CSV: &str = "results.csv";
+/// Name of the JSON-lines results file in an output folder.
+pub const RESULTS_JSONL: &str = "results.jsonl";
+
+/// How the axes of a sweep combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Every combination; the first axis varies slowest (nested loops in file order).
+    #[default]
+    Product,
+    /// The i-th values of all axes together; the axes must have equal lengths.
+    Zip,
+}
+
+/// The value of one swept setting at one point, as the results show it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ParamValue {
+    /// Not set at this point (a key that only some tables of a table axis set).
+    Missing,
+    /// A string.
+    Str(String),
+    /// An integer.
+    Int(i64),
+    /// A float, as written.
+    Float(String),
+    /// A boolean.
+    Bool(bool),
+    /// Anything else, as inline TOML.
+    Toml(String),
+}
+
+impl ParamValue {
+    /// The CSV cell (unquoted).
+    pub fn text(&self) -> String {
+        match self {
+            ParamValue::Missing => String::new(),
+            ParamValue::Str(s) | ParamValue::Float(s) | ParamValue::Toml(s) => s.clone(),
+            ParamValue::Int(n) => n.to_string(),
+            ParamValue::Bool(b) => b.to_string(),
+        }
+    }
+    fn json(&self) -> String {
+        match self {
+            ParamValue::Missing => "null".into(),
+            ParamValue::Str(s) | ParamValue::Toml(s) => json_str(s),
+            ParamValue::Int(n) => n.to_string(),
+            ParamValue::Float(s) => s.parse::<f64>().map_or_else(|_| json_str(s), json_f64),
+            ParamValue::Bool(b) => b.to_string(),
+        }
+    }
+}
+
+/// One point of a sweep: a resolved scenario and where it sits in the sweep.
+#[derive(Clone, Debug)]
+pub struct Point {
+    /// Position in the sweep (0-based); the `point` column.
+    pub index: usize,
+    /// FNV-1a 64 of [`Point::canonical`]; the `point_hash` column.
+    pub hash: u64,
+    /// `path=value, ...` of the swept settings (empty without a sweep).
+    pub label: String,
+    /// The swept settings' values, one per [`Plan::columns`] entry.
+    pub params: Vec<ParamValue>,
+    /// The resolved scenario.
+    pub scenario: Scenario,
+    /// Its canonical text.
+    pub canonical: String,
+}
+
+impl Point {
+    /// The hash as 16 hex digits.
+    pub fn hash_hex(&self) -> String {
+        format!("{:016x}", self.hash)
+    }
+}
+
+/// A loaded scenario: its points in sweep order.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Scenario name (the `name` key or the file stem).
+    pub name: String,
+    /// Description.
+    pub description: Option<String>,
+    /// The scenario file.
+    pub source: PathBuf,
+    /// How the axes combine.
+    pub mode: Mode,
+    /// Swept paths with their number of values, in file order.
+    pub axes: Vec<(String, usize)>,
+    /// Swept columns of the results (a table axis gives one column per key).
+    pub columns: Vec<String>,
+    /// Every point, in order.
+    pub points: Vec<Point>,
+}
+
+/// FNV-1a, 64 bits: the fixed hash that identifies points (never std's randomized hasher).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The most points one sweep may have.
+pub const MAX_POINTS: usize = 1_000_000;
+
+/// Index combinations of axes of the given lengths, in point order.
+pub fn combinations(lens: &[usize], mode: Mode) -> Result<Vec<Vec<usize>>, String> {
+    if lens.is_empty() {
+        return Ok(vec![Vec::new()]);
+    }
+    if lens.contains(&0) {
+        return Err("a swept setting has no values".into());
+    }
+    match mode {
+        Mode::Zip => {
+            if lens.iter().any(|&l| l != lens[0]) {
+                let ls: Vec<String> = lens.iter().map(usize::to_string).collect();
+                return Err(format!(
+                    "mode = \"zip\" needs lists of equal length; the swept settings have {} values",
+                    ls.join(", ")
+                ));
+            }
+            Ok((0..lens[0]).map(|i| vec![i; lens.len()]).collect())
+        }
+        Mode::Product => {
+            let total =
+                lens.iter().try_fold(1usize, |acc, &l| acc.checked_mul(l).filter(|&t| t <= MAX_POINTS));
+            let Some(total) = total else {
+                return Err(format!(
+                    "the sweep has more than {MAX_POINTS} points; split it into several files"
+                ));
+            };
+            let mut out = Vec::with_capacity(total);
+            let mut cur = vec![0usize; lens.len()];
+            for _ in 0..total {
+                out.push(cur.clone());
+                for d in (0..lens.len()).rev() {
+                    cur[d] += 1;
+                    if cur[d] < lens[d] {
+                        break;
+                    }
+                    cur[d] = 0;
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// Which slice of the points a run takes: `K/N` takes the points `i` with `i % N == K - 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// 1-based shard number K.
+    pub index: usize,
+    /// Number of shards N.
+    pub count: usize,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard { index: 1, count: 1 }
+    }
+}
+
+impl Shard {
+    /// Parses `K/N` (1 <= K <= N).
+    pub fn parse(s: &str) -> Result<Shard, String> {
+        let bad = || format!("--shard {s:?}: expected K/N with 1 <= K <= N, such as 1/4");
+        let (k, n) = s.split_once('/').ok_or_else(bad)?;
+        let index: usize = k.trim().parse().map_err(|_| bad())?;
+        let count: usize = n.trim().parse().map_err(|_| bad())?;
+        if count == 0 || index == 0 || index > count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+    /// Whether point `i` belongs to this shard.
+    pub fn contains(&self, i: usize) -> bool {
+        i % self.count == self.index - 1
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Shard, String> {
+        Shard::parse(s)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Running one point
+// ---------------------------------------------------------------------------------------
+
+/// What one point produced.
+#[derive(Clone, Debug)]
+pub struct PointResult {
+    /// Topology name.
+    pub topology: String,
+    /// Nodes of the fabric (as asked when it could not be built).
+    pub nodes: u32,
+    /// GPUs of the fabric (None when it could not be built).
+    pub gpus: Option<u32>,
+    /// The collective.
+    pub collective: Collective,
+    /// The rows, or why the point is invalid for the model.
+    pub outcome: Result<Vec<BenchRow>, String>,
+}
+
+/// Runs one point on the calling thread. Model errors (and, as a last resort, panics) become
+/// the point's error; they never stop a sweep.
+pub fn run_point(p: &Point) -> PointResult {
+    let s = &p.scenario;
+    let mut r = PointResult {
+        topology: s.topology.spec.name.clone(),
+        nodes: s.topology.nodes,
+        gpus: None,
+        collective: s.collective(),
+        outcome: Err(String::new()),
+    };
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let f = build(&s.topology.spec, &s.build_opts()).map_err(|e| e.to_string())?;
+        let info = (f.name.clone(), f.num_nodes(), f.num_gpus());
+        Ok::<_, String>((info, run_bench(&f, &s.bench_config()).map_err(|e| e.to_string())))
+    }));
+    match caught {
+        Ok(Ok(((name, nodes, gpus), outcome))) => {
+            r.topology = name;
+            r.nodes = nodes;
+            r.gpus = Some(gpus);
+            r.outcome = match outcome {
+                // Every point leaves at least one row, so that resume can tell it is done.
+                Ok(rows) if rows.is_empty() => Err(format!(
+                    "no message size gives at least one element per rank on {gpus} GPUs; use larger sizes"
+                )),
+                other => other,
+            };
+        }
+        Ok(Err(e)) => r.outcome = Err(e),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            r.outcome = Err(format!("internal error (a bug in fabricsim): {msg}"));
+        }
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------
+// Rows
+// ---------------------------------------------------------------------------------------
+
+/// The CSV header for a sweep with these swept columns.
+pub fn csv_header(columns: &[String]) -> String {
+    let mut h: Vec<String> = vec!["point".into(), "point_hash".into()];
+    h.extend(columns.iter().map(|c| csv_cell(c)));
+    h.extend(
+        [
+            "topology",
+            "nodes",
+            "gpus",
+            "collective",
+            "size_bytes",
+            "count",
+            "dtype",
+            "redop",
+            "time_us",
+            "algbw_GBps",
+            "busbw_GBps",
+            "algo",
+            "proto",
+            "status",
+            "error",
+        ]
+        .map(String::from),
+    );
+    h.join(",")
+}
+
+fn csv_cell(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+fn json_f64(v: f64) -> String {
+    if v.is_finite() {
+        serde_json::to_string(&v).unwrap_or_else(|_| "null".into())
+    } else {
+        "null".into()
+    }
+}
+
+fn json_opt_str(s: Option<&str>) -> String {
+    s.map_or_else(|| "null".into(), json_str)
+}
+
+/// A point's rows, formatted for both files.
+struct Formatted {
+    csv: String,
+    jsonl: String,
+    rows: usize,
+}
+
+fn format_point(p: &Point, columns: &[String], r: &PointResult) -> Formatted {
+    let hash = p.hash_hex();
+    let mut csv_prefix = format!("{},{hash}", p.index);
+    let mut json_prefix = format!("{{\"point\":{},\"point_hash\":\"{hash}\"", p.index);
+    for (c, v) in columns.iter().zip(&p.params) {
+        csv_prefix.push(',');
+        csv_prefix.push_str(&csv_cell(&v.text()));
+        json_prefix.push_str(&format!(",{}:{}", json_str(c), v.json()));
+    }
+    let gpus_csv = r.gpus.map(|g| g.to_string()).unwrap_or_default();
+    let gpus_json = r.gpus.map_or_else(|| "null".into(), |g| g.to_string());
+    csv_prefix.push_str(&format!(
+        ",{},{},{gpus_csv},{}",
+        csv_cell(&r.topology),
+        r.nodes,
+        r.collective.name()
+    ));
+    json_prefix.push_str(&format!(
+        ",\"topology\":{},\"nodes\":{},\"gpus\":{gpus_json},\"collective\":\"{}\"",
+        json_str(&r.topology),
+        r.nodes,
+        r.collective.name()
+    ));
+    let mut f = Formatted { csv: String::new(), jsonl: String::new(), rows: 0 };
+    match &r.outcome {
+        Ok(rows) => {
+            for b in rows {
+                f.csv.push_str(&format!(
+                    "{csv_prefix},{},{},{},{},{:.3},{:.4},{:.4},{},{},ok,\n",
+                    b.size_bytes,
+                    b.count,
+                    b.dtype.nccl_name(),
+                    b.redop.nccl_name(),
+                    b.time_us,
+                    b.algbw_gbps,
+                    b.busbw_gbps,
+                    b.algo.name(),
+                    b.proto.name()
+                ));
+                f.jsonl.push_str(&format!(
+                    "{json_prefix},\"size_bytes\":{},\"count\":{},\"dtype\":\"{}\",\"redop\":\"{}\",\
+                     \"time_us\":{},\"algbw_GBps\":{},\"busbw_GBps\":{},\"algo\":\"{}\",\"proto\":\"{}\",\
+                     \"channels\":{},\"root\":{},\"nccl_algo\":{},\"nccl_proto\":{},\"nccl_model_time_us\":{},\
+                     \"events\":{},\"status\":\"ok\",\"error\":null}}\n",
+                    b.size_bytes,
+                    b.count,
+                    b.dtype.nccl_name(),
+                    b.redop.nccl_name(),
+                    json_f64(b.time_us),
+                    json_f64(b.algbw_gbps),
+                    json_f64(b.busbw_gbps),
+                    b.algo.name(),
+                    b.proto.name(),
+                    b.channels,
+                    b.root,
+                    json_opt_str(b.nccl_pick.map(|p| p.0.name())),
+                    json_opt_str(b.nccl_pick.map(|p| p.1.name())),
+                    b.nccl_model_us.map_or_else(|| "null".into(), json_f64),
+                    b.events
+                ));
+                f.rows += 1;
+            }
+        }
+        Err(e) => {
+            let e = e.replace(['\n', '\r'], " ");
+            f.csv.push_str(&format!("{csv_prefix},,,,,,,,,,error,{}\n", csv_cell(&e)));
+            f.jsonl.push_str(&format!(
+                "{json_prefix},\"size_bytes\":null,\"count\":null,\"dtype\":null,\"redop\":null,\
+                 \"time_us\":null,\"algbw_GBps\":null,\"busbw_GBps\":null,\"algo\":null,\"proto\":null,\
+                 \"channels\":null,\"root\":null,\"nccl_algo\":null,\"nccl_proto\":null,\
+                 \"nccl_model_time_us\":null,\"events\":null,\"status\":\"error\",\"error\":{}}}\n",
+                json_str(&e)
+            ));
+            f.rows = 1;
+        }
+    }
+    f
+}
+
+// ---------------------------------------------------------------------------------------
+// Result files
+// ---------------------------------------------------------------------------------------
+
+/// Why a sweep could not run, resume or merge.
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Existing results do not fit this run.
+    #[error("{0}")]
+    Results(String),
+    /// The thread pool could not be started.
+    #[error("cannot start a pool of {threads} threads: {msg}")]
+    Threads {
+        /// Threads asked for.
+        threads: usize,
+        /// Cause.
+        msg: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SweepError + '_ {
+    move |source| SweepError::Io { path: path.display().to_string(), source }
+}
+
+/// A point's rows as they stand in the files: CSV lines, then JSON lines (no newlines).
+type Lines = (Vec<String>, Vec<String>);
+
+/// The complete rows of an output folder, grouped by point hash in file order.
+#[derive(Debug, Default)]
+struct Existing {
+    header: Option<String>,
+    /// hash -> (csv lines, jsonl lines), complete points only.
+    points: BTreeMap<String, Lines>,
+    /// Hashes whose rows are partial (an interrupted write).
+    partial: BTreeSet<String>,
+    /// Order of first appearance of each complete hash in the CSV.
+    order: Vec<String>,
+}
+
+/// Complete lines of a file (a last line without its newline was cut short and is dropped).
+fn complete_lines(text: &str) -> impl Iterator<Item = &str> {
+    let end = text.rfind('\n').map_or(0, |i| i + 1);
+    text[..end].lines().filter(|l| !l.is_empty())
+}
+
+fn read_existing(dir: &Path) -> Result<Existing, SweepError> {
+    let csv_path = dir.join(RESULTS_CSV);
+    let jsonl_path = dir.join(RESULTS_JSONL);
+    let mut ex = Existing::default();
+    let csv_text = match std::fs::read_to_string(&csv_path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ex),
+        Err(e) => return Err(io_err(&csv_path)(e)),
+    };
+    let jsonl_text = match std::fs::read_to_string(&jsonl_path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(io_err(&jsonl_path)(e)),
+    };
+    let mut csv_lines = complete_lines(&csv_text);
+    ex.header = csv_lines.next().map(str::to_string);
+    let mut by_hash: BTreeMap<String, Lines> = BTreeMap::new();
+    let mut order: Vec<String> = Vec::new();
+    for l in csv_lines {
+        let Some(h) = l.split(',').nth(1) else { continue };
+        let e = by_hash.entry(h.to_string()).or_default();
+        if e.0.is_empty() {
+            order.push(h.to_string());
+        }
+        e.0.push(l.to_string());
+    }
+    for l in complete_lines(&jsonl_text) {
+        let Ok(serde_json::Value::Object(o)) = serde_json::from_str::<serde_json::Value>(l) else { break };
+        let Some(h) = o.get("point_hash").and_then(|h| h.as_str()) else { break };
+        by_hash.entry(h.to_string()).or_default().1.push(l.to_string());
+    }
+    for (h, (c, j)) in by_hash {
+        if !c.is_empty() && c.len() == j.len() {
+            ex.points.insert(h, (c, j));
+        } else {
+            ex.partial.insert(h);
+        }
+    }
+    ex.order = order.into_iter().filter(|h| ex.points.contains_key(h)).collect();
+    Ok(ex)
+}
+
+fn restamp_csv(line: &str, index: usize) -> String {
+    match line.split_once(',') {
+        Some((_, rest)) => format!("{index},{rest}"),
+        None => line.to_string(),
+    }
+}
+
+fn restamp_jsonl(line: &str, index: usize) -> String {
+    match line.strip_prefix("{\"point\":").and_then(|r| r.find(',').map(|i| &r[i..])) {
+        Some(rest) => format!("{{\"point\":{index}{rest}"),
+        None => line.to_string(),
+    }
+}
+
+fn write_atomic(path: &Path, content: &str) -> Result<(), SweepError> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, content).map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// Writes both files: the header and the given points' lines, in the given order.
+fn write_sorted(dir: &Path, header: &str, points: &[(usize, &Lines)]) -> Result<(), SweepError> {
+    let mut csv = format!("{header}\n");
+    let mut jsonl = String::new();
+    for (index, (c, j)) in points {
+        for l in c {
+            csv.push_str(&restamp_csv(l, *index));
+            csv.push('\n');
+        }
+        for l in j {
+            jsonl.push_str(&restamp_jsonl(l, *index));
+            jsonl.push('\n');
+        }
+    }
+    write_atomic(&dir.join(RESULTS_JSONL), &jsonl)?;
+    write_atomic(&dir.join(RESULTS_CSV), &csv)
+}
+
+// ---------------------------------------------------------------------------------------
+// Running a sweep
+// ---------------------------------------------------------------------------------------
+
+/// How to run a plan.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOpts {
+    /// Worker threads (None: one per core).
+    pub threads: Option<usize>,
+    /// The slice of points to run.
+    pub shard: Shard,
+    /// Keep the points already in the output folder (otherwise start afresh).
+    pub resume: bool,
+}
+
+/// Progress of a run, for the caller to display.
+#[derive(Clone, Debug)]
+pub enum Event<'a> {
+    /// The run starts: points in this shard, how many are already done, how many will run.
+    Start {
+        /// Points of this shard.
+        points: usize,
+        /// Already in the output folder.
+        resumed: usize,
+        /// To run now.
+        to_run: usize,
+    },
+    /// Something the user should know (dropped partial rows, ...).
+    Note(String),
+    /// A point finished (completion order, which varies between runs).
+    Done {
+        /// The point.
+        point: &'a Point,
+        /// Its error, if the model rejected it.
+        error: Option<&'a str>,
+        /// Rows written.
+        rows: usize,
+    },
+}
+
+/// What a run did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Points of this shard.
+    pub points: usize,
+    /// Points found done in the output folder.
+    pub resumed: usize,
+    /// Points run now.
+    pub ran: usize,
+    /// Points (run now) that the model rejected.
+    pub failed: usize,
+    /// The CSV file.
+    pub csv: PathBuf,
+    /// The JSON-lines file.
+    pub jsonl: PathBuf,
+}
+
+/// Buffers completions that arrive early and appends rows in point order.
+struct Sink {
+    csv: File,
+    jsonl: File,
+    csv_path: PathBuf,
+    jsonl_path: PathBuf,
+    next: usize,
+    pending: BTreeMap<usize, Formatted>,
+}
+
+impl Sink {
+    fn push(&mut self, j: usize, f: Formatted) -> Result<(), SweepError> {
+        self.pending.insert(j, f);
+        while let Some(f) = self.pending.remove(&self.next) {
+            self.jsonl.write_all(f.jsonl.as_bytes()).map_err(io_err(&self.jsonl_path))?;
+            self.jsonl.flush().map_err(io_err(&self.jsonl_path))?;
+            self.csv.write_all(f.csv.as_bytes()).map_err(io_err(&self.csv_path))?;
+            self.csv.flush().map_err(io_err(&self.csv_path))?;
+            self.next += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Runs the points of `opts.shard` into `out_dir` (created if needed), resuming if asked.
+pub fn run(
+    plan: &Plan,
+    out_dir: &Path,
+    opts: &RunOpts,
+    on_event: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<RunSummary, SweepError> {
+    std::fs::create_dir_all(out_dir).map_err(io_err(out_dir))?;
+    let csv_path = out_dir.join(RESULTS_CSV);
+    let jsonl_path = out_dir.join(RESULTS_JSONL);
+    let header = csv_header(&plan.columns);
+    let selected: Vec<&Point> = plan.points.iter().filter(|p| opts.shard.contains(p.index)).collect();
+
+    // What is already done.
+    let mut done: BTreeMap<usize, Lines> = BTreeMap::new();
+    if opts.resume {
+        let mut ex = read_existing(out_dir)?;
+        if let Some(h) = &ex.header {
+            if *h != header {
+                return Err(SweepError::Results(format!(
+                    "{} was written by a different sweep (its columns are `{h}`, this sweep's are `{header}`); \
+                     use another output folder, or --fresh to overwrite it",
+                    csv_path.display()
+                )));
+            }
+        }
+        let wanted: BTreeMap<String, usize> = selected.iter().map(|p| (p.hash_hex(), p.index)).collect();
+        let partial = ex.partial.iter().filter(|h| wanted.contains_key(*h)).count();
+        if partial > 0 {
+            on_event(Event::Note(format!(
+                "{partial} point(s) in {} were cut short by an interrupted run; running them again",
+                out_dir.display()
+            )));
+        }
+        let mut foreign = 0;
+        for h in std::mem::take(&mut ex.order) {
+            let Some(lines) = ex.points.remove(&h) else { continue };
+            match wanted.get(&h) {
+                Some(&i) => {
+                    done.insert(i, lines);
+                }
+                None => foreign += 1,
+            }
+        }
+        if foreign > 0 {
+            on_event(Event::Note(format!(
+                "dropping {foreign} point(s) from {} that are not part of this run (an edited scenario or \
+                 another shard)",
+                out_dir.display()
+            )));
+        }
+    }
+    let resumed = done.len();
+    let todo: Vec<&Point> = selected.iter().copied().filter(|p| !done.contains_key(&p.index)).collect();
+    on_event(Event::Start { points: selected.len(), resumed, to_run: todo.len() });
+
+    // Start the files: the header and the done points, in point order.
+    let kept: Vec<(usize, &Lines)> = done.iter().map(|(i, l)| (*i, l)).collect();
+    write_sorted(out_dir, &header, &kept)?;
+    let needs_sort = match (todo.first(), done.keys().next_back()) {
+        (Some(first), Some(&last_done)) => first.index < last_done,
+        _ => false,
+    };
+
+    let open = |p: &Path| OpenOptions::new().append(true).open(p).map_err(io_err(p));
+    let sink = Mutex::new(Sink {
+        csv: open(&csv_path)?,
+        jsonl: open(&jsonl_path)?,
+        csv_path: csv_path.clone(),
+        jsonl_path: jsonl_path.clone(),
+        next: 0,
+        pending: BTreeMap::new(),
+    });
+    let failed = AtomicUsize::new(0);
+    let error: Mutex<Option<SweepError>> = Mutex::new(None);
+    if !todo.is_empty() {
+        let threads = opts.threads.unwrap_or(0);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("fabricsim-sweep-{i}"))
+            .build()
+            .map_err(|e| SweepError::Threads { threads, msg: e.to_string() })?;
+        let next = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        // Workers take points in order from a shared counter, so at most one point per
+        // thread is ahead of the file and an interrupted run loses little.
+        pool.broadcast(|_| loop {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let j = next.fetch_add(1, Ordering::SeqCst);
+            let Some(point) = todo.get(j) else { break };
+            let r = run_point(point);
+            let f = format_point(point, &plan.columns, &r);
+            let rows = f.rows;
+            if r.outcome.is_err() {
+                failed.fetch_add(1, Ordering::SeqCst);
+            }
+            let pushed = sink.lock().unwrap_or_else(|e| e.into_inner()).push(j, f);
+            if let Err(e) = pushed {
+                stop.store(true, Ordering::SeqCst);
+                error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                break;
+            }
+            on_event(Event::Done { point, error: r.outcome.as_ref().err().map(String::as_str), rows });
+        });
+    }
+    if let Some(e) = error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    drop(sink);
+    if needs_sort {
+        // Resumed points and new ones interleave: rewrite everything in point order.
+        let index_of: BTreeMap<String, usize> = selected.iter().map(|p| (p.hash_hex(), p.index)).collect();
+        let ex = read_existing(out_dir)?;
+        let mut all: Vec<(usize, &Lines)> =
+            ex.points.iter().filter_map(|(h, l)| index_of.get(h).map(|&i| (i, l))).collect();
+        all.sort_by_key(|(i, _)| *i);
+        write_sorted(out_dir, &header, &all)?;
+    }
+    Ok(RunSummary {
+        points: selected.len(),
+        resumed,
+        ran: todo.len(),
+        failed: failed.into_inner(),
+        csv: csv_path,
+        jsonl: jsonl_path,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Merging shards
+// ---------------------------------------------------------------------------------------
+
+/// What a merge did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MergeSummary {
+    /// Points written.
+    pub points: usize,
+    /// Rows written (CSV data lines).
+    pub rows: usize,
+    /// Point indices below the largest one that no input holds.
+    pub missing: Vec<usize>,
+    /// Notes for the user (partial points skipped, duplicates).
+    pub notes: Vec<String>,
+}
+
+/// Joins the results of several output folders (shards of one sweep) into `out_dir`, in
+/// point order: the bytes an unsharded run writes.
+pub fn merge(dirs: &[PathBuf], out_dir: &Path) -> Result<MergeSummary, SweepError> {
+    if dirs.is_empty() {
+        return Err(SweepError::Results("merge needs at least one results folder".into()));
+    }
+    let mut header: Option<(String, &PathBuf)> = None;
+    // point number -> (hash, the folder it came from, its lines)
+    let mut points: BTreeMap<usize, (String, &PathBuf, Lines)> = BTreeMap::new();
+    let mut index_of: BTreeMap<String, usize> = BTreeMap::new();
+    let mut summary = MergeSummary::default();
+    for dir in dirs {
+        let csv = dir.join(RESULTS_CSV);
+        if !csv.is_file() {
+            return Err(SweepError::Results(format!(
+                "{} has no {RESULTS_CSV}; pass the output folders of `fabricsim sweep --shard`",
+                dir.display()
+            )));
+        }
+        let ex = read_existing(dir)?;
+        let h = ex.header.clone().unwrap_or_default();
+        match &header {
+            None => header = Some((h, dir)),
+            Some((first, from)) if *first != h => {
+                return Err(SweepError::Results(format!(
+                    "{} and {} hold results of different sweeps (their CSV headers differ)",
+                    from.display(),
+                    dir.display()
+                )))
+            }
+            Some(_) => {}
+        }
+        if !ex.partial.is_empty() {
+            summary.notes.push(format!(
+                "{}: skipped {} point(s) cut short by an interrupted run (resume that shard to complete them)",
+                dir.display(),
+                ex.partial.len()
+            ));
+        }
+        for (hash, lines) in ex.points {
+            let index: usize =
+                lines.0[0].split(',').next().and_then(|s| s.parse().ok()).ok_or_else(|| {
+                    SweepError::Results(format!(
+                        "{}: a row has no point number",
+                        dir.join(RESULTS_CSV).display()
+                    ))
+                })?;
+            if let Some(&other) = index_of.get(&hash) {
+                if other != index {
+                    return Err(SweepError::Results(format!(
+                        "point {hash} is number {other} in one input and {index} in {}: not shards of one sweep",
+                        dir.display()
+                    )));
+                }
+            }
+            match points.get(&index) {
+                Some((h, from, l)) if *h == hash => {
+                    if *l != lines {
+                        return Err(SweepError::Results(format!(
+                            "point {index} differs between {} and {}",
+                            from.display(),
+                            dir.display()
+                        )));
+                    }
+                    summary.notes.push(format!(
+                        "point {index} is in both {} and {}",
+                        from.display(),
+                        dir.display()
+                    ));
+                }
+                Some((_, from, _)) => {
+                    return Err(SweepError::Results(format!(
+                        "point {index} is a different scenario in {} and in {}: not shards of one sweep",
+                        from.display(),
+                        dir.display()
+                    )))
+                }
+                None => {
+                    index_of.insert(hash.clone(), index);
+                    points.insert(index, (hash, dir, lines));
+                }
+            }
+        }
+    }
+    let header = header.map(|h| h.0).unwrap_or_default();
+    std::fs::create_dir_all(out_dir).map_err(io_err(out_dir))?;
+    let ordered: Vec<(usize, &Lines)> = points.iter().map(|(i, (_, _, l))| (*i, l)).collect();
+    write_sorted(out_dir, &header, &ordered)?;
+    summary.points = ordered.len();
+    summary.rows = ordered.iter().map(|(_, l)| l.0.len()).sum();
+    if let Some(&max) = points.keys().next_back() {
+        summary.missing = (0..max).filter(|i| !points.contains_key(i)).collect();
+    }
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_matches_reference_vectors() {
+        assert_eq!(fnv1a64(b""), 0xcbf29ce484222325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn product_and_zip() {
+        let p = combinations(&[2, 3], Mode::Product).unwrap();
+        assert_eq!(p.len(), 6);
+        assert_eq!(p[0], vec![0, 0]);
+        assert_eq!(p[1], vec![0, 1]);
+        assert_eq!(p[5], vec![1, 2]);
+        let z = combinations(&[3, 3], Mode::Zip).unwrap();
+        assert_eq!(z, vec![vec![0, 0], vec![1, 1], vec![2, 2]]);
+        assert!(combinations(&[2, 3], Mode::Zip).unwrap_err().contains("2, 3"));
+        assert_eq!(combinations(&[], Mode::Product).unwrap(), vec![Vec::<usize>::new()]);
+        assert!(combinations(&[1000, 1000, 1000], Mode::Product).is_err());
+    }
+
+    #[test]
+    fn shards_partition_points() {
+        let s = Shard::parse("2/3").unwrap();
+        assert_eq!((0..7).filter(|&i| s.contains(i)).collect::<Vec<_>>(), vec![1, 4]);
+        for bad in ["0/3", "4/3", "1/0", "x", "1-2"] {
+            assert!(Shard::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn restamping_and_truncated_lines() {
+        assert_eq!(restamp_csv("3,abc,x", 7), "7,abc,x");
+        assert_eq!(
+            restamp_jsonl("{\"point\":3,\"point_hash\":\"a\"}", 12),
+            "{\"point\":12,\"point_hash\":\"a\"}"
+        );
+        assert_eq!(complete_lines("a\nb\nc").collect::<Vec<_>>(), vec!["a", "b"]);
+        assert_eq!(csv_cell("a,\"b\""), "\"a,\"\"b\"\"\"");
+    }
+}
