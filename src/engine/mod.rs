@@ -366,12 +366,24 @@ impl<O: Observer> Engine<O> {
             }
         }
         self.scratch = order;
+        // The down paths form an out-tree from the merge point: a server shared by several
+        // of them (a spine-to-leaf link of a SHARP tree) carries the multicast once.
+        self.fan_id = self.fan_id.wrapping_add(1).max(1);
+        let id = self.fan_id;
         let mut done = merge_tail;
         for p in downs {
             let (mut head, mut tail) = (merge_head, merge_tail);
             for i in p.start..p.start + p.len {
                 let r = self.paths[i as usize];
-                (head, tail) = self.claim(r, head, tail, bytes, tag);
+                let ri = r.0 as usize;
+                if self.stamp[ri] == id {
+                    (head, tail) = (self.fan_head[ri], self.fan_tail[ri]);
+                } else {
+                    (head, tail) = self.claim(r, head, tail, bytes, tag);
+                    self.stamp[ri] = id;
+                    self.fan_head[ri] = head;
+                    self.fan_tail[ri] = tail;
+                }
             }
             done = done.max(tail);
         }

@@ -276,9 +276,15 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
     if let Some(a) = cfg.algo {
         let p = cfg.proto.unwrap_or(*collective::protocols_for(a, cfg.coll).last().unwrap_or(&Proto::Simple));
         collective::check_supported(&comm, cfg.coll, a, p)?;
-        if matches!(a, Algo::CollNetDirect | Algo::CollNetChain) && !cfg.env.collnet {
-            // Users asking for CollNet explicitly get it, as NCCL_ALGO=CollNet with
-            // NCCL_COLLNET_ENABLE=1 would.
+        // NCCL runs CollNet, and NVLS across nodes (NVLS + CollNet), only with the CollNet
+        // plugin enabled; without it the tuner would size them as if absent.
+        let needs_collnet = matches!(a, Algo::CollNetDirect | Algo::CollNetChain)
+            || (a == Algo::Nvls && comm.num_nodes() > 1);
+        if needs_collnet && !cfg.env.collnet {
+            return Err(BenchError::Args(format!(
+                "{a} across nodes needs NCCL_COLLNET_ENABLE=1 (SHARP through NCCL's CollNet plugin); \
+                 set it (--nccl NCCL_COLLNET_ENABLE=1, or [nccl] in a scenario) or pick another algorithm"
+            )));
         }
     }
     let nccl_algos = allowed(&cfg.env.algos, &Algo::NCCL);

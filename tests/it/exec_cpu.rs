@@ -270,7 +270,6 @@ fn run_typed<T: Element>(c: &Case) -> (u32, Vec<(String, String)>) {
             let choice = Choice { algo, proto, nchannels: c.nchannels };
             let s = match collective::build_schedule(&comm, &args, &choice, &c.knobs()) {
                 Ok(s) => s,
-                Err(CollError::Unsupported { hint, .. }) if hint.contains("in progress") => continue,
                 Err(e) => {
                     failures.push((what, format!("build: {e}")));
                     continue;
@@ -278,9 +277,7 @@ fn run_typed<T: Element>(c: &Case) -> (u32, Vec<(String, String)>) {
             };
             ran += 1;
             if let Err(e) = check_schedule(c, &s, &inputs, &want) {
-                if known_bug(algo, &e).is_none() {
-                    failures.push((what, e));
-                }
+                failures.push((what, e));
             }
         }
     }
@@ -312,21 +309,6 @@ fn check_schedule<T: Element>(
         compare(c, &format!("seed {seed}"), inputs, &got, want).map_err(|e| e.to_string())?;
     }
     Ok(())
-}
-
-/// Failures of other modules that are reported to their owners and kept out of the default
-/// run (matched narrowly, so that any other failure of the same algorithm still fails, and
-/// a fix is covered at once). `FABRICSIM_KNOWN_BUGS=1` turns them into failures again.
-fn known_bug(algo: Algo, err: &str) -> Option<&'static str> {
-    if std::env::var_os("FABRICSIM_KNOWN_BUGS").is_some() {
-        return None;
-    }
-    // collective/pat.rs sends all of a step's blocks to one peer before receiving any: with
-    // more blocks than the window (8; from n = 18 on), every rank waits for a credit.
-    if algo == Algo::Pat && err.starts_with("validate: deadlock") && err.contains("waits for a credit") {
-        return Some("PAT: more blocks per step than the flow-control window");
-    }
-    None
 }
 
 /// Runs a case for proptest: fails on the first failure.
@@ -490,14 +472,10 @@ fn survey() {
     }
 }
 
-/// Known bug in collective/pat.rs, out of the default run (`FABRICSIM_KNOWN_BUGS=1` runs
-/// it): from 18 ranks on, a PAT step sends more blocks to one peer (9 at n = 18) than the window (8) holds
-/// before it receives any, so every rank waits for a credit.
+/// Regression: from 18 ranks on, a PAT step has more blocks for one peer (9 at n = 18)
+/// than the flow-control window (8); the schedule must still be free of deadlock.
 #[test]
-fn known_bug_pat_step_larger_than_the_window_deadlocks() {
-    if std::env::var_os("FABRICSIM_KNOWN_BUGS").is_none() {
-        return;
-    }
+fn pat_steps_larger_than_the_window_do_not_deadlock() {
     let comm = Comm::synthetic(18, 1, false, false);
     for coll in [Collective::AllGather, Collective::ReduceScatter] {
         let args = CollArgs { coll, count: 1, dtype: DType::F32, redop: RedOp::Sum, root: 0 };

@@ -239,3 +239,27 @@ fn default_simulation_matches_the_finest_granularity_on_small_cases() {
     assert!(report.len() >= 20, "{text}");
     assert!(!text.contains("<--"), "{text}");
 }
+
+#[test]
+fn sharp_multicast_crosses_the_spine_once_per_leaf() {
+    // A SHARP tree spanning two scalable units has its root on a spine: the result comes
+    // down each spine-to-leaf link once, not once per node below the leaf. 33 nodes must
+    // take about as long as 32 (one SU).
+    let c = ch(Algo::CollNetDirect, Proto::Simple, 8);
+    let one_su = run(
+        &fabric("superpod-h100.toml", Some(32), None),
+        Collective::AllReduce,
+        64 << 20,
+        c,
+        &SimOpts::default(),
+    );
+    let two_su = run(
+        &fabric("superpod-h100.toml", Some(33), None),
+        Collective::AllReduce,
+        64 << 20,
+        c,
+        &SimOpts::default(),
+    );
+    let r = two_su.time.as_us() / one_su.time.as_us();
+    assert!((0.98..1.05).contains(&r), "33 nodes {} vs 32 nodes {}", two_su.time, one_su.time);
+}
