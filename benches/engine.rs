@@ -1,1 +1,106 @@
-fn main() {}
+//! Speed of the simulator, measured with criterion (`cargo bench`; figures in README.md):
+//!
+//! - `engine/contended`: the bare event engine on a contended fabric (64 senders, 64
+//!   receivers, 8 shared spine servers; every completion issues the next flow), reported
+//!   as events per second;
+//! - `ring_allreduce_1GiB/{1024,4096}`: a 1 GiB ring all-reduce on 128 and 512 nodes of
+//!   superpod-h100 in the event mode (schedule building included);
+//! - `analytical_sweep_1024`: the `-b 8 -e 8G -f 2` sweep of that all-reduce on 1024 GPUs
+//!   in the analytical mode (NCCL's tuner pick per size, then the closed form).
+
+use std::hint::black_box;
+use std::path::Path;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+use fabricsim::collective::Algo;
+use fabricsim::engine::{Engine, EngineApi, Granularity, Handler, PathRef};
+use fabricsim::fabric::build::{build, BuildOpts};
+use fabricsim::fabric::{load_topology, Fabric};
+use fabricsim::scenario::bench::{run_bench, sweep_sizes, BenchConfig, Fidelity};
+use fabricsim::units::{Bandwidth, SimTime};
+
+/// Issues `left` flows per sender, each on the sender's next path, as completions arrive.
+struct Closed {
+    paths: Vec<Vec<PathRef>>,
+    next: Vec<u32>,
+    left: u64,
+}
+
+impl Handler for Closed {
+    fn complete<E: EngineApi>(&mut self, e: &mut E, now: SimTime, tag: u64) {
+        if self.left == 0 {
+            return;
+        }
+        self.left -= 1;
+        let s = tag as usize;
+        let k = self.next[s] as usize % self.paths[s].len();
+        self.next[s] += 1;
+        e.flow(now, self.paths[s][k], 64 << 10, SimTime::from_us_f64(0.5), tag);
+    }
+}
+
+/// Events of one run of the contended engine workload.
+fn contended(g: Granularity, flows: u64) -> u64 {
+    let mut e = Engine::new(g);
+    let nic = Bandwidth::from_gbytes(50.0);
+    let lat = SimTime::from_us_f64(0.6);
+    let tx: Vec<_> = (0..64).map(|_| e.add_resource(nic, lat, 4096)).collect();
+    let rx: Vec<_> = (0..64).map(|_| e.add_resource(nic, lat, 4096)).collect();
+    let spine: Vec<_> = (0..8).map(|_| e.add_resource(Bandwidth::from_gbytes(200.0), lat, 4096)).collect();
+    let paths: Vec<Vec<PathRef>> = (0..64)
+        .map(|s| (1..64).map(|d| e.add_path(&[tx[s], spine[(s + d) % 8], rx[(s + d) % 64]])).collect())
+        .collect();
+    let mut h = Closed { next: vec![0; 64], paths, left: flows };
+    for s in 0..64u64 {
+        let p = h.paths[s as usize][0];
+        e.flow(SimTime::ZERO, p, 64 << 10, SimTime::ZERO, s);
+    }
+    e.run(&mut h);
+    e.events()
+}
+
+fn superpod(nodes: u32) -> Fabric {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let spec = load_topology(&root.join("topologies/superpod-h100.toml")).expect("shipped topology");
+    build(&spec, &BuildOpts { nodes: Some(nodes), ..Default::default() }).expect("builds")
+}
+
+fn ring(sizes: Vec<u64>, fidelity: Fidelity) -> BenchConfig {
+    BenchConfig { sizes, algo: Some(Algo::Ring), fidelity, ..Default::default() }
+}
+
+fn engine(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine");
+    for (name, gran) in [("contended_hop", Granularity::Hop), ("contended_path", Granularity::Path)] {
+        let events = contended(gran, 200_000);
+        g.throughput(Throughput::Elements(events));
+        g.bench_function(name, |b| b.iter(|| black_box(contended(gran, 200_000))));
+    }
+    g.finish();
+}
+
+fn collectives(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ring_allreduce_1GiB");
+    g.sample_size(10).measurement_time(Duration::from_secs(10));
+    for nodes in [128u32, 512] {
+        let f = superpod(nodes);
+        let cfg = ring(vec![1 << 30], Fidelity::Event);
+        g.bench_function(format!("{}", nodes * 8), |b| {
+            b.iter(|| black_box(run_bench(&f, &cfg).expect("runs")))
+        });
+    }
+    g.finish();
+
+    let f = superpod(128);
+    let sizes = sweep_sizes(8, 8 << 30, Some(2), None).expect("valid sweep");
+    let cfg = ring(sizes, Fidelity::Analytical);
+    let mut g = c.benchmark_group("analytical_sweep");
+    g.sample_size(20);
+    g.bench_function("1024", |b| b.iter(|| black_box(run_bench(&f, &cfg).expect("runs"))));
+    g.finish();
+}
+
+criterion_group!(benches, engine, collectives);
+criterion_main!(benches);

@@ -15,10 +15,10 @@
 //! - [`fabric`]: devices, links, topology files, cluster generators, routing, model parameters.
 //! - [`engine`]: the event queue and servers; knows nothing of collectives.
 //! - [`schedule`]: the IR every algorithm lowers to, and its validator.
-//! - [`collective`]: NCCL's algorithms and protocols as schedules; NCCL's tuner; the closed-form model.
-//! - [`exec`]: backends that run a schedule: the simulator, the CPU executor, CUDA (feature `cuda`).
-//! - [`calibrate`]: nccl-tests log parsing and calibration profiles.
-//! - [`scenario`]: scenario and sweep files.
+//! - [`collective`]: NCCL's algorithms and protocols as schedules; NCCL's tuner and cost model.
+//! - [`exec`]: backends that run a schedule: the simulator, its closed form, the CPU executor.
+//! - [`calibrate`]: published nccl-tests measurements, scoring against them, calibration profiles.
+//! - [`scenario`]: the collective benchmark workload, scenario files, NCCL knobs, sweeps.
 //! - [`report`]: tables, CSV/JSON, traces and plots.
 
 #![warn(missing_docs)]

@@ -12,7 +12,7 @@ use clap::Args;
 use fabricsim::report::csvdata::Table;
 use fabricsim::report::plot::{Axis, LineChart, Series, SeriesStyle};
 use fabricsim::scenario::file::load_plan;
-use fabricsim::scenario::sweep::{Plan, RunOpts};
+use fabricsim::scenario::sweep::{Plan, Point, RunOpts};
 use fabricsim::units::format_bytes_short;
 
 use super::sweep::{default_out, execute};
@@ -34,6 +34,13 @@ pub struct RunArgs {
     /// Do not draw the default plot.
     #[arg(long)]
     pub no_plot: bool,
+    /// Write a Chrome/Perfetto trace of one collective call: the first size of the point
+    /// chosen with --trace-point (ranks and links as tracks, chunk transfers as slices).
+    #[arg(long, value_name = "FILE.json")]
+    pub trace: Option<PathBuf>,
+    /// The sweep point to trace (the `point` column).
+    #[arg(long, default_value_t = 0, requires = "trace")]
+    pub trace_point: usize,
 }
 
 /// One fabric of the results: the rows of one (topology, nodes, gpus).
@@ -210,6 +217,14 @@ fn plot(plan: &Plan, res: &Results, out: &std::path::Path) -> Result<Vec<PathBuf
 /// Runs `run`.
 pub fn run(a: RunArgs) -> Result<()> {
     let plan = load_plan(&a.scenario)?;
+    if a.trace.is_some() && a.trace_point >= plan.points.len() {
+        anyhow::bail!(
+            "--trace-point {}: the scenario has {} point(s) (valid: 0..={})",
+            a.trace_point,
+            plan.points.len(),
+            plan.points.len().saturating_sub(1)
+        );
+    }
     let out = a.out.clone().unwrap_or_else(|| default_out(&plan));
     let summary =
         execute(&plan, &out, &RunOpts { threads: a.threads, resume: a.resume, ..Default::default() })?;
@@ -220,9 +235,28 @@ pub fn run(a: RunArgs) -> Result<()> {
     if !a.no_plot && res.facets.iter().any(|f| !f.series.is_empty()) {
         files.extend(plot(&plan, &res, &out)?);
     }
+    if let Some(path) = &a.trace {
+        files.push(trace(&plan.points[a.trace_point], path)?);
+    }
     println!();
     for f in files {
         println!("wrote {}", f.display());
     }
     Ok(())
+}
+
+/// Traces the first size of a sweep point into `path`.
+fn trace(point: &Point, path: &std::path::Path) -> Result<PathBuf> {
+    let index = point.index;
+    let s = &point.scenario;
+    let f = fabricsim::fabric::build::build(&s.topology.spec, &s.build_opts())?;
+    let mut cfg = s.bench_config();
+    cfg.sizes.truncate(1);
+    let rows = fabricsim::scenario::bench::run_bench(&f, &cfg)
+        .with_context(|| format!("--trace-point {index} ({})", point.label))?;
+    let row =
+        rows.first().with_context(|| format!("point {index}: its first size gives no call to trace"))?;
+    let opts = fabricsim::report::timeline::TimelineOpts::default();
+    fabricsim::report::timeline::trace_bench_row(path, &f, &cfg, row, &opts)?;
+    Ok(path.to_path_buf())
 }

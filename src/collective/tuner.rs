@@ -528,7 +528,7 @@ pub fn pick(
 
 /// Channels NCCL launches for one call (NCCL_FACTS §2.8): the communicator's channels,
 /// reduced for small messages by the per-thread byte thresholds.
-pub fn channels_for(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto, nbytes: u64) -> u32 {
+pub fn channels_for(t: &TunerInput, algo: Algo, proto: Proto, nbytes: u64) -> u32 {
     match algo {
         Algo::Nvls | Algo::NvlsTree => {
             return if t.nnodes > 1 { t.nvls_channels.min(t.comm_channels) } else { t.nvls_channels };
@@ -551,7 +551,6 @@ pub fn channels_for(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto, 
     if algo == Algo::Ring && proto == Proto::LL {
         thr *= t.nranks as u64;
     }
-    let _ = coll;
     while nc > 1 && nbytes < nc as u64 * nt * thr {
         nc -= 1;
     }

@@ -1,6 +1,7 @@
-//! The event queue: a 4-ary min-heap of `(time, sequence, payload)` triples. The sequence
-//! number makes the order total, so equal-time events pop in insertion order and a run is
-//! deterministic. Nothing here allocates once the heap has grown to its working size.
+//! The event queue: a radix heap (a monotone priority queue: no event is ever scheduled
+//! before the current time) of `(time, sequence) -> payload`. The sequence number makes the
+//! order total, so equal-time events pop in insertion order and a run is deterministic.
+//! Nothing here allocates once the buckets have grown to their working size.
 
 use std::cmp::Reverse;
 

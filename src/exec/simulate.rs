@@ -1032,7 +1032,6 @@ impl Handler for Sim<'_> {
                     FlowKind::Local | FlowKind::Compute => self.op_done(rec.stream, rec.op),
                     FlowKind::Switch { group, inst, phase } => {
                         let g = &self.groups[group as usize];
-                        let gid = g.id;
                         // Find the op kind of this instance from the first member.
                         let members = g.pending.get(&inst).map(|e| e.members.clone()).unwrap_or_default();
                         let Some(&(k0, op0)) = members.first() else { return };
@@ -1041,7 +1040,6 @@ impl Handler for Sim<'_> {
                             Op::Switch(sw) => sw.kind,
                             _ => SwitchKind::AllReduce { head: None },
                         };
-                        let _ = gid;
                         if phase == 0 && matches!(kind, SwitchKind::AllReduce { head: Some(_) }) {
                             self.start_switch(api, group, inst, 1, kind, rec.bytes);
                             return;

@@ -3,8 +3,10 @@
 //! or plain fat tree, two or three tiers, with oversubscription), computes the node
 //! template's routing table once, and checks that every rank reaches every other.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use petgraph::algo::dijkstra;
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::{EdgeFiltered, EdgeRef};
+use petgraph::Direction;
 
 use super::routing::{classify_local, PathType};
 use super::spec::*;
@@ -201,7 +203,7 @@ pub fn build(spec: &TopologySpec, opts: &BuildOpts) -> Result<Fabric, TopologyEr
         }
     }
 
-    let template = template_routes(spec, &tmpl)?;
+    let template = template_routes(&tmpl)?;
     let mut fabric = Fabric {
         name: spec.name.clone(),
         description: spec.description.clone(),
@@ -267,67 +269,56 @@ fn link_cost(l: &LinkTemplate) -> u64 {
     1_000 + 1_000_000_000_000 / l.bw.0.max(1)
 }
 
-/// All-pairs routes between GPUs and NICs of the template (Dijkstra; GPUs and NICs are
-/// never transit devices).
-fn template_routes(spec: &TopologySpec, t: &NodeTemplate) -> Result<TemplateRoutes, TopologyError> {
+/// All-pairs routes between GPUs and NICs of the template: petgraph's Dijkstra on the
+/// directed link graph, where GPUs and NICs are never transit devices. Among equal-cost
+/// routes the one through the lowest-numbered predecessor device and link is taken, so
+/// routes do not depend on hash order.
+fn template_routes(t: &NodeTemplate) -> Result<TemplateRoutes, TopologyError> {
     let ndev = t.devices.len();
-    // Directed local links: 2j = a->b, 2j+1 = b->a.
-    let mut adj: Vec<Vec<(u32, u32, u64)>> = vec![Vec::new(); ndev];
+    // Directed local links: 2j = a->b, 2j+1 = b->a; edge weight (link id, cost).
+    let mut g: DiGraph<(), (u32, u64)> = DiGraph::with_capacity(ndev, 2 * t.links.len());
+    for _ in 0..ndev {
+        g.add_node(());
+    }
     for (j, l) in t.links.iter().enumerate() {
         let c = link_cost(l);
-        adj[l.a as usize].push((l.b, 2 * j as u32, c));
-        adj[l.b as usize].push((l.a, 2 * j as u32 + 1, c));
+        g.add_edge(NodeIndex::new(l.a as usize), NodeIndex::new(l.b as usize), (2 * j as u32, c));
+        g.add_edge(NodeIndex::new(l.b as usize), NodeIndex::new(l.a as usize), (2 * j as u32 + 1, c));
     }
     let endpoint = |i: usize| matches!(t.devices[i].kind, DeviceKind::Gpu | DeviceKind::Nic { .. });
     let mut paths = vec![None; ndev * ndev];
-    for src in 0..ndev {
-        if !endpoint(src) {
-            continue;
-        }
-        let mut dist = vec![u64::MAX; ndev];
-        let mut prev: Vec<Option<(u32, u32)>> = vec![None; ndev];
-        let mut heap = BinaryHeap::new();
-        dist[src] = 0;
-        heap.push(Reverse((0u64, src as u32)));
-        while let Some(Reverse((d, u))) = heap.pop() {
-            let u = u as usize;
-            if d > dist[u] {
-                continue;
-            }
-            if u != src && endpoint(u) {
-                continue; // do not route through GPUs or NICs
-            }
-            for &(v, lid, c) in &adj[u] {
-                let nd = d + c;
-                if nd < dist[v as usize] {
-                    dist[v as usize] = nd;
-                    prev[v as usize] = Some((u as u32, lid));
-                    heap.push(Reverse((nd, v)));
-                }
-            }
-        }
-        for dst in 0..ndev {
-            if dst == src || !endpoint(dst) || dist[dst] == u64::MAX {
-                continue;
-            }
+    for src in (0..ndev).filter(|&i| endpoint(i)) {
+        let transit = |u: usize| u == src || !endpoint(u);
+        let allowed = EdgeFiltered::from_fn(&g, |e| transit(e.source().index()));
+        let dist = dijkstra(&allowed, NodeIndex::new(src), None, |e| e.weight().1);
+        for dst in (0..ndev).filter(|&d| d != src && endpoint(d)) {
+            let Some(&dd) = dist.get(&NodeIndex::new(dst)) else { continue };
             let mut p = Vec::new();
-            let mut cur = dst;
-            while let Some((u, lid)) = prev[cur] {
+            let (mut cur, mut dcur) = (dst, dd);
+            while cur != src {
+                // The predecessor edge on a shortest route: lowest (distance, device, link).
+                let (u, du, lid) = g
+                    .edges_directed(NodeIndex::new(cur), Direction::Incoming)
+                    .filter(|e| transit(e.source().index()))
+                    .filter_map(|e| {
+                        let du = *dist.get(&e.source())?;
+                        (du + e.weight().1 == dcur).then_some((e.source().index(), du, e.weight().0))
+                    })
+                    .min_by_key(|&(u, du, lid)| (du, u, lid))
+                    .expect("a reached device has a predecessor on a shortest route");
                 p.push(lid);
-                cur = u as usize;
+                (cur, dcur) = (u, du);
             }
             p.reverse();
             let ty = classify_local(t, &p);
             paths[src * ndev + dst] = Some((p, ty));
         }
     }
-    let _ = spec;
     Ok(TemplateRoutes { ndev: ndev as u32, paths })
 }
 
 fn check_connectivity(spec: &TopologySpec, f: &Fabric) -> Result<(), TopologyError> {
     let router = Router::new(f, 0);
-    let n = f.num_gpus();
     // Within a node every GPU must reach every other; across nodes, node k's first GPU must
     // reach node 0's first GPU and back (the rest follows from the node template).
     let node0 = &f.nodes[0];
@@ -366,7 +357,6 @@ fn check_connectivity(spec: &TopologySpec, f: &Fabric) -> Result<(), TopologyErr
             }
         }
     }
-    let _ = n;
     Ok(())
 }
 

@@ -74,7 +74,7 @@ pub(crate) fn build_network(
     let sw_hop = net.sw_lat + net.cable;
 
     // Leaves and which leaf each NIC plugs into.
-    let (down, up, nleaves, leaf_of): (u32, u32, u32, LeafOf) = match ns.topology {
+    let (_, up, nleaves, leaf_of): (u32, u32, u32, LeafOf) = match ns.topology {
         NetTopology::RailOptimized => {
             let s = ns.nodes_per_su;
             let up = (s as f64 / ns.oversubscription).ceil() as u32;
@@ -101,7 +101,6 @@ pub(crate) fn build_network(
             (down, up, ports.div_ceil(down), Box::new(move |n, r| (n * rails + r) / down))
         }
     };
-    let _ = down;
     let single = nleaves == 1;
     let tiers = match ns.tiers {
         Some(t) => t,

@@ -462,8 +462,7 @@ pub(crate) fn classify_local(t: &NodeTemplate, links: &[u32]) -> PathType {
     let mut pcie = false;
     for (i, &l) in links.iter().enumerate() {
         let lt = &t.links[(l / 2) as usize];
-        let (s, d) = if l % 2 == 0 { (lt.a, lt.b) } else { (lt.b, lt.a) };
-        let _ = s;
+        let d = if l % 2 == 0 { lt.b } else { lt.a };
         match lt.kind {
             LinkKind::NvLink { .. } => {}
             LinkKind::InterSocket => {

@@ -678,7 +678,7 @@ impl Ctx<'_> {
         let size = self.plan.heat_size;
         let args = allreduce(size);
         let tin = tuner::TunerInput::from_comm(&comm, false);
-        let nch = tuner::channels_for(&tin, Collective::AllReduce, Algo::Tree, Proto::Simple, size);
+        let nch = tuner::channels_for(&tin, Algo::Tree, Proto::Simple, size);
         let choice = Choice { algo: Algo::Tree, proto: Proto::Simple, nchannels: nch };
         let s = collective::build_schedule(&comm, &args, &choice, &Knobs::default())
             .map_err(|source| GalleryError::Coll { figure: stem.clone(), source })?;
@@ -1043,7 +1043,7 @@ pub fn run_contention(f: &Fabric, setup: &ContentionSetup) -> Result<Contention,
         for r in &ranks {
             let comm = Comm::from_ranks(f, &router, r);
             let tin = tuner::TunerInput::from_comm(&comm, false);
-            let nch = tuner::channels_for(&tin, Collective::AllReduce, Algo::Ring, Proto::Simple, setup.size);
+            let nch = tuner::channels_for(&tin, Algo::Ring, Proto::Simple, setup.size);
             let choice = Choice { algo: Algo::Ring, proto: Proto::Simple, nchannels: nch };
             let mut s =
                 collective::build_schedule(&comm, &allreduce(setup.size), &choice, &Knobs::default())?;

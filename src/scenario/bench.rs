@@ -401,9 +401,7 @@ fn time_one(
     proto: Proto,
 ) -> Result<(f64, u32, u64), BenchError> {
     let n = comm.nranks;
-    let mut nch = cfg
-        .channels
-        .unwrap_or_else(|| tuner::channels_for(tin, args.coll, algo, proto, model_bytes(args, n)));
+    let mut nch = cfg.channels.unwrap_or_else(|| tuner::channels_for(tin, algo, proto, model_bytes(args, n)));
     if let Some(m) = cfg.env.max_channels {
         nch = nch.min(m.max(1));
     }

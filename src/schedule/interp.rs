@@ -183,7 +183,6 @@ enum Block {
 struct Strm {
     rank: u32,
     lane: u32,
-    pos: u32,
     program: u32,
     pc: u32,
     len: u32,
@@ -346,7 +345,6 @@ impl<'a, M> Machine<'a, M> {
             streams.push(Strm {
                 rank: st.rank,
                 lane: st.lane,
-                pos: st.pos,
                 program: st.program,
                 pc: 0,
                 len,
@@ -535,8 +533,6 @@ impl<'a, M> Machine<'a, M> {
                         return Ok(Some(Block::Credit(sc[j])));
                     }
                 }
-                let pos = st.pos;
-                let _ = pos;
                 let sst = &s.streams[k as usize];
                 let local = step.local.map(|a| s.resolve(&a, sst));
                 let write = step.write.map(|a| s.resolve(&a, sst));

@@ -347,9 +347,11 @@ fn empty_sweeps_are_errors() {
 // Running, resume, determinism
 // ---------------------------------------------------------------------------------------
 
-/// Eight analytical points on small fabrics, two of which the model rejects.
+/// Eight analytical points on small fabrics, one of which the model rejects (CollNet on one
+/// node).
 fn small_sweep() -> Plan {
-    plan(&with_sweep(
+    plan(&format!(
+        "{BASE}\n[nccl]\nNCCL_COLLNET_ENABLE = 1\n[sweep]\n{}\n",
         r#"topology = [
   { file = "../topologies/dgx-h100.toml", nodes = 1 },
   { file = "../topologies/superpod-h100.toml", nodes = 2 },
@@ -504,7 +506,7 @@ fn shipped_scenarios_load() {
 fn reduced_quickstart(dir: &Path) -> PathBuf {
     let text = read(&root().join("scenarios/quickstart.toml"))
         .replace(
-            r#"sizes = { min = "1K", max = "4G", factor = 4 }"#,
+            r#"sizes = { min = "1K", max = "1G", factor = 4 }"#,
             r#"sizes = { min = "1K", max = "1M", factor = 32 }"#,
         )
         .replace("../topologies/", &format!("{}/", root().join("topologies").display()));
@@ -546,6 +548,32 @@ fn run_quickstart_through_the_binary() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("8 resumed"));
     let table = |s: &str| s.lines().filter(|l| !l.starts_with("wrote")).collect::<Vec<_>>().join("\n");
     assert_eq!(table(&String::from_utf8_lossy(&again.stdout)), table(&stdout));
+    // --trace writes a Chrome trace of one call of the chosen point (point 1: ring on the
+    // SuperPOD), with ranks and links as tracks.
+    let trace = dir.join("ring.json");
+    let t = fabricsim(&[
+        "run",
+        scenario.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--resume",
+        "--no-plot",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--trace-point",
+        "1",
+    ]);
+    assert!(t.status.success(), "{}", String::from_utf8_lossy(&t.stderr));
+    let v: serde_json::Value = serde_json::from_str(&read(&trace)).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    assert!(events.iter().any(|e| e["ph"] == "X"), "no slices");
+    assert!(
+        events.iter().any(|e| e["args"]["name"].as_str().is_some_and(|n| n.contains("leaf"))),
+        "no link tracks"
+    );
+    let bad = fabricsim(&["run", scenario.to_str().unwrap(), "--trace", "x.json", "--trace-point", "8"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("valid: 0..=7"));
 }
 
 #[test]
