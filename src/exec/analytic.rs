@@ -9,12 +9,15 @@
 //! pipeline: the remaining messages at the bottleneck's service time, or at the rate the
 //! flow-control window allows when latency dominates.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use crate::collective::chunking::{chunking, Chunking};
 use crate::collective::{channel_parts, tree, Algo, Choice, CollArgs, CollError, Collective, Comm, Knobs};
 use crate::fabric::params::{kind_index, Resolved};
 use crate::fabric::{Fabric, LinkClass, LinkId, PathType, RouteOpts, Router};
+use crate::schedule::Proto;
 use crate::units::SimTime;
 
 /// Cost of sending one message over one connection class.
@@ -88,11 +91,6 @@ fn hop_of(
     Hop { lat, bw, step: pr.step(class_of(ty)).as_us() }
 }
 
-/// The distinct hops among routes, each with the share of the routes it describes.
-fn worst(hops: impl Iterator<Item = Hop>) -> Vec<Hop> {
-    weighted(hops).into_iter().map(|(h, _)| h).collect()
-}
-
 /// Distinct hops with their shares of the routes (shares sum to 1).
 fn weighted(hops: impl Iterator<Item = Hop>) -> Vec<(Hop, f64)> {
     let mut v: Vec<(Hop, f64)> = Vec::new();
@@ -114,7 +112,23 @@ fn wire(bytes: f64, payload: f64) -> f64 {
     (bytes / payload).ceil()
 }
 
-/// Closed-form time of one collective call.
+/// Routes and link shares of one (algorithm, protocol, channels, collective) on a
+/// communicator: the hops the closed forms price, with each hop's share of the
+/// connections, and the depth of the algorithm's tree (0 for others).
+type Hops = Rc<(Vec<(Hop, f64)>, u32)>;
+
+/// The closed-form model of one communicator on one fabric. It memoizes the routed hops of
+/// every (algorithm, protocol, channels, collective) it prices, so a size sweep routes each
+/// connection once.
+pub struct Model<'a> {
+    f: &'a Fabric,
+    router: &'a Router<'a>,
+    comm: &'a Comm,
+    p: Resolved,
+    memo: RefCell<BTreeMap<(u8, u8, u32, u8), Hops>>,
+}
+
+/// Closed-form time of one collective call (a [`Model`] used once).
 pub fn time(
     f: &Fabric,
     router: &Router,
@@ -124,114 +138,156 @@ pub fn time(
     knobs: &Knobs,
     gpus_per_thread: u32,
 ) -> Result<SimTime, CollError> {
-    crate::collective::check_supported(comm, args.coll, choice.algo, choice.proto)?;
-    let p = f.params.resolve();
-    let n = comm.nranks;
-    let g = gpus_per_thread.clamp(1, n.max(1));
-    let t0 = p.launch.as_us() + p.launch_stagger.as_us() * (g - 1) as f64;
-    if n == 1 {
-        return Ok(SimTime::from_us_f64(t0));
+    Model::new(f, router, comm).time(args, choice, knobs, gpus_per_thread)
+}
+
+impl<'a> Model<'a> {
+    /// The model of `comm` on `f`.
+    pub fn new(f: &'a Fabric, router: &'a Router<'a>, comm: &'a Comm) -> Model<'a> {
+        Model { f, router, comm, p: f.params.resolve(), memo: RefCell::new(BTreeMap::new()) }
     }
-    let e = args.dtype.size();
-    let nch = choice.nchannels.max(1);
-    let parts = channel_parts(args.count, e, nch);
-    let used = parts.iter().filter(|x| x.1 > 0).count().max(1) as u32;
-    let per_ch = parts.first().map(|x| x.1).unwrap_or(0) as f64;
-    let proto = choice.proto as usize;
-    let payload = p.proto[proto].payload;
-    let reduce_bw = p.reduce_channel_bw.0 as f64 / 1e6;
-    let body = match choice.algo {
-        Algo::Ring => {
-            // Connections of every channel's ring.
-            let mut edges = Vec::new();
-            for c in 0..used {
-                let ring = comm.ring(c);
-                for i in 0..ring.len() {
-                    edges.push((ring[i], ring[(i + 1) % ring.len()], c));
-                }
-            }
-            let (load, routes) = loads(router, &edges);
-            let hops = weighted(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, 1.0)));
-            let ch = chunking(args.coll, Algo::Ring, choice.proto, knobs);
-            ring_time(args.coll, n, per_ch, e as f64, &ch, &hops, payload, reduce_bw)
+
+    /// The hops of `key`, built by `build` (hops with their shares, tree depth) once.
+    fn hops(
+        &self,
+        key: (Algo, Proto, u32, Collective),
+        build: impl FnOnce() -> (Vec<(Hop, f64)>, u32),
+    ) -> Hops {
+        let k = (key.0 as u8, key.1 as u8, key.2, key.3 as u8);
+        if let Some(h) = self.memo.borrow().get(&k) {
+            return h.clone();
         }
-        Algo::Tree => {
-            let mut edges = Vec::new();
-            let mut depth = 0u32;
-            for c in 0..used {
-                let (parent, _) = tree::rank_tree(comm, c);
-                for (r, pr) in parent.iter().enumerate() {
-                    if let Some(pr) = pr {
-                        edges.push((r as u32, *pr, c));
-                        edges.push((*pr, r as u32, c));
+        let h = Rc::new(build());
+        self.memo.borrow_mut().insert(k, h.clone());
+        h
+    }
+
+    /// Closed-form time of one collective call.
+    pub fn time(
+        &self,
+        args: &CollArgs,
+        choice: &Choice,
+        knobs: &Knobs,
+        gpus_per_thread: u32,
+    ) -> Result<SimTime, CollError> {
+        let (f, router, comm, p) = (self.f, self.router, self.comm, &self.p);
+        crate::collective::check_supported(comm, args.coll, choice.algo, choice.proto)?;
+        let n = comm.nranks;
+        let g = gpus_per_thread.clamp(1, n.max(1));
+        let t0 = p.launch.as_us() + p.launch_stagger.as_us() * (g - 1) as f64;
+        if n == 1 {
+            return Ok(SimTime::from_us_f64(t0));
+        }
+        let e = args.dtype.size();
+        let nch = choice.nchannels.max(1);
+        let parts = channel_parts(args.count, e, nch);
+        let used = parts.iter().filter(|x| x.1 > 0).count().max(1) as u32;
+        let per_ch = parts.first().map(|x| x.1).unwrap_or(0) as f64;
+        let proto = choice.proto as usize;
+        let payload = p.proto[proto].payload;
+        let reduce_bw = p.reduce_channel_bw.0 as f64 / 1e6;
+        let body = match choice.algo {
+            Algo::Ring => {
+                let hops = self.hops((Algo::Ring, choice.proto, used, args.coll), || {
+                    // Connections of every channel's ring.
+                    let mut edges = Vec::new();
+                    for c in 0..used {
+                        let ring = comm.ring(c);
+                        for i in 0..ring.len() {
+                            edges.push((ring[i], ring[(i + 1) % ring.len()], c));
+                        }
                     }
-                }
-                // Longest path to the root.
-                for r in 0..n {
-                    let mut d = 0;
-                    let mut x = r;
-                    while let Some(px) = parent[x as usize] {
-                        d += 1;
-                        x = px;
+                    let (load, routes) = loads(router, &edges);
+                    (weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, 1.0))), 0)
+                });
+                let ch = chunking(args.coll, Algo::Ring, choice.proto, knobs);
+                ring_time(args.coll, n, per_ch, e as f64, &ch, &hops.0, payload, reduce_bw)
+            }
+            Algo::Tree => {
+                let built = self.hops((Algo::Tree, choice.proto, used, args.coll), || {
+                    let mut edges = Vec::new();
+                    let mut depth = 0u32;
+                    for c in 0..used {
+                        let (parent, _) = tree::rank_tree(comm, c);
+                        for (r, pr) in parent.iter().enumerate() {
+                            if let Some(pr) = pr {
+                                edges.push((r as u32, *pr, c));
+                                edges.push((*pr, r as u32, c));
+                            }
+                        }
+                        // Longest path to the root.
+                        for r in 0..n {
+                            let mut d = 0;
+                            let mut x = r;
+                            while let Some(px) = parent[x as usize] {
+                                d += 1;
+                                x = px;
+                            }
+                            depth = depth.max(d);
+                        }
                     }
-                    depth = depth.max(d);
-                }
+                    let (load, routes) = loads(router, &edges);
+                    (weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, 1.0))), depth)
+                });
+                let (hops, depth): (Vec<Hop>, u32) = (built.0.iter().map(|x| x.0).collect(), built.1);
+                let mut ch = chunking(args.coll, Algo::Tree, choice.proto, knobs);
+                ch.chunk_bytes =
+                    tree::tree_chunk(comm, choice.proto, args.count * e, choice.nchannels, ch.chunk_bytes);
+                let chunk = (ch.chunk_bytes as f64).min(per_ch * e as f64).max(e as f64);
+                let k = (per_ch * e as f64 / chunk).ceil().max(1.0);
+                let m = wire(chunk, payload);
+                let slow = hops.iter().copied().fold(None, |a: Option<Hop>, h| {
+                    Some(a.map_or(h, |a| if h.msg(m) > a.msg(m) { h } else { a }))
+                });
+                let slow = slow.unwrap_or(Hop { lat: 0.0, bw: 1.0, step: 0.0 });
+                let tau = hops.iter().map(|h| h.t(m)).fold(0.0, f64::max).max(chunk / reduce_bw);
+                let window = ch.window as f64;
+                2.0 * depth as f64 * slow.msg(m) + (k - 1.0) * tau.max(slow.msg(m) / window)
             }
-            let (load, routes) = loads(router, &edges);
-            let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, 1.0)));
-            let mut ch = chunking(args.coll, Algo::Tree, choice.proto, knobs);
-            ch.chunk_bytes =
-                tree::tree_chunk(comm, choice.proto, args.count * e, choice.nchannels, ch.chunk_bytes);
-            let chunk = (ch.chunk_bytes as f64).min(per_ch * e as f64).max(e as f64);
-            let k = (per_ch * e as f64 / chunk).ceil().max(1.0);
-            let m = wire(chunk, payload);
-            let slow = hops.iter().copied().fold(None, |a: Option<Hop>, h| {
-                Some(a.map_or(h, |a| if h.msg(m) > a.msg(m) { h } else { a }))
-            });
-            let slow = slow.unwrap_or(Hop { lat: 0.0, bw: 1.0, step: 0.0 });
-            let tau = hops.iter().map(|h| h.t(m)).fold(0.0, f64::max).max(chunk / reduce_bw);
-            let window = ch.window as f64;
-            2.0 * depth as f64 * slow.msg(m) + (k - 1.0) * tau.max(slow.msg(m) / window)
-        }
-        Algo::Nvls | Algo::NvlsTree | Algo::CollNetDirect | Algo::CollNetChain => {
-            nvls_collnet_time(f, router, comm, args, choice, &p, per_ch * e as f64, used)
-        }
-        Algo::Pat => {
-            let steps = crate::collective::pat::pat_steps(n);
-            let mut edges = Vec::new();
-            for r in 0..n {
-                for (d, _) in &steps {
-                    edges.push((r, (r + d) % n, 0));
-                }
+            Algo::Nvls | Algo::NvlsTree | Algo::CollNetDirect | Algo::CollNetChain => {
+                nvls_collnet_time(f, router, comm, args, choice, p, per_ch * e as f64, used)
             }
-            let (load, routes) = loads(router, &edges);
-            let hops =
-                worst(routes.iter().map(|(l, ty)| {
-                    hop_of(f, &p, proto, l, *ty, &load, used as f64 / steps.len().max(1) as f64)
-                }));
-            let block = per_ch * e as f64;
-            let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
-            let bw = hops.iter().map(|h| h.bw).fold(f64::INFINITY, f64::min);
-            steps.len() as f64 * slow + (n - 1) as f64 * wire(block, payload) / bw
-        }
-        Algo::P2p => {
-            let rounds = if args.coll == Collective::SendRecv { 1 } else { n - 1 };
-            let mut edges = Vec::new();
-            for r in 0..n {
-                for d in 1..=rounds {
-                    edges.push((r, (r + d) % n, 0));
-                }
+            Algo::Pat => {
+                let steps = crate::collective::pat::pat_steps(n);
+                let built = self.hops((Algo::Pat, choice.proto, used, args.coll), || {
+                    let mut edges = Vec::new();
+                    for r in 0..n {
+                        for (d, _) in &steps {
+                            edges.push((r, (r + d) % n, 0));
+                        }
+                    }
+                    let (load, routes) = loads(router, &edges);
+                    let scale = used as f64 / steps.len().max(1) as f64;
+                    (weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, scale))), 0)
+                });
+                let hops: Vec<Hop> = built.0.iter().map(|x| x.0).collect();
+                let block = per_ch * e as f64;
+                let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
+                let bw = hops.iter().map(|h| h.bw).fold(f64::INFINITY, f64::min);
+                steps.len() as f64 * slow + (n - 1) as f64 * wire(block, payload) / bw
             }
-            let (load, routes) = loads(router, &edges);
-            let scale = used as f64 / rounds as f64;
-            let hops = worst(routes.iter().map(|(l, ty)| hop_of(f, &p, proto, l, *ty, &load, scale)));
-            let bytes = per_ch * e as f64;
-            let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
-            let per_round = hops.iter().map(|h| h.t(wire(bytes, payload))).fold(0.0, f64::max);
-            rounds as f64 * per_round + slow
-        }
-    };
-    Ok(SimTime::from_us_f64(t0 + body))
+            Algo::P2p => {
+                let rounds = if args.coll == Collective::SendRecv { 1 } else { n - 1 };
+                let built = self.hops((Algo::P2p, choice.proto, used, args.coll), || {
+                    let mut edges = Vec::new();
+                    for r in 0..n {
+                        for d in 1..=rounds {
+                            edges.push((r, (r + d) % n, 0));
+                        }
+                    }
+                    let (load, routes) = loads(router, &edges);
+                    let scale = used as f64 / rounds as f64;
+                    (weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, scale))), 0)
+                });
+                let hops: Vec<Hop> = built.0.iter().map(|x| x.0).collect();
+                let bytes = per_ch * e as f64;
+                let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
+                let per_round = hops.iter().map(|h| h.t(wire(bytes, payload))).fold(0.0, f64::max);
+                rounds as f64 * per_round + slow
+            }
+        };
+        Ok(SimTime::from_us_f64(t0 + body))
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

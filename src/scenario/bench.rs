@@ -263,6 +263,8 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
     let router = Router::new(f, cfg.seed);
     let mut comm = Comm::from_fabric(f, &router);
     comm.nvls &= cfg.env.nvls;
+    let comm = comm;
+    let model = analytic::Model::new(f, &router, &comm);
     let n = comm.nranks;
     if matches!(cfg.coll, Collective::Broadcast | Collective::Reduce) && cfg.root >= n {
         return Err(BenchError::Args(format!(
@@ -327,7 +329,7 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
                 }
             },
         };
-        let (time_us, channels, events) = time_one(f, &router, &comm, &tin, cfg, &args, algo, proto)?;
+        let (time_us, channels, events) = time_one(f, &router, &comm, &model, &tin, cfg, &args, algo, proto)?;
         let best = if cfg.compare {
             let mut best: Option<(Algo, Proto, f64)> = None;
             for &a in collective::algorithms_for(cfg.coll) {
@@ -344,7 +346,7 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
                     let t = if (a, p) == (algo, proto) {
                         time_us
                     } else {
-                        time_one(f, &router, &comm, &tin, cfg, &args, a, p)?.0
+                        time_one(f, &router, &comm, &model, &tin, cfg, &args, a, p)?.0
                     };
                     if best.is_none_or(|b| t < b.2) {
                         best = Some((a, p, t));
@@ -394,6 +396,7 @@ fn time_one(
     f: &Fabric,
     router: &Router,
     comm: &Comm,
+    model: &analytic::Model,
     tin: &tuner::TunerInput,
     cfg: &BenchConfig,
     args: &CollArgs,
@@ -411,7 +414,7 @@ fn time_one(
     let choice = Choice { algo, proto, nchannels: nch.clamp(1, 64) };
     match cfg.fidelity {
         Fidelity::Analytical => {
-            let t = analytic::time(f, router, comm, args, &choice, &cfg.env.knobs, cfg.gpus_per_thread)?;
+            let t = model.time(args, &choice, &cfg.env.knobs, cfg.gpus_per_thread)?;
             Ok((t.as_us(), choice.nchannels, 0))
         }
         Fidelity::Event => {
