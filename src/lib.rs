@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! scenario ─► fabric (topology, routing) ┐
-//!          └► collective / workload ─────┴► schedule ─► exec (simulate | cpu | cuda) ─► results ─► report
+//!          └► collective / workload ─────┴► schedule ─► exec (simulate | analytic | cpu) ─► results ─► report
 //! ```
 //!
 //! - [`units`]: integer-picosecond time, bytes, bandwidths and their parsers.

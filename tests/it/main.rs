@@ -2,6 +2,7 @@
 
 mod accuracy;
 mod cli;
+mod docs;
 mod exec_cpu;
 mod plot;
 mod report;
