@@ -10,37 +10,7 @@ use std::path::Path;
 use crate::fabric::file::line_col;
 
 /// A calibration profile that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ProfileError {
-    /// The file could not be read.
-    #[error("{file}: cannot read calibration profile: {source}")]
-    Io {
-        /// Path.
-        file: String,
-        /// Cause.
-        source: std::io::Error,
-    },
-    /// Bad TOML at a place in the file.
-    #[error("{file}:{line}:{col}: {msg}")]
-    At {
-        /// Path.
-        file: String,
-        /// 1-based line.
-        line: usize,
-        /// 1-based column.
-        col: usize,
-        /// What is wrong.
-        msg: String,
-    },
-    /// The file parses but is not a profile.
-    #[error("{file}: {msg}")]
-    Invalid {
-        /// Path.
-        file: String,
-        /// What is wrong and what would be valid.
-        msg: String,
-    },
-}
+pub type ProfileError = crate::fabric::file::FileError;
 
 /// Reads a calibration profile and returns its `[params]` table.
 pub fn load_profile(path: &Path) -> Result<toml::Table, ProfileError> {

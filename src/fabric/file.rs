@@ -29,9 +29,11 @@ use super::spec::*;
 use super::{CpuVendor, DeviceKind, LinkKind, SharpSpec};
 use crate::units::{self, Bandwidth, SimTime};
 
-/// An error in a topology (file, or the cluster asked of it).
+/// An error in an input file — a topology, a scenario, a calibration profile — or in what
+/// was asked of it: where it is (file, line, column when there is one) and what would be
+/// valid.
 #[derive(Debug, thiserror::Error)]
-pub enum TopologyError {
+pub enum FileError {
     /// The file could not be read.
     #[error("{file}: cannot read: {source}")]
     Io {
@@ -52,7 +54,7 @@ pub enum TopologyError {
         /// What is wrong and what would be valid.
         msg: String,
     },
-    /// Something wrong with the topology as a whole (or the cluster asked of it).
+    /// Something wrong with the file as a whole (or the cluster asked of a topology).
     #[error("{file}: {msg}")]
     Invalid {
         /// Path (or the name of the topology).
@@ -61,6 +63,9 @@ pub enum TopologyError {
         msg: String,
     },
 }
+
+/// An error in a topology file or in the cluster asked of it.
+pub type TopologyError = FileError;
 
 /// Source text of one file, for turning byte spans into line and column.
 #[derive(Debug)]

@@ -75,19 +75,7 @@ pub fn write_table(w: &mut dyn Write, ctx: &TableContext, rows: &[BenchRow]) -> 
 pub fn write_csv(w: &mut dyn Write, rows: &[BenchRow]) -> io::Result<()> {
     writeln!(w, "{CSV_HEADER}")?;
     for r in rows {
-        writeln!(
-            w,
-            "{},{},{},{},{:.3},{:.4},{:.4},{},{}",
-            r.size_bytes,
-            r.count,
-            r.dtype.nccl_name(),
-            r.redop.nccl_name(),
-            r.time_us,
-            r.algbw_gbps,
-            r.busbw_gbps,
-            r.algo.name(),
-            r.proto.name()
-        )?;
+        writeln!(w, "{}", r.csv_fields())?;
     }
     Ok(())
 }

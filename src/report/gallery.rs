@@ -546,74 +546,27 @@ impl Ctx<'_> {
         let coll =
             Collective::parse(coll_name).ok_or_else(|| rerr(format!("unknown collective {coll_name}")))?;
         let inplace = d.metric.as_deref() == Some("inplace_busbw");
-        let measured = reference::load_csv(&reference::reference_dir(self.root).join(&d.file), inplace)
-            .map_err(|e| rerr(e.to_string()))?;
         let spec = fabric::load_topology(&self.root.join(topo))
             .map_err(|source| GalleryError::Topology { figure: stem.clone(), source })?;
         let f =
             fabric::build::build(&spec, &BuildOpts { nodes: d.nodes, gpus_per_node: d.gpus, params: None })
                 .map_err(|source| GalleryError::Topology { figure: stem.clone(), source })?;
-        let mut cfg = BenchConfig {
-            coll,
-            sizes: measured.iter().map(|m| m.size_bytes).collect(),
-            fidelity: Fidelity::Event,
-            gpus_per_thread: d.ngpus.unwrap_or(1),
-            ..Default::default()
-        };
-        for (k, v) in &d.nccl {
-            let v = match v {
-                toml::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            cfg.env.set(k, &v, coll).map_err(&rerr)?;
-        }
-        let rows =
-            run_bench(&f, &cfg).map_err(|source| GalleryError::Bench { figure: stem.clone(), source })?;
-        let n = f.num_gpus();
-        let factor = coll.busbw_factor(n);
+        let score = reference::score(self.root, d, Fidelity::Event, None)
+            .map_err(&rerr)?
+            .ok_or_else(|| rerr("the dataset is not scored".into()))?;
         let (mut meas, mut sim, mut model) = (Vec::new(), Vec::new(), Vec::new());
         let (mut err_sim, mut err_model) = (Vec::new(), Vec::new());
-        let (mut large_sim, mut large_model) = (Vec::new(), Vec::new());
         let mut choices = std::collections::BTreeSet::new();
-        for m in &measured {
-            // The simulated call of this size: the same size, or the largest one below it
-            // within the per-rank alignment nccl-tests applies.
-            let Some(r) = rows
-                .iter()
-                .filter(|r| r.size_bytes <= m.size_bytes && m.size_bytes - r.size_bytes < 64 * n as u64)
-                .max_by_key(|r| r.size_bytes)
-            else {
-                continue;
-            };
-            let x = m.size_bytes as f64;
-            choices.insert(format!("{}/{}", r.algo, r.proto));
-            meas.push((x, m.busbw_gbps));
-            sim.push((x, r.busbw_gbps));
-            let model_bw =
-                r.nccl_model_us.filter(|&t| t > 0.0).map(|t| r.size_bytes as f64 / t / 1e3 * factor);
-            if let Some(bw) = model_bw {
-                model.push((x, bw));
-            }
-            // Errors as the accuracy test defines them: from times where published, else
-            // from the in-place bus bandwidth.
-            let (es, em) = match m.time_us {
-                Some(t) if t > 0.0 => {
-                    (t / r.time_us - 1.0, r.nccl_model_us.filter(|&u| u > 0.0).map(|u| t / u - 1.0))
-                }
-                _ if m.busbw_gbps > 0.0 => {
-                    (r.busbw_gbps / m.busbw_gbps - 1.0, model_bw.map(|b| b / m.busbw_gbps - 1.0))
-                }
-                _ => continue,
-            };
-            err_sim.push((x, es));
-            if m.size_bytes >= 1 << 20 {
-                large_sim.push(es.abs());
-            }
-            if let Some(em) = em {
-                err_model.push((x, em));
-                if m.size_bytes >= 1 << 20 {
-                    large_model.push(em.abs());
-                }
+        for p in &score.points {
+            let x = p.size_bytes as f64;
+            choices.insert(p.choice.clone());
+            meas.push((x, p.measured));
+            sim.push((x, p.simulated));
+            err_sim.push((x, p.error));
+            // NCCL's model error is relative to the measurement, as fabricsim's is.
+            if let Some(e) = p.nccl_error {
+                model.push((x, p.measured * (1.0 + e)));
+                err_model.push((x, e));
             }
         }
         let metric = if inplace { "in-place busbw" } else { "time" };
@@ -648,8 +601,7 @@ impl Ctx<'_> {
                 .collect::<Vec<_>>()
                 .join(" ")
         };
-        let pct =
-            |v: Vec<f64>| median(v).map(|m| format!("{:.1}%", m * 100.0)).unwrap_or_else(|| "n/a".into());
+        let pct = |v: Option<f64>| v.map(|m| format!("{:.1}%", m * 100.0)).unwrap_or_else(|| "n/a".into());
         let caption = format!(
             "{coll} bus bandwidth on {} ({}): published nccl-tests measurement against fabricsim's discrete-event \
              simulation and NCCL's own cost model, with the error per size below.",
@@ -663,8 +615,8 @@ impl Ctx<'_> {
             d.file,
             d.ngpus.unwrap_or(1),
             choices.into_iter().collect::<Vec<_>>().join(", "),
-            pct(large_sim),
-            pct(large_model)
+            pct((!score.points.is_empty()).then_some(score.median_large)),
+            pct(score.nccl_median_large)
         );
         Ok(Entry { section: Section::Accuracy, stem, caption, notes, files })
     }
@@ -870,16 +822,6 @@ fn hidden_series(series: &[Series]) -> Vec<(String, String)> {
         }
     }
     out
-}
-
-/// Median, or None for an empty list.
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
 }
 
 /// A sentence about in-switch algorithms (CollNet, NVLS) whose discrete-event time jumps

@@ -482,15 +482,8 @@ pub fn trace_bench_row(
         CollArgs { coll: cfg.coll, count: row.count, dtype: cfg.dtype, redop: cfg.redop, root: cfg.root };
     let choice = Choice { algo: row.algo, proto: row.proto, nchannels: row.channels };
     let s = collective::build_schedule(&comm, &args, &choice, &cfg.env.knobs).map_err(BenchError::from)?;
-    let sim = SimOpts {
-        granularity: cfg.granularity,
-        fold_channels: cfg.fold_channels,
-        fold_min_ops: crate::exec::simulate::FOLD_MIN_OPS,
-        seed: cfg.seed,
-        gpus_per_thread: cfg.gpus_per_thread,
-        pxn: !cfg.env.knobs.pxn_disable,
-        fold_ranks: false,
-    };
+    // Every rank is traced: no rank folding.
+    let sim = SimOpts { fold_ranks: false, ..cfg.sim_opts() };
     let t = simulate_traced(f, &router, &s, &sim).map_err(BenchError::from)?;
     let info = TimelineInfo {
         title: format!(

@@ -108,6 +108,22 @@ pub struct BenchConfig {
     pub compare: bool,
 }
 
+impl BenchConfig {
+    /// The simulator options of this configuration (`fold_channels` turns both symmetry
+    /// reductions on or off).
+    pub fn sim_opts(&self) -> SimOpts {
+        SimOpts {
+            granularity: self.granularity,
+            fold_channels: self.fold_channels,
+            fold_min_ops: crate::exec::simulate::FOLD_MIN_OPS,
+            seed: self.seed,
+            gpus_per_thread: self.gpus_per_thread,
+            pxn: !self.env.knobs.pxn_disable,
+            fold_ranks: self.fold_channels,
+        }
+    }
+}
+
 impl Default for BenchConfig {
     fn default() -> Self {
         BenchConfig {
@@ -383,6 +399,25 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
     Ok(rows)
 }
 
+impl BenchRow {
+    /// The row's `bench --format csv` fields, comma-separated, in the order of
+    /// `size_bytes,count,dtype,redop,time_us,algbw_GBps,busbw_GBps,algo,proto`.
+    pub fn csv_fields(&self) -> String {
+        format!(
+            "{},{},{},{},{:.3},{:.4},{:.4},{},{}",
+            self.size_bytes,
+            self.count,
+            self.dtype.nccl_name(),
+            self.redop.nccl_name(),
+            self.time_us,
+            self.algbw_gbps,
+            self.busbw_gbps,
+            self.algo.name(),
+            self.proto.name()
+        )
+    }
+}
+
 /// The byte count NCCL's model uses: the full buffer for all-gather/reduce-scatter.
 fn model_bytes(args: &CollArgs, n: u32) -> u64 {
     match args.coll {
@@ -419,16 +454,7 @@ fn time_one(
         }
         Fidelity::Event => {
             let s = collective::build_schedule(comm, args, &choice, &cfg.env.knobs)?;
-            let opts = SimOpts {
-                granularity: cfg.granularity,
-                fold_channels: cfg.fold_channels,
-                fold_min_ops: crate::exec::simulate::FOLD_MIN_OPS,
-                seed: cfg.seed,
-                gpus_per_thread: cfg.gpus_per_thread,
-                pxn: !cfg.env.knobs.pxn_disable,
-                fold_ranks: cfg.fold_channels,
-            };
-            let r = simulate(f, router, &s, &opts)?;
+            let r = simulate(f, router, &s, &cfg.sim_opts())?;
             Ok((r.time.as_us(), choice.nchannels, r.events))
         }
     }

@@ -90,37 +90,7 @@ use crate::units;
 // ---------------------------------------------------------------------------------------
 
 /// A scenario file that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ScenarioError {
-    /// The file could not be read.
-    #[error("{file}: cannot read: {source}")]
-    Io {
-        /// Path.
-        file: String,
-        /// Cause.
-        source: std::io::Error,
-    },
-    /// Something wrong at a place in the file.
-    #[error("{file}:{line}:{col}: {msg}")]
-    At {
-        /// Path.
-        file: String,
-        /// 1-based line.
-        line: usize,
-        /// 1-based column.
-        col: usize,
-        /// What is wrong and what would be valid.
-        msg: String,
-    },
-    /// Something wrong with the file as a whole.
-    #[error("{file}: {msg}")]
-    Invalid {
-        /// Path.
-        file: String,
-        /// What is wrong and what would be valid.
-        msg: String,
-    },
-}
+pub type ScenarioError = crate::fabric::file::FileError;
 
 /// The scenario file's text, for turning spans into line and column.
 struct Src<'a> {

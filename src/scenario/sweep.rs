@@ -380,18 +380,7 @@ fn format_point(p: &Point, columns: &[String], r: &PointResult) -> Formatted {
     match &r.outcome {
         Ok(rows) => {
             for b in rows {
-                f.csv.push_str(&format!(
-                    "{csv_prefix},{},{},{},{},{:.3},{:.4},{:.4},{},{},ok,\n",
-                    b.size_bytes,
-                    b.count,
-                    b.dtype.nccl_name(),
-                    b.redop.nccl_name(),
-                    b.time_us,
-                    b.algbw_gbps,
-                    b.busbw_gbps,
-                    b.algo.name(),
-                    b.proto.name()
-                ));
+                f.csv.push_str(&format!("{csv_prefix},{},ok,\n", b.csv_fields()));
                 f.jsonl.push_str(&format!(
                     "{json_prefix},\"size_bytes\":{},\"count\":{},\"dtype\":\"{}\",\"redop\":\"{}\",\
                      \"time_us\":{},\"algbw_GBps\":{},\"busbw_GBps\":{},\"algo\":\"{}\",\"proto\":\"{}\",\
