@@ -53,6 +53,14 @@ pub fn chunking(coll: Collective, algo: Algo, proto: Proto, k: &Knobs) -> Chunki
         (Algo::CollNetChain, _) => step.min(256 << 10),
         _ => step,
     };
+    if algo == Algo::Ring && proto != Proto::Simple {
+        // LL and LL128 flag every line, so a receiver forwards a step's first lines while
+        // the rest are still arriving. A ring step is carried as two messages (of at least
+        // 8 KiB each) so that the next hop starts halfway: one message per step was 15-30%
+        // slow in the 2-8 MiB knee of the H100 tables, four overshoot (validate/reference,
+        // README "Accuracy").
+        return Chunking { chunk_bytes: chunk, slices: 2, min_slice_bytes: 8 << 10, window: NCCL_STEPS };
+    }
     Chunking { chunk_bytes: chunk, slices: 1, min_slice_bytes: step / 32, window: NCCL_STEPS }
 }
 

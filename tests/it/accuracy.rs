@@ -121,15 +121,11 @@ fn the_shape_is_right_floor_knee_plateau_and_the_nvls_ring_crossover() {
     let (sr, sn) = (series(&ring, false), series(&nvls, false));
     let (mr, mn) = (common(mr, &mn), common(mn, &series(&ring, true)));
     let (sr, sn) = (common(sr, &sn), common(sn, &series(&ring, false)));
-    // Where NVLS overtakes ring for good. Measured, the two curves stay within 5% of each
-    // other from 1 to 16 MiB and NVLS pulls ahead from 16 MiB; simulated, ring is 15-30%
-    // slow in the 2-8 MiB knee (LL/LL128 are forwarded per step here, line by line in
-    // NCCL), so NVLS leads from 2 MiB. Held within three size steps (README, "Known weak
-    // spots"); NVLS must lead at every size from 32 MiB on, as measured.
+    // Where NVLS overtakes ring for good: the same size, or one step (x2) either way.
+    // (Measured, the two curves stay within 5% of each other from 1 to 16 MiB.)
     let (m, s) =
         (crossover(&mn, &mr).expect("measured crossover"), crossover(&sn, &sr).expect("simulated crossover"));
-    assert_eq!(m, 16 << 20, "the measured crossover moved: the reference tables changed");
-    assert!(s * 8 >= m && s <= m, "NVLS overtakes ring at {m} B measured, {s} B simulated");
+    assert!(s * 2 >= m && s <= m * 2, "NVLS overtakes ring at {m} B measured, {s} B simulated");
     for (a, b) in sn.iter().zip(&sr).filter(|x| x.0 .0 >= 32 << 20) {
         assert!(a.1 > b.1 * 1.05, "{} B: NVLS {:.1} vs ring {:.1} GB/s", a.0, a.1, b.1);
     }
@@ -159,7 +155,7 @@ fn tree_beats_ring_across_nodes_until_the_bandwidth_bound_sizes() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let spec = fabricsim::fabric::load_topology(&root.join("topologies/superpod-h100.toml")).unwrap();
     let f = build(&spec, &BuildOpts { nodes: Some(16), ..Default::default() }).unwrap();
-    let sizes = vec![1 << 20, 16 << 20, 64 << 20, 1 << 30];
+    let sizes = vec![1 << 20, 4 << 20, 16 << 20, 1 << 30];
     let busbw = |algo| -> Vec<f64> {
         let cfg = BenchConfig { sizes: sizes.clone(), algo: Some(algo), ..Default::default() };
         run_bench(&f, &cfg).unwrap().iter().map(|r| r.busbw_gbps).collect()
