@@ -9,3 +9,22 @@ mod report;
 mod scenario;
 mod simulate;
 mod topo;
+
+use std::path::{Path, PathBuf};
+
+/// A fresh directory under the system temp dir, unique to this process and `name`.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fabricsim-it-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Removes a test's directory, unless FABRICSIM_KEEP_PLOTS is set (to look at the figures).
+pub fn cleanup(dir: &Path) {
+    if std::env::var_os("FABRICSIM_KEEP_PLOTS").is_some() {
+        eprintln!("kept {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -13,21 +13,7 @@ use fabricsim::report::plot::{Axis, Bar, BarChart, LineChart, Panel, PlotError, 
 use fabricsim::report::trace::{write_trace, Slice, TraceWriter, Track, TrackKind};
 use fabricsim::units::SimTime;
 
-/// A fresh directory under the system temp dir, unique to this process and test.
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fabricsim-it-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn cleanup(dir: &Path) {
-    if std::env::var_os("FABRICSIM_KEEP_PLOTS").is_some() {
-        eprintln!("kept {}", dir.display());
-    } else {
-        let _ = std::fs::remove_dir_all(dir);
-    }
-}
+use crate::{cleanup, temp_dir};
 
 /// Decodes a PNG and returns (width, height, distinct colours).
 fn png_info(path: &Path) -> (u32, u32, BTreeSet<[u8; 3]>) {

@@ -7,7 +7,7 @@
 //! Set `FABRICSIM_KEEP_PLOTS=1` to keep the generated files (their directory is printed).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use fabricsim::collective::{build_schedule, Algo, Choice, CollArgs, Collective, Comm, Knobs};
@@ -19,23 +19,10 @@ use fabricsim::report::utilisation::{busiest_heatmap, link_loads, link_timeline,
 use fabricsim::schedule::{DType, Proto, RedOp, Schedule};
 use serde_json::Value;
 
+use crate::{cleanup, temp_dir};
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fabricsim-it-report-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn cleanup(dir: &Path) {
-    if std::env::var_os("FABRICSIM_KEEP_PLOTS").is_some() {
-        eprintln!("kept {}", dir.display());
-    } else {
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 fn fabric(topology: &str, nodes: u32, gpus: Option<u32>) -> Fabric {
