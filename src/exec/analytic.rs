@@ -114,8 +114,23 @@ fn wire(bytes: f64, payload: f64) -> f64 {
 
 /// Routes and link shares of one (algorithm, protocol, channels, collective) on a
 /// communicator: the hops the closed forms price, with each hop's share of the
-/// connections, and the depth of the algorithm's tree (0 for others).
-type Hops = Rc<(Vec<(Hop, f64)>, u32)>;
+/// connections, and the shape of the trees (default for other algorithms).
+type Hops = Rc<(Vec<(Hop, f64)>, TreeShape)>;
+
+/// What the tree closed form needs of the routed trees (zero for other algorithms).
+#[derive(Clone, Copy, Debug, Default)]
+struct TreeShape {
+    /// Two candidate longest leaf-to-root paths as (fixed µs, µs per byte) at the
+    /// unshared per-connection rate: the one with the most fixed latency, the one with the
+    /// most per-byte time.
+    paths: [(f64, f64); 2],
+    /// µs per byte of one connection's traffic on the most loaded link (connections on
+    /// it / its bandwidth).
+    per_byte: f64,
+    /// Slowest connection: µs per byte and fixed µs of one message.
+    tau: f64,
+    lat: f64,
+}
 
 /// The closed-form model of one communicator on one fabric. It memoizes the routed hops of
 /// every (algorithm, protocol, channels, collective) it prices, so a size sweep routes each
@@ -147,11 +162,11 @@ impl<'a> Model<'a> {
         Model { f, router, comm, p: f.params.resolve(), memo: RefCell::new(BTreeMap::new()) }
     }
 
-    /// The hops of `key`, built by `build` (hops with their shares, tree depth) once.
+    /// The hops of `key`, built by `build` (hops with their shares, tree shape) once.
     fn hops(
         &self,
         key: (Algo, Proto, u32, Collective),
-        build: impl FnOnce() -> (Vec<(Hop, f64)>, u32),
+        build: impl FnOnce() -> (Vec<(Hop, f64)>, TreeShape),
     ) -> Hops {
         let k = (key.0 as u8, key.1 as u8, key.2, key.3 as u8);
         if let Some(h) = self.memo.borrow().get(&k) {
@@ -198,15 +213,20 @@ impl<'a> Model<'a> {
                         }
                     }
                     let (load, routes) = loads(router, &edges);
-                    (weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, 1.0))), 0)
+                    (
+                        weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, 1.0))),
+                        TreeShape::default(),
+                    )
                 });
                 let ch = chunking(args.coll, Algo::Ring, choice.proto, knobs);
                 ring_time(args.coll, n, per_ch, e as f64, &ch, &hops.0, payload, reduce_bw)
             }
             Algo::Tree => {
                 let built = self.hops((Algo::Tree, choice.proto, used, args.coll), || {
+                    // Up and down connections of every channel's tree; edge 2i is rank
+                    // r's up connection to its parent.
                     let mut edges = Vec::new();
-                    let mut depth = 0u32;
+                    let mut parents = Vec::new();
                     for c in 0..used {
                         let (parent, _) = tree::rank_tree(comm, c);
                         for (r, pr) in parent.iter().enumerate() {
@@ -215,34 +235,66 @@ impl<'a> Model<'a> {
                                 edges.push((*pr, r as u32, c));
                             }
                         }
-                        // Longest path to the root.
-                        for r in 0..n {
-                            let mut d = 0;
-                            let mut x = r;
-                            while let Some(px) = parent[x as usize] {
-                                d += 1;
-                                x = px;
-                            }
-                            depth = depth.max(d);
-                        }
+                        parents.push(parent);
                     }
                     let (load, routes) = loads(router, &edges);
-                    (weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, 1.0))), depth)
+                    let none = BTreeMap::new();
+                    let unshared: Vec<Hop> =
+                        routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &none, 1.0)).collect();
+                    let mut shape = TreeShape::default();
+                    for h in &unshared {
+                        shape.tau = shape.tau.max(1.0 / h.bw);
+                        shape.lat = shape.lat.max(h.lat + h.step);
+                    }
+                    for (l, n) in &load {
+                        let link = f.link(*l);
+                        let b = link.bw.0 as f64 * p.link_eff[kind_index(link.kind)] / 1e6;
+                        shape.per_byte = shape.per_byte.max(*n as f64 / b);
+                    }
+                    // Leaf-to-root paths, by the up connections' unshared hops.
+                    let mut up = BTreeMap::new();
+                    for (i, &(a, b, c)) in edges.iter().enumerate().step_by(2) {
+                        up.insert((c, a, b), unshared[i]);
+                    }
+                    for (c, parent) in parents.iter().enumerate() {
+                        for r in 0..n {
+                            let (mut fixed, mut per_byte, mut x) = (0.0, 0.0, r);
+                            while let Some(px) = parent[x as usize] {
+                                if let Some(h) = up.get(&(c as u32, x, px)) {
+                                    fixed += h.lat + h.step;
+                                    per_byte += 1.0 / h.bw;
+                                }
+                                x = px;
+                            }
+                            if fixed > shape.paths[0].0 {
+                                shape.paths[0] = (fixed, per_byte);
+                            }
+                            if per_byte > shape.paths[1].1 {
+                                shape.paths[1] = (fixed, per_byte);
+                            }
+                        }
+                    }
+                    (weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, 1.0))), shape)
                 });
-                let (hops, depth): (Vec<Hop>, u32) = (built.0.iter().map(|x| x.0).collect(), built.1);
+                let shape = built.1;
                 let mut ch = chunking(args.coll, Algo::Tree, choice.proto, knobs);
                 ch.chunk_bytes =
                     tree::tree_chunk(comm, choice.proto, args.count * e, choice.nchannels, ch.chunk_bytes);
                 let chunk = (ch.chunk_bytes as f64).min(per_ch * e as f64).max(e as f64);
                 let k = (per_ch * e as f64 / chunk).ceil().max(1.0);
                 let m = wire(chunk, payload);
-                let slow = hops.iter().copied().fold(None, |a: Option<Hop>, h| {
-                    Some(a.map_or(h, |a| if h.msg(m) > a.msg(m) { h } else { a }))
-                });
-                let slow = slow.unwrap_or(Hop { lat: 0.0, bw: 1.0, step: 0.0 });
-                let tau = hops.iter().map(|h| h.t(m)).fold(0.0, f64::max).max(chunk / reduce_bw);
-                let window = ch.window as f64;
-                2.0 * depth as f64 * slow.msg(m) + (k - 1.0) * tau.max(slow.msg(m) / window)
+                // One chunk from the deepest leaf to the root (and as long back down).
+                let path = shape.paths.iter().map(|&(a, b)| a + m * b).fold(0.0, f64::max);
+                // Pipelined: the first chunk fills both directions, the others follow at
+                // the slowest connection's pace (its message rate under the window, or
+                // the reduction).
+                let tau = (m * shape.tau)
+                    .max((shape.lat + m * shape.tau) / ch.window as f64)
+                    .max(chunk / reduce_bw);
+                let pipeline = 2.0 * path + (k - 1.0) * tau;
+                // Bandwidth-bound: the most loaded link carries every connection's bytes.
+                let bandwidth = wire(per_ch * e as f64, payload) * shape.per_byte + path;
+                pipeline.max(bandwidth)
             }
             Algo::Nvls | Algo::NvlsTree | Algo::CollNetDirect | Algo::CollNetChain => {
                 nvls_collnet_time(f, router, comm, args, choice, p, per_ch * e as f64, used)
@@ -258,7 +310,10 @@ impl<'a> Model<'a> {
                     }
                     let (load, routes) = loads(router, &edges);
                     let scale = used as f64 / steps.len().max(1) as f64;
-                    (weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, scale))), 0)
+                    (
+                        weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, scale))),
+                        TreeShape::default(),
+                    )
                 });
                 let hops: Vec<Hop> = built.0.iter().map(|x| x.0).collect();
                 let block = per_ch * e as f64;
@@ -277,7 +332,10 @@ impl<'a> Model<'a> {
                     }
                     let (load, routes) = loads(router, &edges);
                     let scale = used as f64 / rounds as f64;
-                    (weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, scale))), 0)
+                    (
+                        weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, scale))),
+                        TreeShape::default(),
+                    )
                 });
                 let hops: Vec<Hop> = built.0.iter().map(|x| x.0).collect();
                 let bytes = per_ch * e as f64;

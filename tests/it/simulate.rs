@@ -181,8 +181,9 @@ fn analytical_ring_agrees_with_the_event_simulation() {
 
 #[test]
 fn analytical_estimates_of_other_algorithms_stay_in_their_documented_band() {
-    // Tree, NVLS, CollNet and all-to-all: the closed forms use static link shares and
-    // miss pipeline-fill and switch effects, so they are estimates (README, "Fidelity").
+    // Tree, NVLS, CollNet and all-to-all: the closed forms use static link shares; tree's
+    // follows the deepest path and the busiest link, the others miss pipeline-fill and
+    // switch effects, so they are estimates (README, "Fidelity").
     // This bounds how far they may drift from the event mode; it is a regression guard,
     // not an accuracy claim.
     let one = fabric("dgx-h100.toml", None, None);
@@ -200,8 +201,8 @@ fn analytical_estimates_of_other_algorithms_stay_in_their_documented_band() {
     let (report, errs) = analytic_vs_event(&cases);
     let text = report.join("\n");
     eprintln!("{text}");
-    // Within a factor of three either way.
-    assert!(errs.iter().all(|e| *e <= 2.0), "{text}");
+    // Within 75% of the event mode (all-to-all at small sizes across nodes is the worst).
+    assert!(errs.iter().all(|e| *e <= 0.75), "{text}");
 }
 
 #[test]
