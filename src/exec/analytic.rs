@@ -473,7 +473,9 @@ fn nvls_collnet_time(
                 Algo::NvlsTree | Algo::CollNetChain => nic / 1.5,
                 _ => nic * p.sharp_eff,
             };
-            let inter = 2.0 * inter_bytes / inter_bw;
+            // NVLS with SHARP sends each head's share up and receives the result down at
+            // once (the two directions of the NIC); the others cross the NIC twice.
+            let inter = if choice.algo == Algo::Nvls { 1.0 } else { 2.0 } * inter_bytes / inter_bw;
             let depth = match choice.algo {
                 Algo::NvlsTree => 2.0 * (nodes as f64).log2().ceil(),
                 _ => 2.0,
