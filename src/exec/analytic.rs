@@ -127,8 +127,9 @@ struct TreeShape {
     /// µs per byte of one connection's traffic on the most loaded link (connections on
     /// it / its bandwidth).
     per_byte: f64,
-    /// Slowest connection: µs per byte and fixed µs of one message.
+    /// Slowest connection's µs per byte.
     tau: f64,
+    /// Largest fixed µs of one message (route latency plus protocol step).
     lat: f64,
 }
 
