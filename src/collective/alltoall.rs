@@ -60,17 +60,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
                 let lp = chunks(0, len, chunk);
                 let mut b = ProgramBuilder::new();
                 if args.coll == Collective::AllToAll {
-                    let blk = |buf, l: &Loop, rel: i64| Addr {
-                        buf,
-                        base: l.lb,
-                        stride: count,
-                        rel: rel as i32,
-                        modulus: n,
-                        perm: false,
-                        len: l.rc,
-                        limit: end,
-                        limit_stride: count,
-                    };
+                    let blk = |buf, l: &Loop, rel: i64| super::pat::blk(buf, l, rel, n, count, end);
                     for l in &lp {
                         b.push(Step::copy(blk(Buf::Input, l, 0), blk(Buf::Output, l, 0)));
                     }

@@ -91,7 +91,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
 }
 
 /// Block `(pos + rel) mod n` of `count`-element blocks, at this loop's offset.
-fn blk(buf: Buf, l: &Loop, rel: i64, n: u32, count: u64, end: u64) -> Addr {
+pub(super) fn blk(buf: Buf, l: &Loop, rel: i64, n: u32, count: u64, end: u64) -> Addr {
     Addr {
         buf,
         base: l.lb,
