@@ -32,3 +32,4 @@ pub mod report;
 pub mod scenario;
 pub mod schedule;
 pub mod units;
+pub mod workload;

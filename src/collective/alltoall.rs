@@ -31,8 +31,8 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let n = comm.nranks;
     let mut s = Schedule::new(n, args.dtype, args.redop, choice.proto);
     let (i, o) = args.buffer_elems(n);
-    s.buf_elems = [i, o, 0];
-    s.window = NCCL_STEPS;
+    s.part0_mut().buf_elems = [i, o, 0];
+    s.part0_mut().window = NCCL_STEPS;
     if n == 1 {
         single_rank(args, &mut s);
         return Ok(s);

@@ -176,6 +176,14 @@ pub struct CollArgs {
 }
 
 impl CollArgs {
+    /// The byte count NCCL's cost model sizes the call by: the full buffer for all-gather
+    /// and reduce-scatter, the buffer otherwise.
+    pub fn model_bytes(&self, n: u32) -> u64 {
+        match self.coll {
+            Collective::AllGather | Collective::ReduceScatter => self.count * n as u64 * self.dtype.size(),
+            _ => self.count * self.dtype.size(),
+        }
+    }
     /// Elements of each rank's input and output buffers.
     pub fn buffer_elems(&self, n: u32) -> (u64, u64) {
         let (c, n) = (self.count, n as u64);
@@ -357,14 +365,16 @@ pub fn build_schedule(
     if choice.nchannels == 0 {
         return Err(CollError::Args("the number of channels must be at least 1".into()));
     }
-    match choice.algo {
+    let mut s = match choice.algo {
         Algo::Ring => ring::build(comm, args, choice, knobs),
         Algo::Tree => tree::build(comm, args, choice, knobs),
         Algo::CollNetDirect | Algo::CollNetChain => collnet::build(comm, args, choice, knobs),
         Algo::Nvls | Algo::NvlsTree => nvls::build(comm, args, choice, knobs),
         Algo::Pat => pat::build(comm, args, choice, knobs),
         Algo::P2p => alltoall::build(comm, args, choice, knobs),
-    }
+    }?;
+    s.part0_mut().name = format!("{} {}/{}", args.coll, choice.algo, choice.proto);
+    Ok(s)
 }
 
 /// Splits `count` elements over `nch` channels as NCCL does (contiguous parts, aligned to

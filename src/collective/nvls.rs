@@ -57,7 +57,7 @@ fn nvls_chunk(base: u64, nbytes: u64, nch: u32, heads: u32, tree: bool, nodes: u
 pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Result<Schedule, CollError> {
     let mut s = Schedule::new(comm.nranks, args.dtype, args.redop, choice.proto);
     let (i, o) = args.buffer_elems(comm.nranks);
-    s.buf_elems = [i, o, 0];
+    s.part0_mut().buf_elems = [i, o, 0];
     if comm.nranks == 1 {
         single_rank(args, &mut s);
         return Ok(s);

@@ -45,7 +45,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let n = comm.nranks;
     let mut s = Schedule::new(n, args.dtype, args.redop, choice.proto);
     let (i, o) = args.buffer_elems(n);
-    s.buf_elems = [i, o, if args.coll == Collective::ReduceScatter { i } else { 0 }];
+    s.part0_mut().buf_elems = [i, o, if args.coll == Collective::ReduceScatter { i } else { 0 }];
     if n == 1 {
         single_rank(args, &mut s);
         return Ok(s);
@@ -85,7 +85,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     }
     s.set_channels(used.max(1));
     // One GPU per node and rank-relative peers: every rank behaves alike.
-    s.rank_period = Some(1);
+    s.part0_mut().rank_period = Some(1);
     s.channel_class = vec![0; used.max(1) as usize];
     Ok(s)
 }

@@ -60,7 +60,7 @@ pub(crate) fn single_rank(args: &CollArgs, s: &mut Schedule) {
 fn base_schedule(comm: &Comm, args: &CollArgs, proto: Proto) -> Schedule {
     let mut s = Schedule::new(comm.nranks, args.dtype, args.redop, proto);
     let (i, o) = args.buffer_elems(comm.nranks);
-    s.buf_elems = [i, o, 0];
+    s.part0_mut().buf_elems = [i, o, 0];
     s
 }
 
@@ -74,7 +74,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     }
     let elem = args.dtype.size();
     let ch = chunking(args.coll, Algo::Ring, choice.proto, knobs);
-    s.window = ch.window;
+    s.part0_mut().window = ch.window;
     let parts = channel_parts(args.count, elem, choice.nchannels);
     let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
     // Programs are relative to the channel's part (the stream offset) and shared by every
@@ -148,7 +148,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         && comm.num_nodes() > 1
         && !matches!(args.coll, Collective::Broadcast | Collective::Reduce)
     {
-        s.rank_period = Some(comm.ppn());
+        s.part0_mut().rank_period = Some(comm.ppn());
     }
     Ok(s)
 }

@@ -124,7 +124,7 @@ pub(crate) fn tree_chunk(comm: &Comm, proto: Proto, nbytes: u64, nch: u32, mut c
 pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Result<Schedule, CollError> {
     let mut s = Schedule::new(comm.nranks, args.dtype, args.redop, choice.proto);
     let (i, o) = args.buffer_elems(comm.nranks);
-    s.buf_elems = [i, o, 0];
+    s.part0_mut().buf_elems = [i, o, 0];
     if comm.nranks == 1 {
         single_rank(args, &mut s);
         return Ok(s);
@@ -132,7 +132,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let elem = args.dtype.size();
     let mut ch = chunking(args.coll, Algo::Tree, choice.proto, knobs);
     ch.chunk_bytes = tree_chunk(comm, choice.proto, args.count * elem, choice.nchannels, ch.chunk_bytes);
-    s.window = ch.window;
+    s.part0_mut().window = ch.window;
     let parts = channel_parts(args.count, elem, choice.nchannels);
     let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
     // Programs by (part length, has parent, children, up or down); addresses are relative

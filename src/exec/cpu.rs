@@ -250,7 +250,7 @@ pub enum ExecError {
 /// `s.buf_elems[Input]` elements); output and scratch start filled with
 /// [`Element::sentinel`]. `seed` draws the interleaving (see [`interp::run`]).
 pub fn execute<T: Element>(s: &Schedule, inputs: &[Vec<T>], seed: u64) -> Result<Vec<Buffers<T>>, ExecError> {
-    let [_, o, sc] = s.buf_elems;
+    let [_, o, sc] = s.part0().buf_elems;
     let init = inputs
         .iter()
         .map(|i| Buffers {
@@ -262,43 +262,89 @@ pub fn execute<T: Element>(s: &Schedule, inputs: &[Vec<T>], seed: u64) -> Result
     execute_with(s, init, seed).map(|(b, _)| b)
 }
 
-/// Runs `s` on the given initial buffers (one per rank, each of the schedule's sizes).
+/// Runs a single-part `s` on the given initial buffers (one per rank, each of the
+/// schedule's sizes).
 pub fn execute_with<T: Element>(
     s: &Schedule,
     init: Vec<Buffers<T>>,
     seed: u64,
 ) -> Result<(Vec<Buffers<T>>, Stats), ExecError> {
-    if T::DTYPE != s.dtype {
-        return Err(ExecError::DType { schedule: s.dtype, given: T::DTYPE });
-    }
-    if init.len() != s.nranks as usize {
+    if s.parts.len() != 1 {
         return Err(ExecError::Buffers(format!(
-            "the schedule has {} ranks but {} sets of buffers were given",
-            s.nranks,
+            "the schedule has {} parts: give each part's buffers (execute_parts)",
+            s.parts.len()
+        )));
+    }
+    let (mut out, stats) = execute_parts(s, vec![init], seed)?;
+    Ok((out.pop().unwrap_or_default(), stats))
+}
+
+/// Buffers of every rank in every part: `[part][rank]`.
+pub type PartBuffers<T> = Vec<Vec<Buffers<T>>>;
+
+/// Runs `s` on the given initial buffers: `init[p][r]` are rank r's buffers in part p (every
+/// part has buffers of its own; ranks that run no stream of the part may be given empty
+/// buffers). Every part must compute on `T`.
+pub fn execute_parts<T: Element>(
+    s: &Schedule,
+    init: Vec<Vec<Buffers<T>>>,
+    seed: u64,
+) -> Result<(PartBuffers<T>, Stats), ExecError> {
+    if init.len() != s.parts.len() {
+        return Err(ExecError::Buffers(format!(
+            "the schedule has {} parts but buffers for {} were given",
+            s.parts.len(),
             init.len()
         )));
     }
-    for (r, b) in init.iter().enumerate() {
-        for (name, v, want) in [("input", &b.input, 0), ("output", &b.output, 1), ("scratch", &b.scratch, 2)]
-        {
-            if v.len() as u64 != s.buf_elems[want] {
-                return Err(ExecError::Buffers(format!(
-                    "rank {r}'s {name} buffer has {} elements; the schedule needs {}",
-                    v.len(),
-                    s.buf_elems[want]
-                )));
+    let mut member = vec![vec![false; s.nranks as usize]; s.parts.len()];
+    for st in &s.streams {
+        if let Some(m) = member.get_mut(st.part as usize).and_then(|v| v.get_mut(st.rank as usize)) {
+            *m = true;
+        }
+    }
+    for (pi, (part, bufs)) in s.parts.iter().zip(&init).enumerate() {
+        if T::DTYPE != part.dtype {
+            return Err(ExecError::DType { schedule: part.dtype, given: T::DTYPE });
+        }
+        if bufs.len() != s.nranks as usize {
+            return Err(ExecError::Buffers(format!(
+                "the schedule has {} ranks but {} sets of buffers were given for part {pi}",
+                s.nranks,
+                bufs.len()
+            )));
+        }
+        for (r, b) in bufs.iter().enumerate() {
+            if !member[pi][r] {
+                continue;
+            }
+            for (name, v, want) in
+                [("input", &b.input, 0), ("output", &b.output, 1), ("scratch", &b.scratch, 2)]
+            {
+                if v.len() as u64 != part.buf_elems[want] {
+                    return Err(ExecError::Buffers(format!(
+                        "rank {r}'s {name} buffer has {} elements; the schedule needs {}",
+                        v.len(),
+                        part.buf_elems[want]
+                    )));
+                }
             }
         }
     }
     let mut fx = Cpu {
-        bufs: init.into_iter().map(|b| [b.input, b.output, b.scratch]).collect(),
-        redop: s.redop,
-        nranks: s.nranks,
+        bufs: init
+            .into_iter()
+            .map(|p| p.into_iter().map(|b| [b.input, b.output, b.scratch]).collect())
+            .collect(),
+        redop: s.parts.iter().map(|p| (p.redop, p.nranks)).collect(),
         pool: Vec::new(),
     };
     let stats = interp::run(s, &mut fx, seed)?;
-    let out =
-        fx.bufs.into_iter().map(|[input, output, scratch]| Buffers { input, output, scratch }).collect();
+    let out = fx
+        .bufs
+        .into_iter()
+        .map(|p| p.into_iter().map(|[input, output, scratch]| Buffers { input, output, scratch }).collect())
+        .collect();
     Ok((out, stats))
 }
 
@@ -327,7 +373,7 @@ pub fn execute_bytes(s: &Schedule, inputs: &[Vec<u8>], seed: u64) -> Result<Vec<
             })
             .collect())
     }
-    match s.dtype {
+    match s.part0().dtype {
         DType::F32 => go::<f32>(s, inputs, seed),
         DType::F16 => go::<f16>(s, inputs, seed),
         DType::BF16 => go::<bf16>(s, inputs, seed),
@@ -425,27 +471,28 @@ pub fn from_le_bytes<T: Element>(b: &[u8]) -> Vec<T> {
 
 /// Host-array effects.
 struct Cpu<T> {
-    bufs: Vec<[Vec<T>; 3]>,
-    redop: RedOp,
-    nranks: u32,
+    /// Buffers per part and rank.
+    bufs: Vec<Vec<[Vec<T>; 3]>>,
+    /// Reduction and communicator size per part.
+    redop: Vec<(RedOp, u32)>,
     /// Message buffers to reuse.
     pool: Vec<Vec<T>>,
 }
 
-fn region<T>(bufs: &[[Vec<T>; 3]], rank: u32, sp: Span) -> &[T] {
+fn region<T>(bufs: &[Vec<[Vec<T>; 3]>], at: OpRef, sp: Span) -> &[T] {
     if sp.len == 0 {
         return &[];
     }
     let o = sp.offset as usize;
-    &bufs[rank as usize][sp.buf as usize][o..o + sp.len as usize]
+    &bufs[at.part as usize][at.rank as usize][sp.buf as usize][o..o + sp.len as usize]
 }
 
-fn store<T: Copy>(bufs: &mut [[Vec<T>; 3]], rank: u32, sp: Span, val: &[T]) {
+fn store<T: Copy>(bufs: &mut [Vec<[Vec<T>; 3]>], at: OpRef, sp: Span, val: &[T]) {
     if sp.len == 0 {
         return;
     }
     let o = sp.offset as usize;
-    bufs[rank as usize][sp.buf as usize][o..o + sp.len as usize].copy_from_slice(val);
+    bufs[at.part as usize][at.rank as usize][sp.buf as usize][o..o + sp.len as usize].copy_from_slice(val);
 }
 
 #[inline]
@@ -464,10 +511,11 @@ fn fresh<T: Copy>(pool: &mut Vec<Vec<T>>, from: &[T]) -> Vec<T> {
 }
 
 impl<T: Element> Cpu<T> {
-    fn finish(&self, postop: bool, val: &mut [T]) {
-        if postop && self.redop == RedOp::Avg {
+    fn finish(&self, part: u32, postop: bool, val: &mut [T]) {
+        let (redop, n) = self.redop[part as usize];
+        if postop && redop == RedOp::Avg {
             for x in val {
-                *x = x.div_ranks(self.nranks);
+                *x = x.div_ranks(n);
             }
         }
     }
@@ -488,26 +536,26 @@ impl<T: Element> Effects for Cpu<T> {
         local: Option<Span>,
         write: Option<Span>,
     ) -> Result<Option<Vec<T>>, ScheduleError> {
-        let rank = at.rank;
+        let redop = self.redop[at.part as usize].0;
         let mut val = if recvd.is_empty() {
             match local {
-                Some(sp) => fresh(&mut self.pool, region(&self.bufs, rank, sp)),
+                Some(sp) => fresh(&mut self.pool, region(&self.bufs, at, sp)),
                 None => Vec::new(),
             }
         } else {
             let mut val = recvd.remove(0);
             for m in recvd.drain(..) {
-                combine(self.redop, &mut val, &m);
+                combine(redop, &mut val, &m);
                 self.pool.push(m);
             }
             if let Some(sp) = local {
-                combine(self.redop, &mut val, region(&self.bufs, rank, sp));
+                combine(redop, &mut val, region(&self.bufs, at, sp));
             }
             val
         };
-        self.finish(step.postop, &mut val);
+        self.finish(at.part, step.postop, &mut val);
         if let Some(w) = write {
-            store(&mut self.bufs, rank, w, &val);
+            store(&mut self.bufs, at, w, &val);
         }
         if step.send.is_empty() {
             self.pool.push(val);
@@ -523,23 +571,25 @@ impl<T: Element> Effects for Cpu<T> {
 
     fn switch(&mut self, op: &SwitchExec<'_>) -> Result<(), ScheduleError> {
         let mut val: Option<Vec<T>> = None;
+        let part = op.parts.first().map_or(0, |p| p.at.part);
+        let redop = self.redop[part as usize].0;
         for (m, p) in op.parts.iter().enumerate() {
             let (true, Some(sp)) = (op.reads(m), p.src) else {
                 continue;
             };
             match val.as_mut() {
                 None => {
-                    let v = fresh(&mut self.pool, region(&self.bufs, p.at.rank, sp));
+                    let v = fresh(&mut self.pool, region(&self.bufs, p.at, sp));
                     val = Some(v);
                 }
-                Some(v) => combine(self.redop, v, region(&self.bufs, p.at.rank, sp)),
+                Some(v) => combine(redop, v, region(&self.bufs, p.at, sp)),
             }
         }
         let mut val = val.unwrap_or_default();
-        self.finish(op.postop, &mut val);
+        self.finish(part, op.postop, &mut val);
         for (m, p) in op.parts.iter().enumerate() {
             if let (true, Some(sp)) = (op.writes(m), p.dst) {
-                store(&mut self.bufs, p.at.rank, sp, &val);
+                store(&mut self.bufs, p.at, sp, &val);
             }
         }
         self.pool.push(val);
@@ -556,7 +606,7 @@ mod tests {
     /// order: rank 0, then rank 2) with its own input, applies `postop`, and writes Output.
     fn gather3(dtype: DType, redop: RedOp, len: u64, postop: bool) -> Schedule {
         let mut s = Schedule::new(3, dtype, redop, Proto::Simple);
-        s.buf_elems = [len, len, 0];
+        s.part0_mut().buf_elems = [len, len, 0];
         let io = |b| Addr::abs(b, 0, len);
         let mut p = ProgramBuilder::new();
         p.push(Step::send(0, io(Buf::Input)));

@@ -11,6 +11,10 @@
 //! (NVLS) or their NIC paths up to the SHARP aggregation root. Kernels start at the launch
 //! latency, staggered per GPU when one host thread launches several (nccl-tests `-g`).
 //!
+//! Every stream runs with its part's element size, protocol costs and window; dependencies
+//! across parts hold an op until the op (or stream) it names is complete, and the result
+//! gives each part's start and end ([`SimResult::parts`]).
+//!
 //! Symmetry: a schedule invariant under a rank shift ([`Schedule::rank_period`]: rings
 //! and PAT on uniform nodes) is simulated for one period of ranks, messages leaving the
 //! period being delivered to their image inside it over the real route; this is exact up
@@ -27,7 +31,7 @@ use crate::engine::{Engine, EngineApi, Granularity, Handler, NoObserver, Observe
 use crate::fabric::params::{kind_index, Resolved};
 use crate::fabric::routing::TreePaths;
 use crate::fabric::{DeviceKind, Fabric, LinkClass, LinkId, LinkKind, PathType, RouteOpts, Router};
-use crate::schedule::{Binding, GroupKind, Op, Schedule, SwitchKind};
+use crate::schedule::{Binding, GroupKind, Op, OpId, Schedule, SwitchKind};
 use crate::units::{Bandwidth, SimTime};
 
 /// Options of a simulation.
@@ -47,7 +51,7 @@ pub struct SimOpts {
     /// Relay sends through the rail owner (NCCL's PXN).
     pub pxn: bool,
     /// Simulate one period of ranks when the schedule declares a translation symmetry
-    /// ([`Schedule::rank_period`]) and has no switch groups.
+    /// ([`Schedule::rank_period`]: one part, no dependencies) and has no switch groups.
     pub fold_ranks: bool,
 }
 
@@ -76,11 +80,22 @@ pub struct LinkUse {
     pub busy: SimTime,
 }
 
+/// When one part of a schedule ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartTime {
+    /// The first issue of any of its ops (the launch, for a collective).
+    pub start: SimTime,
+    /// The completion of its last flow.
+    pub end: SimTime,
+}
+
 /// The outcome of a simulation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimResult {
     /// Time from the host call to the last byte delivered.
     pub time: SimTime,
+    /// Start and end of each part ([`Schedule::parts`] order).
+    pub parts: Vec<PartTime>,
     /// Engine events processed.
     pub events: u64,
     /// Flows simulated.
@@ -275,6 +290,8 @@ const MAX_WINDOW: usize = 8;
 struct ConnState {
     queue: Fifo,
     inflight: u32,
+    /// Flow-control window of the connection's part.
+    window: u32,
     sender: u32,
     receiver: u32,
     path: PathRef,
@@ -332,6 +349,13 @@ struct StreamState {
     pc: u32,
     len: u32,
     start: SimTime,
+    /// The stream's part, its element size and its protocol's payload efficiency.
+    part: u32,
+    elem: u64,
+    payload: f64,
+    /// Next entry of `Schedule::deps` to check, and the end of this stream's entries.
+    dep_next: u32,
+    dep_end: u32,
     /// Flows outstanding per issued op that is not complete yet.
     ops: Outstanding,
     /// First entry of this stream's bindings in [`Sim::stream_conns`].
@@ -357,6 +381,7 @@ enum FlowKind {
 
 #[derive(Clone, Copy)]
 struct FlowRec {
+    part: u32,
     stream: u32,
     op: u32,
     bytes: u64,
@@ -391,8 +416,8 @@ struct Sim<'a> {
     flows: Vec<FlowRec>,
     free: Vec<u32>,
     nflows: u64,
-    elem: u64,
-    payload: f64,
+    /// First issue and last completion of each part.
+    part_times: Vec<PartTime>,
     compute_res: BTreeMap<u32, PathRef>,
     end: SimTime,
     /// Streams to advance once the current one is done (avoids re-entrancy).
@@ -402,6 +427,18 @@ struct Sim<'a> {
     /// (send conn, recv conn) of every binding of every simulated stream.
     stream_conns: Vec<(u32, u32)>,
     lane_map: BTreeMap<(u32, u32), u32>,
+}
+
+impl StreamState {
+    /// Whether op `op` of the stream is complete ([`OpId::END`]: all of them).
+    #[inline]
+    fn is_done(&self, op: u32) -> bool {
+        if op == OpId::END {
+            self.ops.done_below >= self.len
+        } else {
+            self.ops.is_done(op, self.pc)
+        }
+    }
 }
 
 fn granule(kind: LinkKind) -> u32 {
@@ -421,13 +458,13 @@ impl<'a> Sim<'a> {
     ) -> Result<(Self, Engine<O>), SimError> {
         check_window(s)?;
         let p = f.params.resolve();
-        let proto = p.proto[s.proto as usize];
+        let proto_of = |st: &crate::schedule::Stream| p.proto[s.part_of(st).proto as usize];
         // Streams to simulate: one channel per symmetry class, and one period of ranks when
         // the schedule is invariant under a rank shift (messages to a rank outside the
         // period are delivered to its image inside it, over the real route).
         let n = s.nranks;
         let period = s
-            .rank_period
+            .rank_period()
             .filter(|&p| opts.fold_ranks && s.groups.is_empty() && p > 0 && p < n && n.is_multiple_of(p));
         let fold = |r: u32| period.map_or(r, |p| r % p);
         // Channels fold only when the simulation would otherwise be long: a folded channel
@@ -436,7 +473,8 @@ impl<'a> Sim<'a> {
         // simulation on bandwidth-bound runs, more on latency-bound ones).
         let unfolded_ops: u64 =
             s.streams.iter().filter(|st| fold(st.rank) == st.rank).map(|st| s.instrs(st).len() as u64).sum();
-        let fold_channels = opts.fold_channels && unfolded_ops > opts.fold_min_ops;
+        // Dependencies name streams one by one: every stream is then simulated.
+        let fold_channels = opts.fold_channels && unfolded_ops > opts.fold_min_ops && s.deps.is_empty();
         let rep = |ch: u32| !fold_channels || s.channel_class.get(ch as usize).copied().unwrap_or(ch) == ch;
         let sim_streams: Vec<u32> = (0..s.streams.len() as u32)
             .filter(|&i| {
@@ -470,6 +508,11 @@ impl<'a> Sim<'a> {
         let mut conn_keys: BTreeMap<(u32, u32, u32, u8), u32> = BTreeMap::new();
         let mut conns: Vec<ConnState> = Vec::new();
         let mut conn_routes: Vec<(Vec<LinkId>, PathType)> = Vec::new();
+        let mut conn_part: Vec<u32> = Vec::new();
+        // Routes hash the part-local channel: a part's routes do not depend on the parts
+        // composed before it.
+        let local_channel =
+            |st: &crate::schedule::Stream| st.channel.saturating_sub(s.part_of(st).channel_base);
         let mut stream_conns: Vec<Vec<(u32, u32)>> = Vec::new();
         // Which binding slots each program sends on: only those directions carry traffic.
         let sends: Vec<Vec<bool>> = s
@@ -498,7 +541,7 @@ impl<'a> Sim<'a> {
                     Binding::Peer { rank, port } => {
                         let sends_here = sends[st.program as usize].get(slot).copied().unwrap_or(false);
                         if sends_here {
-                            let (links, _) = route(st.rank, rank, st.channel)?;
+                            let (links, _) = route(st.rank, rank, local_channel(st))?;
                             for l in &links {
                                 uses_all[l.idx()] += 1;
                                 if simulated {
@@ -527,10 +570,12 @@ impl<'a> Sim<'a> {
                                 step_latency: SimTime::ZERO,
                                 queue: Fifo::default(),
                                 inflight: 0,
+                                window: s.part_of(st).window,
                                 sender,
                                 receiver,
                             });
-                            conn_routes.push(route(fa, (fa + delta) % n, st.channel)?);
+                            conn_routes.push(route(fa, (fa + delta) % n, local_channel(st))?);
+                            conn_part.push(st.part);
                             Ok(id)
                         };
                         let sc = conn(st.rank, rank)?;
@@ -596,6 +641,7 @@ impl<'a> Sim<'a> {
         let mut flat_conns = Vec::new();
         for (k, &i) in sim_streams.iter().enumerate() {
             let st = &s.streams[i as usize];
+            let proto = proto_of(st);
             let eng = engine.add_resource(proto.channel_bw, SimTime::ZERO, 4096);
             roles.push(ResourceRole::Channel(i));
             let red = engine.add_resource(p.reduce_channel_bw, SimTime::ZERO, 4096);
@@ -606,6 +652,11 @@ impl<'a> Sim<'a> {
                 pc: 0,
                 len,
                 start: stagger(st.rank),
+                part: st.part,
+                elem: s.part_of(st).dtype.size(),
+                payload: proto.payload,
+                dep_next: s.deps_of(i).start as u32,
+                dep_end: s.deps_of(i).end as u32,
                 ops: Outstanding::new(),
                 room_blocked: false,
                 conn_base: {
@@ -628,7 +679,7 @@ impl<'a> Sim<'a> {
                 PathType::Net | PathType::Pxn => LinkClass::Net,
                 _ => LinkClass::Pcie,
             };
-            c.step_latency = proto.step(class);
+            c.step_latency = p.proto[s.parts[conn_part[ci] as usize].proto as usize].step(class);
             if c.sender == u32::MAX || stream_index[c.sender as usize] == u32::MAX {
                 continue;
             }
@@ -684,7 +735,6 @@ impl<'a> Sim<'a> {
                 compute_res.insert(st.rank, engine.add_path(&[r]));
             }
         }
-        let payload = proto.payload;
         let sim = Sim {
             s,
             f,
@@ -699,8 +749,7 @@ impl<'a> Sim<'a> {
             flows: Vec::new(),
             free: Vec::new(),
             nflows: 0,
-            elem: s.dtype.size(),
-            payload,
+            part_times: vec![PartTime { start: SimTime::MAX, end: SimTime::ZERO }; s.parts.len()],
             compute_res,
             end: SimTime::ZERO,
             pending_wakes: Vec::new(),
@@ -743,11 +792,11 @@ impl<'a> Sim<'a> {
         tag
     }
 
-    fn wire(&self, bytes: u64) -> u64 {
-        if self.payload >= 1.0 {
+    fn wire(payload: f64, bytes: u64) -> u64 {
+        if payload >= 1.0 {
             bytes
         } else {
-            (bytes as f64 / self.payload).ceil() as u64
+            (bytes as f64 / payload).ceil() as u64
         }
     }
 
@@ -775,6 +824,27 @@ impl<'a> Sim<'a> {
             if ins.after > 0 && !ss.ops.is_done(ss.pc - ins.after, ss.pc) {
                 return;
             }
+            // Dependencies on ops of other streams (across parts).
+            while self.streams[ku].dep_next < self.streams[ku].dep_end {
+                let d = self.s.deps[self.streams[ku].dep_next as usize];
+                if d.op.op != i as u32 {
+                    break;
+                }
+                let ws = self.stream_index[d.on.stream as usize];
+                if ws != u32::MAX && !self.streams[ws as usize].is_done(d.on.op) {
+                    let w = &mut self.streams[ws as usize].waiters;
+                    if !w.contains(&(d.on.op, k)) {
+                        w.push((d.on.op, k));
+                    }
+                    return;
+                }
+                self.streams[ku].dep_next += 1;
+            }
+            let ss = &self.streams[ku];
+            if ss.pc == 0 || i == 0 {
+                let pt = &mut self.part_times[ss.part as usize];
+                pt.start = pt.start.min(now);
+            }
             match &ins.op {
                 Op::Step(step) => {
                     // Inputs and credits.
@@ -786,11 +856,13 @@ impl<'a> Sim<'a> {
                     }
                     for &b in step.send.as_slice() {
                         let sc = self.stream_conns[(ss.conn_base + b as u32) as usize].0;
-                        if self.conns[sc as usize].inflight >= self.s.window {
+                        let c = &self.conns[sc as usize];
+                        if c.inflight >= c.window {
                             return;
                         }
                     }
-                    let mut bytes = step.local.map(|a| self.s.resolve(&a, st).len * self.elem);
+                    let (elem, payload, part) = (ss.elem, ss.payload, ss.part);
+                    let mut bytes = step.local.map(|a| self.s.resolve(&a, st).len * elem);
                     for &b in step.recv.as_slice() {
                         let rc =
                             self.stream_conns[(self.streams[ku].conn_base + b as u32) as usize].1 as usize;
@@ -814,8 +886,9 @@ impl<'a> Sim<'a> {
                         let c = &self.conns[sc];
                         let path = if step.reduce { c.reduce_path } else { c.path };
                         let extra = c.step_latency;
-                        let wire = self.wire(bytes);
+                        let wire = Self::wire(payload, bytes);
                         let tag = self.new_flow(FlowRec {
+                            part,
                             stream: k,
                             op: i as u32,
                             bytes,
@@ -830,8 +903,13 @@ impl<'a> Sim<'a> {
                         } else {
                             self.streams[ku].engine_path
                         };
-                        let tag =
-                            self.new_flow(FlowRec { stream: k, op: i as u32, bytes, kind: FlowKind::Local });
+                        let tag = self.new_flow(FlowRec {
+                            part,
+                            stream: k,
+                            op: i as u32,
+                            bytes,
+                            kind: FlowKind::Local,
+                        });
                         api.flow(now, path, bytes, SimTime::ZERO, tag);
                         n = 1;
                     }
@@ -848,15 +926,22 @@ impl<'a> Sim<'a> {
                     let e = g.pending.entry(inst).or_insert_with(|| GroupInst { members: Vec::new() });
                     e.members.push((k, i as u32));
                     if e.members.len() == g.members.len() {
-                        let bytes = sw.len * self.elem;
-                        self.start_switch(api, gk, inst, 0, sw.kind, bytes);
+                        let bytes = sw.len * self.streams[ku].elem;
+                        let part = self.streams[ku].part;
+                        self.start_switch(api, gk, inst, 0, sw.kind, bytes, part);
                     }
                 }
                 Op::Compute(c) => {
                     let path = self.compute_res.get(&st.rank).copied().unwrap_or(PathRef::EMPTY);
                     let ps = (self.compute_seconds(c.flops, c.bytes) * 1e12) as u64;
-                    let tag =
-                        self.new_flow(FlowRec { stream: k, op: i as u32, bytes: 0, kind: FlowKind::Compute });
+                    let part = self.streams[ku].part;
+                    let tag = self.new_flow(FlowRec {
+                        part,
+                        stream: k,
+                        op: i as u32,
+                        bytes: 0,
+                        kind: FlowKind::Compute,
+                    });
                     api.flow(now, path, ps, SimTime::ZERO, tag);
                     self.streams[ku].ops.issue(i as u32, 1);
                 }
@@ -864,9 +949,7 @@ impl<'a> Sim<'a> {
                     let ws = Schedule::wait_target(&self.lane_map, st, *lane_delta)
                         .map(|t| self.stream_index[t as usize])
                         .unwrap_or(u32::MAX);
-                    if ws != u32::MAX
-                        && !self.streams[ws as usize].ops.is_done(*op, self.streams[ws as usize].pc)
-                    {
+                    if ws != u32::MAX && !self.streams[ws as usize].is_done(*op) {
                         let w = &mut self.streams[ws as usize].waiters;
                         if !w.contains(&(*op, k)) {
                             w.push((*op, k));
@@ -891,6 +974,7 @@ impl<'a> Sim<'a> {
         (flops / peak).max(bytes as f64 / hbm)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn start_switch<E: EngineApi>(
         &mut self,
         api: &mut E,
@@ -899,6 +983,7 @@ impl<'a> Sim<'a> {
         phase: u8,
         kind: SwitchKind,
         bytes: u64,
+        part: u32,
     ) {
         let g = &self.groups[gk as usize];
         let (eff, step) = match g.kind {
@@ -909,7 +994,8 @@ impl<'a> Sim<'a> {
         let all_ups = g.ups.clone();
         let all_downs = g.downs.clone();
         let now = api.now();
-        let rec = FlowRec { stream: gk, op: inst, bytes, kind: FlowKind::Switch { group: gk, inst, phase } };
+        let rec =
+            FlowRec { part, stream: gk, op: inst, bytes, kind: FlowKind::Switch { group: gk, inst, phase } };
         let tag = self.new_flow(rec);
         match (kind, phase) {
             (SwitchKind::AllReduce { head: Some(h) }, 0) => {
@@ -935,9 +1021,10 @@ impl<'a> Sim<'a> {
         }
         // Wake the streams waiting for exactly this op, and this stream if its next op
         // depends on it.
+        let all = ss.ops.done_below >= ss.len;
         let mut i = 0;
         while i < ss.waiters.len() {
-            if ss.waiters[i].0 == op {
+            if ss.waiters[i].0 == op || (all && ss.waiters[i].0 == OpId::END) {
                 let (_, w) = ss.waiters.swap_remove(i);
                 self.pending_wakes.push(w);
             } else {
@@ -983,8 +1070,11 @@ impl<'a> Sim<'a> {
                 links.push(LinkUse { link: *l, bytes: r.bytes, busy: r.busy });
             }
         }
+        let parts =
+            self.part_times.iter().map(|t| PartTime { start: t.start.min(t.end), end: t.end }).collect();
         let result = SimResult {
             time: end.max(self.end),
+            parts,
             events: engine.events(),
             flows: self.nflows,
             streams: self.streams.len(),
@@ -1016,6 +1106,8 @@ impl Handler for Sim<'_> {
                 let slot = id & ((1 << SLOT_BITS) - 1);
                 let rec = self.flows[slot as usize];
                 self.free.push(slot as u32);
+                let pt = &mut self.part_times[rec.part as usize];
+                pt.end = pt.end.max(now);
                 match rec.kind {
                     FlowKind::Send { conn } => {
                         let c = &mut self.conns[conn as usize];
@@ -1041,7 +1133,7 @@ impl Handler for Sim<'_> {
                             _ => SwitchKind::AllReduce { head: None },
                         };
                         if phase == 0 && matches!(kind, SwitchKind::AllReduce { head: Some(_) }) {
-                            self.start_switch(api, group, inst, 1, kind, rec.bytes);
+                            self.start_switch(api, group, inst, 1, kind, rec.bytes, rec.part);
                             return;
                         }
                         self.groups[group as usize].pending.remove(&inst);
@@ -1058,11 +1150,14 @@ impl Handler for Sim<'_> {
 }
 
 fn check_window(s: &Schedule) -> Result<(), SimError> {
-    if s.window == 0 || s.window as usize > MAX_WINDOW {
-        return Err(SimError::Deadlock(format!(
-            "a flow-control window of {} messages is not supported (valid: 1..={MAX_WINDOW}, NCCL's FIFO depth)",
-            s.window
-        )));
+    for p in &s.parts {
+        if p.window == 0 || p.window as usize > MAX_WINDOW {
+            return Err(SimError::Deadlock(format!(
+                "part \"{}\": a flow-control window of {} messages is not supported (valid: 1..={MAX_WINDOW}, \
+                 NCCL's FIFO depth)",
+                p.name, p.window
+            )));
+        }
     }
     Ok(())
 }

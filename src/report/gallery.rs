@@ -20,15 +20,16 @@ use rayon::prelude::*;
 
 use crate::calibrate::reference::{self, Dataset};
 use crate::collective::{self, tuner, Algo, Choice, CollArgs, CollError, Collective, Comm, Knobs};
-use crate::exec::simulate::{simulate_traced, FlowWhat, SimError, SimOpts, Traced};
+use crate::exec::simulate::{simulate_traced, SimError, SimOpts, Traced};
 use crate::fabric::{self, build::BuildOpts, Fabric, Router, TopologyError};
 use crate::report::plot::{Axis, BarChart, LineChart, Panel, PlotError, Series, TickFormat};
 use crate::report::timeline::{write_timeline_file, TimelineInfo, TimelineOpts};
 use crate::report::trace::TraceError;
 use crate::report::utilisation::{busiest_bars, busiest_heatmap, link_loads, LinkLoad};
 use crate::scenario::bench::{run_bench, BenchConfig, BenchError, BenchRow, Fidelity};
-use crate::schedule::{DType, Proto, RedOp, Schedule};
+use crate::schedule::{DType, Proto, RedOp};
 use crate::units::{format_bytes, SimTime};
+use crate::workload::concurrent::{CollectiveJob, Concurrent, Outcome, WorkloadError};
 
 /// What to generate and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -906,6 +907,9 @@ pub enum ContentionError {
     /// A simulation failed.
     #[error(transparent)]
     Sim(#[from] SimError),
+    /// A job could not be placed or run.
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
 }
 
 impl ContentionError {
@@ -915,40 +919,9 @@ impl ContentionError {
             ContentionError::Setup(message) => GalleryError::Reference { figure, message },
             ContentionError::Coll(source) => GalleryError::Coll { figure, source },
             ContentionError::Sim(source) => GalleryError::Sim { figure, source },
+            ContentionError::Workload(e) => GalleryError::Reference { figure, message: e.to_string() },
         }
     }
-}
-
-/// `second` renumbered as it is when merged after `first` (its channels follow those of
-/// `first`), run alone: the routes of its flows are then those of the joint run.
-fn as_second(second: &Schedule, first: &Schedule) -> Result<Schedule, String> {
-    let mut base = Schedule::new(second.nranks, second.dtype, second.redop, second.proto);
-    base.window = second.window;
-    base.set_channels(first.channels);
-    base.merge(second)?;
-    Ok(base)
-}
-
-/// Completion time of the flows of each part of a merged schedule: flows of streams below
-/// `split` (or switch groups below `group_split`) belong to the first part.
-fn part_ends(t: &Traced, split: u32, group_split: u32) -> [SimTime; 2] {
-    let mut owner = Vec::with_capacity(t.flows.len());
-    for fl in &t.flows {
-        owner.push(match fl.what {
-            FlowWhat::Switch { group, .. } => usize::from(group >= group_split),
-            _ => usize::from(fl.stream >= split),
-        });
-    }
-    let mut by_tag: Vec<(u64, usize)> = t.flows.iter().zip(&owner).map(|(f, &o)| (f.tag, o)).collect();
-    by_tag.sort_unstable_by_key(|x| x.0);
-    let mut ends = [SimTime::ZERO; 2];
-    for &(_, _, end, _, tag) in &t.services {
-        if let Ok(i) = by_tag.binary_search_by_key(&tag, |x| x.0) {
-            let o = by_tag[i].1;
-            ends[o] = ends[o].max(end);
-        }
-    }
-    ends
 }
 
 /// Runs two ring all-reduces (Simple) on disjoint node sets that span the scalable units of
@@ -978,36 +951,34 @@ pub fn run_contention(f: &Fabric, setup: &ContentionSetup) -> Result<Contention,
     let ranks: [Vec<u32>; 2] =
         [0, 1].map(|i| nodes[i].iter().flat_map(|&n| (n * per)..(n + 1) * per).collect::<Vec<u32>>());
     let opts = SimOpts { fold_channels: false, fold_ranks: false, ..Default::default() };
-    // Each collective alone, for one seed: the schedules and both traced runs.
-    let alone_runs = |seed: u64| -> Result<(Vec<Schedule>, Traced, Traced), ContentionError> {
-        let router = Router::new(f, seed);
-        let mut scheds = Vec::new();
-        for r in &ranks {
-            let comm = Comm::from_ranks(f, &router, r);
-            let tin = tuner::TunerInput::from_comm(&comm, false);
-            let nch = tuner::channels_for(&tin, Algo::Ring, Proto::Simple, setup.size);
-            let choice = Choice { algo: Algo::Ring, proto: Proto::Simple, nchannels: nch };
-            let mut s =
-                collective::build_schedule(&comm, &allreduce(setup.size), &choice, &Knobs::default())?;
-            s.relabel(&comm.fabric_ranks, f.num_gpus());
-            scheds.push(s);
-        }
-        // B alone keeps the channel numbers it has in the joint run: ECMP hashes them.
-        let b_alone = as_second(&scheds[1], &scheds[0]).map_err(ContentionError::Setup)?;
-        let a = simulate_traced(f, &router, &scheds[0], &opts)?;
-        let b = simulate_traced(f, &router, &b_alone, &opts)?;
-        Ok((scheds, a, b))
-    };
     // One seed: A alone, B alone and both, and whether the busiest link of the joint run is
     // a spine link that is busier than in either run alone.
     let attempt = |seed: u64| -> Result<(Contention, bool), ContentionError> {
-        let (scheds, a, b) = alone_runs(seed)?;
         let router = Router::new(f, seed);
-        let mut both = scheds[0].clone();
-        both.merge(&scheds[1]).map_err(ContentionError::Setup)?;
-        let ab = simulate_traced(f, &router, &both, &opts)?;
-        let together = link_loads(f, &ab.result);
-        let alone = [link_loads(f, &a.result), link_loads(f, &b.result)];
+        let job = |i: usize| {
+            let comm = Comm::from_ranks(f, &router, &ranks[i]);
+            let tin = tuner::TunerInput::from_comm(&comm, false);
+            let nch = tuner::channels_for(&tin, Algo::Ring, Proto::Simple, setup.size);
+            CollectiveJob {
+                name: ["A", "B"][i].to_string(),
+                ranks: ranks[i].clone(),
+                args: allreduce(setup.size),
+                choice: Some(Choice { algo: Algo::Ring, proto: Proto::Simple, nchannels: nch }),
+                knobs: Knobs::default(),
+            }
+        };
+        let run = |which: &[usize]| -> Result<(Outcome, Traced), ContentionError> {
+            let mut w = Concurrent::new(f, &router);
+            for &i in which {
+                w.add(job(i))?;
+            }
+            Ok(w.run_traced(&opts)?)
+        };
+        let (a, ta) = run(&[0])?;
+        let (b, tb) = run(&[1])?;
+        let (ab, tab) = run(&[0, 1])?;
+        let together = link_loads(f, &tab.result);
+        let alone = [link_loads(f, &ta.result), link_loads(f, &tb.result)];
         let util_in =
             |v: &[LinkLoad], link| v.iter().find(|l| l.link == link).map(|l| l.utilisation).unwrap_or(0.0);
         // Among the busiest links (within a point of the top), the spine link both use alone
@@ -1034,8 +1005,8 @@ pub fn run_contention(f: &Fabric, setup: &ContentionSetup) -> Result<Contention,
             seed,
             hot: hot.map(|h| h.0.clone()),
             alone_utilisation_of_hot: hot.map(|h| h.1).unwrap_or([0.0; 2]),
-            alone_time: [part_ends(&a, u32::MAX, u32::MAX)[0], part_ends(&b, u32::MAX, u32::MAX)[0]],
-            together_time: part_ends(&ab, scheds[0].streams.len() as u32, scheds[0].groups.len() as u32),
+            alone_time: [a.jobs[0].end, b.jobs[0].end],
+            together_time: [ab.jobs[0].end, ab.jobs[1].end],
             alone,
             together,
         };

@@ -420,10 +420,7 @@ impl BenchRow {
 
 /// The byte count NCCL's model uses: the full buffer for all-gather/reduce-scatter.
 fn model_bytes(args: &CollArgs, n: u32) -> u64 {
-    match args.coll {
-        Collective::AllGather | Collective::ReduceScatter => args.count * n as u64 * args.dtype.size(),
-        _ => args.count * args.dtype.size(),
-    }
+    args.model_bytes(n)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -7,10 +7,14 @@
 //!
 //! Every stream issues its program's ops in order. An op is issued when:
 //! - its `after = k` dependency is met: op `i - k` of the same stream is complete;
+//! - every [`Dep`](super::Dep) of the schedule that names it is met: the awaited op (or
+//!   whole stream) of the other stream, in any part, is complete;
 //! - for a [`Step`]: a message is waiting on each connection it receives from, and each
-//!   connection it sends to has fewer than [`Schedule::window`] messages in flight (sent but
-//!   not yet received);
+//!   connection it sends to has fewer than its part's [`Part::window`](super::Part::window)
+//!   messages in flight (sent but not yet received);
 //! - for [`Op::Wait`]: the awaited op of the other stream is complete.
+//!
+//! Each part has buffers of its own: effects see an op's part in [`OpRef::part`].
 //!
 //! A [`SwitchOp`](super::SwitchOp) is always issued at once; the `k`-th switch op of every
 //! member on a group is one operation, which *executes* when the last member issues it. A
@@ -52,11 +56,13 @@ use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 
 use super::validate::{self, ScheduleError};
-use super::{Binding, Compute, Op, Schedule, Span, Step, SwitchKind};
+use super::{Binding, Compute, Op, OpId, Schedule, Span, Step, SwitchKind};
 
 /// An op of a stream, as effects and errors name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpRef {
+    /// The stream's part (communicator): each part has buffers of its own.
+    pub part: u32,
     /// Stream index in the schedule.
     pub stream: u32,
     /// Rank the stream runs on.
@@ -181,7 +187,13 @@ enum Block {
 }
 
 struct Strm {
+    part: u32,
     rank: u32,
+    /// Next entry of `Schedule::deps` to check, and the end of this stream's entries.
+    dep_next: u32,
+    dep_end: u32,
+    /// Ops complete so far.
+    ndone: u32,
     lane: u32,
     program: u32,
     pc: u32,
@@ -203,6 +215,7 @@ struct Conn<M> {
     receiver: u32,
     sends: u64,
     recvs: u64,
+    window: u32,
 }
 
 struct Grp {
@@ -311,6 +324,7 @@ impl<'a, M> Machine<'a, M> {
                                     receiver: by_lane.get(&(st.lane, b)).copied().unwrap_or(NONE),
                                     sends: 0,
                                     recvs: 0,
+                                    window: s.part_of(st).window,
                                 });
                                 (conns.len() - 1) as u32
                             })
@@ -342,7 +356,12 @@ impl<'a, M> Machine<'a, M> {
                     }
                 }
             }
+            let deps = s.deps_of(si as u32);
             streams.push(Strm {
+                part: st.part,
+                dep_next: deps.start as u32,
+                dep_end: deps.end as u32,
+                ndone: 0,
                 rank: st.rank,
                 lane: st.lane,
                 program: st.program,
@@ -374,7 +393,7 @@ impl<'a, M> Machine<'a, M> {
                     c.dst, c.lane, c.recvs, c.src, c.port, c.src, c.sends
                 )));
             }
-            if c.sends > 0 && s.window == 0 {
+            if c.sends > 0 && c.window == 0 {
                 return Err(structure("the flow-control window is 0: no message can ever be sent".into()));
             }
         }
@@ -465,7 +484,11 @@ impl<'a, M> Machine<'a, M> {
     }
 
     fn is_done(&self, k: u32, op: u32) -> bool {
-        self.done[self.streams[k as usize].done0 + op as usize]
+        let st = &self.streams[k as usize];
+        if op == OpId::END {
+            return st.ndone == st.len;
+        }
+        self.done[st.done0 + op as usize]
     }
 
     fn wake(&mut self, k: u32) {
@@ -484,13 +507,19 @@ impl<'a, M> Machine<'a, M> {
     }
 
     fn mark_done(&mut self, k: u32, op: u32) {
-        let i = self.streams[k as usize].done0 + op as usize;
+        let st = &mut self.streams[k as usize];
+        let i = st.done0 + op as usize;
         self.done[i] = true;
+        st.ndone += 1;
+        let all = st.ndone == st.len;
         self.wake_if(k, Block::After(op));
         if !self.waiters[k as usize].is_empty() {
             let mut w = std::mem::take(&mut self.waiters[k as usize]);
             w.retain(|&x| {
-                if self.streams[x as usize].block == (Block::Wait { stream: k, op }) {
+                let b = self.streams[x as usize].block;
+                if b == (Block::Wait { stream: k, op })
+                    || (all && b == (Block::Wait { stream: k, op: OpId::END }))
+                {
                     self.wake(x);
                     false
                 } else {
@@ -510,7 +539,23 @@ impl<'a, M> Machine<'a, M> {
         if ins.after > 0 && !self.is_done(k, i - ins.after) {
             return Ok(Some(Block::After(i - ins.after)));
         }
-        let at = OpRef { stream: k, rank: st.rank, op: i };
+        // Dependencies on other streams' ops (across parts).
+        loop {
+            let st = &self.streams[k as usize];
+            if st.dep_next >= st.dep_end {
+                break;
+            }
+            let d = s.deps[st.dep_next as usize];
+            if d.op.op != i {
+                break;
+            }
+            if !self.is_done(d.on.stream, d.on.op) {
+                return Ok(Some(Block::Wait { stream: d.on.stream, op: d.on.op }));
+            }
+            self.streams[k as usize].dep_next += 1;
+        }
+        let st = &self.streams[k as usize];
+        let at = OpRef { part: st.part, stream: k, rank: st.rank, op: i };
         match &ins.op {
             Op::Step(step) => {
                 let recv = step.recv.as_slice();
@@ -529,7 +574,8 @@ impl<'a, M> Machine<'a, M> {
                 for (j, &b) in send.iter().enumerate() {
                     sc[j] = self.peer(k, b)?.0;
                     let need = sc[..=j].iter().filter(|&&c| c == sc[j]).count();
-                    if self.conns[sc[j] as usize].queue.len() + need > s.window as usize {
+                    let conn = &self.conns[sc[j] as usize];
+                    if conn.queue.len() + need > conn.window as usize {
                         return Ok(Some(Block::Credit(sc[j])));
                     }
                 }
@@ -682,7 +728,7 @@ impl<'a, M> Machine<'a, M> {
             }
             let k = grp.streams[m];
             let st = &self.streams[k as usize];
-            let at = OpRef { stream: k, rank: st.rank, op };
+            let at = OpRef { part: st.part, stream: k, rank: st.rank, op };
             let Op::Switch(sw) = &s.programs[st.program as usize].instrs[op as usize].op else {
                 return Err(structure(format!("stream {k} op {op} is not a switch op")));
             };
@@ -845,7 +891,7 @@ impl<'a, M> Machine<'a, M> {
                     c.dst,
                     c.port,
                     c.queue.len(),
-                    self.s.window,
+                    c.window,
                     peer_at(c.receiver)
                 )
             }
@@ -860,6 +906,9 @@ impl<'a, M> Machine<'a, M> {
                     }
                 }
                 m
+            }
+            Block::Wait { stream, op: OpId::END } => {
+                format!("{head} waits for every op of {}", self.where_is(stream))
             }
             Block::Wait { stream, op } => {
                 format!("{head} waits for op {op} of {}", self.where_is(stream))
@@ -886,8 +935,8 @@ mod tests {
     /// Two ranks, one stream each on lane 0, bound to each other.
     fn pair(window: u32, p0: Program, p1: Program) -> Schedule {
         let mut s = Schedule::new(2, DType::F32, RedOp::Sum, Proto::Simple);
-        s.buf_elems = [8, 8, 0];
-        s.window = window;
+        s.part0_mut().buf_elems = [8, 8, 0];
+        s.part0_mut().window = window;
         let a = s.add_program(p0);
         let b = s.add_program(p1);
         s.add_stream(0, 0, 0, 0, a, &[Binding::Peer { rank: 1, port: 0 }]);
@@ -1025,7 +1074,7 @@ mod tests {
     fn a_cycle_through_waits_deadlocks() {
         // Two streams of rank 0 on different lanes each wait for the other's second op.
         let mut s = Schedule::new(1, DType::F32, RedOp::Sum, Proto::Simple);
-        s.buf_elems = [4, 4, 0];
+        s.part0_mut().buf_elems = [4, 4, 0];
         let copy = Step::copy(abs(Buf::Input, 0, 4), abs(Buf::Output, 0, 4));
         let a = s.add_program(prog(&[Op::Wait { lane_delta: 1, op: 1 }, copy]));
         let b = s.add_program(prog(&[Op::Wait { lane_delta: -1, op: 1 }, copy]));
@@ -1099,7 +1148,7 @@ mod tests {
     /// other rank. Without `after`, the send may read the scratch before the switch runs.
     fn switch_then_send(after: u32) -> Schedule {
         let mut s = Schedule::new(2, DType::F32, RedOp::Sum, Proto::Simple);
-        s.buf_elems = [4, 4, 4];
+        s.part0_mut().buf_elems = [4, 4, 4];
         let g = s.add_group(Group { members: vec![0, 1], kind: GroupKind::Nvls });
         let sw = Op::Switch(SwitchOp {
             group: 1,

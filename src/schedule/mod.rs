@@ -28,6 +28,7 @@
 //! Architecture invariant: this module knows nothing of fabrics, routing or time. It
 //! depends only on [`crate::units`].
 
+pub mod compose;
 pub mod interp;
 pub mod validate;
 
@@ -145,7 +146,7 @@ pub enum Buf {
 }
 
 /// A resolved region of a buffer, in elements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Span {
     /// Buffer.
     pub buf: Buf,
@@ -163,7 +164,7 @@ pub struct Span {
 /// `perm` is set (e.g. ring position to rank). Its length is `len`, clipped to end at or
 /// before `limit + limit_stride * k` (it may become empty): this expresses the short last
 /// chunk of an uneven split. The stream's `offset` is added last.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Addr {
     /// Buffer.
     pub buf: Buf,
@@ -234,7 +235,7 @@ impl Addr {
 }
 
 /// Up to three binding indices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub struct Slots {
     ids: [u16; 3],
     n: u8,
@@ -271,7 +272,7 @@ impl Slots {
 }
 
 /// A point-to-point step (see the module documentation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Step {
     /// Bindings to receive one message each from.
     pub recv: Slots,
@@ -288,7 +289,7 @@ pub struct Step {
 }
 
 /// The kind of an in-switch operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SwitchKind {
     /// Every member contributes `src`; every member receives the reduction in `dst`.
     /// With `head = Some(h)` the reduction is pulled by member h and multicast by it
@@ -311,7 +312,7 @@ pub enum SwitchKind {
 
 /// An in-switch operation over a group; every member's stream issues it, and the k-th such
 /// op of each member on the same group is the same operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SwitchOp {
     /// Binding of the group.
     pub group: u16,
@@ -338,8 +339,16 @@ pub struct Compute {
     pub label: u32,
 }
 
+impl std::hash::Hash for Compute {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.flops.to_bits().hash(h);
+        self.bytes.hash(h);
+        self.label.hash(h);
+    }
+}
+
 /// One operation of a program.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Hash)]
 pub enum Op {
     /// Point-to-point step.
     Step(Step),
@@ -358,7 +367,7 @@ pub enum Op {
 }
 
 /// An op with its intra-stream dependency.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Hash)]
 pub struct Instr {
     /// The operation.
     pub op: Op,
@@ -374,14 +383,14 @@ impl Instr {
 }
 
 /// A sequence of instructions shared by any number of streams.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Hash)]
 pub struct Program {
     /// Instructions in issue order.
     pub instrs: Vec<Instr>,
 }
 
 /// What a stream's binding refers to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Binding {
     /// The stream of `rank` on the same lane; `port` tells apart several connections to the
     /// same peer (e.g. the two trees).
@@ -396,8 +405,10 @@ pub enum Binding {
 }
 
 /// A stream: a program run on one rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Stream {
+    /// The part (communicator) the stream belongs to: index into [`Schedule::parts`].
+    pub part: u32,
     /// Rank.
     pub rank: u32,
     /// Lane: streams of different ranks with the same lane are connected.
@@ -419,7 +430,7 @@ pub struct Stream {
 }
 
 /// How the switch of a group combines data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GroupKind {
     /// NVLink SHARP in the NVSwitch of one NVLink domain.
     Nvls,
@@ -428,7 +439,7 @@ pub enum GroupKind {
 }
 
 /// A set of ranks that meet in a switch.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Group {
     /// Member ranks; a member's position is its index here.
     pub members: Vec<u32>,
@@ -475,21 +486,93 @@ impl fmt::Display for Proto {
     }
 }
 
-/// A complete schedule.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Schedule {
-    /// Ranks in the communicator.
+/// One communicator's collective (or a set of compute streams) inside a schedule: what its
+/// streams share and what other parts may differ in. Every stream names its part; element
+/// sizes, the protocol's costs, the flow-control window, the buffers and the reduction of a
+/// stream are those of its part, never another part's.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Part {
+    /// What the part is, for reports ("allreduce tp0", "compute").
+    pub name: String,
+    /// Ranks of the part's communicator (`Avg` divides by it). Stream ranks are schedule
+    /// ranks: a part built on a sub-communicator is placed with [`Schedule::relabel`].
     pub nranks: u32,
     /// Element type.
     pub dtype: DType,
     /// Reduction operator.
     pub redop: RedOp,
-    /// Elements of each rank's input, output and scratch buffers.
+    /// Elements of each member's input, output and scratch buffers (every part has buffers
+    /// of its own).
     pub buf_elems: [u64; 3],
     /// Protocol of every point-to-point step (the simulator's costs depend on it).
     pub proto: Proto,
     /// Flow-control window of a connection, in messages (NCCL_STEPS / steps per message).
     pub window: u32,
+    /// First schedule channel of the part; its channels are `channel_base..channel_base +
+    /// channels` (the simulator routes by the part-local channel, so a part's routes do
+    /// not depend on which parts precede it).
+    pub channel_base: u32,
+    /// Channels of the part.
+    pub channels: u32,
+    /// A rank shift under which the part is invariant (every rank r behaves like
+    /// r + period: same program, peers shifted alike), declared by the algorithm, e.g. a
+    /// node's GPU count for a ring over identical nodes. The simulator may then simulate one
+    /// period of ranks when the part runs alone. Message sizes may differ by the last
+    /// uneven chunk.
+    pub rank_period: Option<u32>,
+}
+
+impl Part {
+    /// A part of `nranks` ranks with one channel and NCCL's default window.
+    pub fn new(name: &str, nranks: u32, dtype: DType, redop: RedOp, proto: Proto) -> Part {
+        Part {
+            name: name.to_string(),
+            nranks,
+            dtype,
+            redop,
+            buf_elems: [0; 3],
+            proto,
+            window: 8,
+            channel_base: 0,
+            channels: 1,
+            rank_period: None,
+        }
+    }
+}
+
+/// An op of a stream: stream index in the schedule and op index in its program. The op
+/// `u32::MAX` ([`OpId::END`]) stands for the whole stream (all of its ops complete).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId {
+    /// Stream index in [`Schedule::streams`].
+    pub stream: u32,
+    /// Op index in the stream's program, or [`OpId::END`].
+    pub op: u32,
+}
+
+impl OpId {
+    /// The op index meaning "every op of the stream".
+    pub const END: u32 = u32::MAX;
+}
+
+/// A dependency between ops of any streams (across parts): `op` may not issue before `on`
+/// is complete. This is how a collective waits for the compute that produces its input, or
+/// a layer's compute waits for the all-gather of its weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Dep {
+    /// The op that waits (its `op` is never [`OpId::END`]).
+    pub op: OpId,
+    /// The op (or whole stream) it waits for.
+    pub on: OpId,
+}
+
+/// A complete schedule: one or more parts whose streams run at once, sharing the fabric.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    /// Ranks of the schedule (every stream rank, peer and group member is below it).
+    pub nranks: u32,
+    /// The parts; a stream's [`Stream::part`] indexes this.
+    pub parts: Vec<Part>,
     /// Programs.
     pub programs: Vec<Program>,
     /// Streams.
@@ -506,23 +589,21 @@ pub struct Schedule {
     pub labels: Vec<String>,
     /// Permutations used by relative addresses (e.g. ring position to rank).
     pub perms: Vec<Vec<u32>>,
-    /// A rank shift under which the schedule is invariant (every rank r behaves like
-    /// r + period: same program, peers shifted alike), declared by the algorithm, e.g. a
-    /// node's GPU count for a ring over identical nodes. The simulator may then simulate one
-    /// period of ranks. Message sizes may differ by the last uneven chunk.
-    pub rank_period: Option<u32>,
+    /// Dependencies across streams, sorted by the waiting op.
+    pub deps: Vec<Dep>,
 }
 
 impl Schedule {
-    /// An empty schedule for `nranks` ranks.
+    /// An empty single-part schedule for `nranks` ranks (how every algorithm starts).
     pub fn new(nranks: u32, dtype: DType, redop: RedOp, proto: Proto) -> Schedule {
+        Schedule::with_part(Part::new("", nranks, dtype, redop, proto))
+    }
+
+    /// An empty schedule of one part.
+    pub fn with_part(part: Part) -> Schedule {
         Schedule {
-            nranks,
-            dtype,
-            redop,
-            buf_elems: [0; 3],
-            proto,
-            window: 8,
+            nranks: part.nranks,
+            parts: vec![part],
             programs: Vec::new(),
             streams: Vec::new(),
             bindings: Vec::new(),
@@ -531,8 +612,25 @@ impl Schedule {
             channel_class: vec![0],
             labels: Vec::new(),
             perms: Vec::new(),
-            rank_period: None,
+            deps: Vec::new(),
         }
+    }
+
+    /// The first part: the whole schedule's attributes when it has one part, which is what
+    /// every algorithm builds.
+    pub fn part0(&self) -> &Part {
+        &self.parts[0]
+    }
+
+    /// The first part, to set its attributes while building.
+    pub fn part0_mut(&mut self) -> &mut Part {
+        &mut self.parts[0]
+    }
+
+    /// The part a stream belongs to.
+    #[inline]
+    pub fn part_of(&self, s: &Stream) -> &Part {
+        &self.parts[s.part as usize]
     }
 
     /// Adds a permutation; returns the value to put in [`Stream::perm`].
@@ -568,7 +666,7 @@ impl Schedule {
         (self.groups.len() - 1) as u32
     }
 
-    /// Adds a stream with its bindings; returns its index.
+    /// Adds a stream of the last part with its bindings; returns its index.
     pub fn add_stream(
         &mut self,
         rank: u32,
@@ -581,6 +679,7 @@ impl Schedule {
         let start = self.bindings.len() as u32;
         self.bindings.extend_from_slice(bindings);
         self.streams.push(Stream {
+            part: self.parts.len().saturating_sub(1) as u32,
             rank,
             lane,
             channel,
@@ -636,9 +735,25 @@ impl Schedule {
         self.streams.iter().map(|s| self.programs[s.program as usize].instrs.len() as u64).sum()
     }
 
+    /// The rank period the simulator may fold by: the part's declared period when the
+    /// schedule is that one part with no cross-stream dependencies.
+    pub fn rank_period(&self) -> Option<u32> {
+        match self.parts.as_slice() {
+            [p] if self.deps.is_empty() => p.rank_period,
+            _ => None,
+        }
+    }
+
+    /// The dependencies of stream `k`: a range of [`Schedule::deps`] (sorted by op).
+    pub fn deps_of(&self, k: u32) -> std::ops::Range<usize> {
+        let a = self.deps.partition_point(|d| d.op.stream < k);
+        let b = self.deps.partition_point(|d| d.op.stream <= k);
+        a..b
+    }
+
     /// Places a schedule built on a sub-communicator onto the ranks of a larger one: rank `r`
     /// becomes `map[r]` (streams, peers, group members). Buffer layouts (block indices and
-    /// permutations) stay those of the communicator.
+    /// permutations) stay those of the communicator, and so do the parts' rank counts.
     pub fn relabel(&mut self, map: &[u32], nranks: u32) {
         let m = |r: u32| map.get(r as usize).copied().unwrap_or(r);
         for st in &mut self.streams {
@@ -655,69 +770,65 @@ impl Schedule {
             }
         }
         self.nranks = nranks;
-        self.rank_period = None;
-    }
-
-    /// Runs `other` alongside this schedule (two collectives at once): its lanes, channels,
-    /// programs, groups and permutations are renumbered after this schedule's. Both must
-    /// use the same protocol and flow-control window.
-    pub fn merge(&mut self, other: &Schedule) -> Result<(), String> {
-        if other.proto != self.proto || other.window != self.window {
-            return Err(format!(
-                "cannot run a {} schedule alongside a {} one: the protocol and window must match",
-                other.proto, self.proto
-            ));
-        }
-        let lane0 = self.streams.iter().map(|s| s.lane + 1).max().unwrap_or(0);
-        let (p0, g0, perm0, ch0) =
-            (self.programs.len() as u32, self.groups.len() as u32, self.perms.len() as u32, self.channels);
-        let l0 = self.labels.len() as u32;
-        self.programs.extend(other.programs.iter().map(|p| {
-            let mut p = p.clone();
-            for ins in &mut p.instrs {
-                if let Op::Compute(c) = &mut ins.op {
-                    c.label += l0;
-                }
+        // A shift of communicator ranks is a shift of fabric ranks only under the identity.
+        let identity = map.iter().enumerate().all(|(i, &r)| r == i as u32);
+        if !identity {
+            for p in &mut self.parts {
+                p.rank_period = None;
             }
-            p
-        }));
-        self.groups.extend(other.groups.iter().cloned());
-        self.perms.extend(other.perms.iter().cloned());
-        for st in &other.streams {
-            let binds: Vec<Binding> = other
-                .stream_bindings(st)
-                .iter()
-                .map(|b| match *b {
-                    Binding::Group(g) => Binding::Group(g + g0),
-                    p => p,
-                })
-                .collect();
-            let i = self.add_stream_at(
-                st.rank,
-                st.lane + lane0,
-                st.channel + ch0,
-                st.pos,
-                st.program + p0,
-                &binds,
-                st.offset,
-            );
-            self.streams[i as usize].perm = if st.perm == 0 { 0 } else { st.perm + perm0 };
         }
-        for (i, b) in other.buf_elems.iter().enumerate() {
-            self.buf_elems[i] = self.buf_elems[i].max(*b);
-        }
-        self.channel_class.extend(other.channel_class.iter().map(|c| c + ch0));
-        self.channels += other.channels;
-        self.nranks = self.nranks.max(other.nranks);
-        self.labels.extend(other.labels.iter().cloned());
-        self.rank_period = None;
-        Ok(())
     }
 
-    /// Marks every channel as its own class.
+    /// Marks every channel of a single-part schedule as its own class.
     pub fn set_channels(&mut self, n: u32) {
         self.channels = n;
         self.channel_class = (0..n).collect();
+        if let [p] = self.parts.as_mut_slice() {
+            p.channel_base = 0;
+            p.channels = n;
+        }
+    }
+
+    /// A fingerprint of the schedule's content (FNV-1a over every field): equal schedules
+    /// have equal fingerprints on every platform and toolchain.
+    pub fn fingerprint(&self) -> u64 {
+        use std::hash::Hash;
+        let mut h = Fnv::default();
+        self.nranks.hash(&mut h);
+        self.parts.hash(&mut h);
+        self.programs.hash(&mut h);
+        self.streams.hash(&mut h);
+        self.bindings.hash(&mut h);
+        self.groups.hash(&mut h);
+        self.channel_class.hash(&mut h);
+        self.labels.hash(&mut h);
+        self.perms.hash(&mut h);
+        self.deps.hash(&mut h);
+        std::hash::Hasher::finish(&h)
+    }
+}
+
+/// FNV-1a, 64 bits: a hash whose value depends on nothing but its input bytes.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= b as u64;
+            self.0 = self.0.wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write(&(n as u64).to_le_bytes());
     }
 }
 

@@ -76,17 +76,12 @@ struct ProgUse {
     perm_kmax: Option<u64>,
     /// Shortest stream permutation.
     perm_min_len: Option<usize>,
+    /// Smallest buffers of the parts whose streams run the program.
+    size: Option<[u64; 3]>,
 }
 
-fn check_addr(
-    s: &Schedule,
-    a: &Addr,
-    what: &str,
-    p: usize,
-    i: usize,
-    u: &ProgUse,
-) -> Result<(), ScheduleError> {
-    let size = s.buf_elems[a.buf as usize];
+fn check_addr(a: &Addr, what: &str, p: usize, i: usize, u: &ProgUse) -> Result<(), ScheduleError> {
+    let size = u.size.map_or(0, |z| z[a.buf as usize]);
     if a.perm && a.modulus > 0 {
         if let Some(min) = u.perm_min_len {
             if min < a.modulus as usize {
@@ -118,8 +113,20 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
     if s.nranks == 0 {
         return Err(bad("a schedule needs at least one rank".into()));
     }
+    if s.parts.is_empty() {
+        return Err(bad("a schedule needs at least one part".into()));
+    }
     let mut uses = vec![ProgUse::default(); s.programs.len()];
     for (si, st) in s.streams.iter().enumerate() {
+        let Some(part) = s.parts.get(st.part as usize) else {
+            return Err(bad(format!("stream {si} belongs to part {}, which does not exist", st.part)));
+        };
+        if let Some(u) = uses.get_mut(st.program as usize) {
+            let z = u.size.get_or_insert(part.buf_elems);
+            for (a, b) in z.iter_mut().zip(part.buf_elems) {
+                *a = (*a).min(b);
+            }
+        }
         if st.perm as usize > s.perms.len() {
             return Err(bad(format!("stream {si} uses permutation {}, which does not exist", st.perm)));
         }
@@ -134,6 +141,11 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                 u.perm_min_len = Some(u.perm_min_len.map_or(p.len(), |x| x.min(p.len())));
             }
         }
+    }
+    // A program no stream runs is held to the largest buffers of any part.
+    let largest = s.parts.iter().fold([0u64; 3], |m, p| [0, 1, 2].map(|i| m[i].max(p.buf_elems[i])));
+    for u in &mut uses {
+        u.size.get_or_insert(largest);
     }
     for (p, prog) in s.programs.iter().enumerate() {
         for (i, ins) in prog.instrs.iter().enumerate() {
@@ -159,14 +171,14 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                     }
                     for (what, a) in [("local", &st.local), ("write", &st.write)] {
                         if let Some(a) = a {
-                            check_addr(s, a, what, p, i, &uses[p])?;
+                            check_addr(a, what, p, i, &uses[p])?;
                         }
                     }
                 }
                 Op::Switch(sw) => {
                     for (what, a) in [("src", &sw.src), ("dst", &sw.dst)] {
                         if let Some(a) = a {
-                            check_addr(s, a, what, p, i, &uses[p])?;
+                            check_addr(a, what, p, i, &uses[p])?;
                         }
                     }
                 }
@@ -295,6 +307,28 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
             }
         }
     }
+    // Dependencies across streams name existing ops, in order.
+    if !s.deps.is_sorted() {
+        return Err(bad("the dependencies are not sorted by the waiting op".into()));
+    }
+    for d in &s.deps {
+        for (what, o) in [("waiting", d.op), ("awaited", d.on)] {
+            let Some(st) = s.streams.get(o.stream as usize) else {
+                return Err(bad(format!(
+                    "a dependency's {what} op is in stream {}, which does not exist",
+                    o.stream
+                )));
+            };
+            let len = s.instrs(st).len() as u32;
+            let whole = o.op == OpId::END && what == "awaited";
+            if !whole && o.op >= len {
+                return Err(bad(format!(
+                    "a dependency's {what} op is op {} of stream {}, which has {len} ops",
+                    o.op, o.stream
+                )));
+            }
+        }
+    }
     // Every peer binding must have a stream on the other side.
     for st in &s.streams {
         for b in s.stream_bindings(st) {
@@ -368,22 +402,32 @@ impl Ranges {
     }
 }
 
-/// Symbolic effects: messages are lengths, buffers are sets of written ranges.
+/// Symbolic effects: messages are lengths, buffers (one set per part and rank) are sets of
+/// written ranges.
 struct Symbolic {
-    written: Vec<[Ranges; 3]>,
+    written: std::collections::BTreeMap<(u32, u32), [Ranges; 3]>,
+    input: Vec<u64>,
 }
 
 impl Symbolic {
     fn new(s: &Schedule) -> Symbolic {
-        let mut input = Ranges::default();
-        input.insert(0, s.buf_elems[Buf::Input as usize]);
         Symbolic {
-            written: (0..s.nranks).map(|_| [input.clone(), Ranges::default(), Ranges::default()]).collect(),
+            written: Default::default(),
+            input: s.parts.iter().map(|p| p.buf_elems[Buf::Input as usize]).collect(),
         }
     }
 
-    fn read(&self, at: OpRef, sp: Span) -> Result<(), ScheduleError> {
-        match self.written[at.rank as usize][sp.buf as usize].first_gap(sp.offset, sp.offset + sp.len) {
+    fn bufs(&mut self, at: OpRef) -> &mut [Ranges; 3] {
+        let n = self.input.get(at.part as usize).copied().unwrap_or(0);
+        self.written.entry((at.part, at.rank)).or_insert_with(|| {
+            let mut input = Ranges::default();
+            input.insert(0, n);
+            [input, Ranges::default(), Ranges::default()]
+        })
+    }
+
+    fn read(&mut self, at: OpRef, sp: Span) -> Result<(), ScheduleError> {
+        match self.bufs(at)[sp.buf as usize].first_gap(sp.offset, sp.offset + sp.len) {
             None => Ok(()),
             Some((start, end)) => Err(ScheduleError::ReadBeforeWrite {
                 stream: at.stream,
@@ -396,8 +440,8 @@ impl Symbolic {
         }
     }
 
-    fn write(&mut self, rank: u32, sp: Span) {
-        self.written[rank as usize][sp.buf as usize].insert(sp.offset, sp.offset + sp.len);
+    fn write(&mut self, at: OpRef, sp: Span) {
+        self.bufs(at)[sp.buf as usize].insert(sp.offset, sp.offset + sp.len);
     }
 }
 
@@ -421,7 +465,7 @@ impl Effects for Symbolic {
         }
         let len = recvd.first().copied().or(local.map(|sp| sp.len)).unwrap_or(0);
         if let Some(w) = write {
-            self.write(at.rank, w);
+            self.write(at, w);
         }
         Ok((!step.send.is_empty()).then_some(len))
     }
@@ -438,7 +482,7 @@ impl Effects for Symbolic {
         }
         for (m, p) in op.parts.iter().enumerate() {
             if let (true, Some(sp)) = (op.writes(m), p.dst) {
-                self.write(p.at.rank, sp);
+                self.write(p.at, sp);
             }
         }
         Ok(())

@@ -9,6 +9,7 @@ mod report;
 mod scenario;
 mod simulate;
 mod topo;
+mod workload;
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,227 @@
+//! Several collectives at once on one fabric: each on its own communicator (a set of fabric
+//! ranks), with NCCL's choice of algorithm for that group unless one is forced, lowered by
+//! the collective layer, composed into one schedule (its parts keep their own element
+//! type, protocol, window and buffers) and timed by one simulation, so that groups that
+//! share links contend. Results come back per collective.
+//!
+//! This is what the contention figure of the gallery and the training layer use; it may
+//! use `fabric`, `collective`, `schedule` and `exec`, and knows nothing of files or output.
+
+use crate::collective::{self, tuner, Algo, Choice, CollArgs, CollError, Comm, Knobs};
+use crate::exec::simulate::{simulate, simulate_traced, SimError, SimOpts, SimResult, Traced};
+use crate::fabric::{Fabric, Router};
+use crate::schedule::compose::{ComposeError, Composer, LocalOp, PartId};
+use crate::schedule::{Proto, Schedule};
+use crate::units::SimTime;
+
+/// One collective call on a group of fabric ranks.
+#[derive(Clone, Debug)]
+pub struct CollectiveJob {
+    /// A name for reports ("dp allreduce stage 0").
+    pub name: String,
+    /// Fabric ranks of the communicator, in communicator order.
+    pub ranks: Vec<u32>,
+    /// The call.
+    pub args: CollArgs,
+    /// Algorithm, protocol and channels; `None`: what NCCL would pick for this group.
+    pub choice: Option<Choice>,
+    /// NCCL's buffer and chunk knobs.
+    pub knobs: Knobs,
+}
+
+/// A job that cannot be placed or run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WorkloadError {
+    /// A job's ranks are not valid fabric ranks.
+    #[error("job \"{job}\": {reason}")]
+    Ranks {
+        /// The job.
+        job: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No algorithm of NCCL's can run the call on this group.
+    #[error("job \"{job}\": no algorithm can run {coll} on this group")]
+    NoAlgorithm {
+        /// The job.
+        job: String,
+        /// The collective.
+        coll: collective::Collective,
+    },
+    /// The collective layer rejected the call.
+    #[error("job \"{job}\": {source}")]
+    Coll {
+        /// The job.
+        job: String,
+        /// Why.
+        source: CollError,
+    },
+    /// A dependency names nothing.
+    #[error(transparent)]
+    Compose(#[from] ComposeError),
+    /// The simulation failed.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+}
+
+/// A handle to a job added to a [`Concurrent`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobId(pub u32);
+
+/// Collectives to run at once on one fabric.
+pub struct Concurrent<'f> {
+    fabric: &'f Fabric,
+    router: &'f Router<'f>,
+    composer: Composer,
+    jobs: Vec<(String, PartId, Choice)>,
+}
+
+/// A job's name, what runs it, and its parts in the composed schedule.
+type Placed = (String, Choice, Vec<u32>);
+
+/// When one job ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobTime {
+    /// The job's name.
+    pub name: String,
+    /// What ran.
+    pub choice: Choice,
+    /// First op issued (its kernel launch).
+    pub start: SimTime,
+    /// Last byte delivered.
+    pub end: SimTime,
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// Per job, in the order they were added.
+    pub jobs: Vec<JobTime>,
+    /// The whole simulation (per-link traffic, events, per-part times).
+    pub sim: SimResult,
+}
+
+impl<'f> Concurrent<'f> {
+    /// Nothing to run yet, on `fabric` with `router`'s routes.
+    pub fn new(fabric: &'f Fabric, router: &'f Router<'f>) -> Concurrent<'f> {
+        Concurrent { fabric, router, composer: Composer::new(), jobs: Vec::new() }
+    }
+
+    /// Places a collective on its ranks; returns its handle.
+    pub fn add(&mut self, job: CollectiveJob) -> Result<JobId, WorkloadError> {
+        let ngpus = self.fabric.num_gpus();
+        let bad = |reason: String| WorkloadError::Ranks { job: job.name.clone(), reason };
+        if job.ranks.is_empty() {
+            return Err(bad("a communicator needs at least one rank".into()));
+        }
+        let mut seen = vec![false; ngpus as usize];
+        for &r in &job.ranks {
+            if r >= ngpus {
+                return Err(bad(format!("rank {r} is not on the fabric (valid: 0..{})", ngpus - 1)));
+            }
+            if std::mem::replace(&mut seen[r as usize], true) {
+                return Err(bad(format!("rank {r} appears twice")));
+            }
+        }
+        let comm = Comm::from_ranks(self.fabric, self.router, &job.ranks);
+        let choice = match job.choice {
+            Some(c) => c,
+            None => nccl_choice(&comm, &job.args)
+                .ok_or(WorkloadError::NoAlgorithm { job: job.name.clone(), coll: job.args.coll })?,
+        };
+        let mut s = collective::build_schedule(&comm, &job.args, &choice, &job.knobs)
+            .map_err(|source| WorkloadError::Coll { job: job.name.clone(), source })?;
+        s.part0_mut().name = job.name.clone();
+        s.relabel(&comm.fabric_ranks, ngpus);
+        let id = self.composer.add(s);
+        self.jobs.push((job.name, id, choice));
+        Ok(JobId(self.jobs.len() as u32 - 1))
+    }
+
+    /// The schedule of a job (fabric ranks).
+    pub fn schedule(&self, job: JobId) -> Option<&Schedule> {
+        self.jobs.get(job.0 as usize).and_then(|j| self.composer.get(j.1))
+    }
+
+    /// Job `later` starts on each of its ranks only once job `first` is done on that rank
+    /// (every stream of `first` on the rank complete): two calls issued in order on one CUDA
+    /// stream. Ranks `later` has and `first` lacks start freely.
+    pub fn after(&mut self, later: JobId, first: JobId) {
+        let (Some(l), Some(f)) = (self.jobs.get(later.0 as usize), self.jobs.get(first.0 as usize)) else {
+            return;
+        };
+        let (lp, fp) = (l.1, f.1);
+        let ranks: Vec<u32> =
+            self.composer.get(lp).map(|s| s.streams.iter().map(|st| st.rank).collect()).unwrap_or_default();
+        let mut ranks = ranks;
+        ranks.sort_unstable();
+        ranks.dedup();
+        for r in ranks {
+            let ends: Vec<LocalOp> = self.composer.all_ops(fp, r);
+            for start in self.composer.first_ops(lp, r) {
+                for &e in &ends {
+                    self.composer.after(start, e);
+                }
+            }
+        }
+    }
+
+    fn compose(self) -> Result<(Schedule, Vec<Placed>), WorkloadError> {
+        let Concurrent { composer, jobs, .. } = self;
+        let c = composer.finish()?;
+        let parts = jobs
+            .into_iter()
+            .map(|(name, id, choice)| (name, choice, c.placement(id).parts.clone().collect()))
+            .collect();
+        Ok((c.schedule, parts))
+    }
+
+    /// Runs every job at once.
+    pub fn run(self, opts: &SimOpts) -> Result<Outcome, WorkloadError> {
+        let (f, router) = (self.fabric, self.router);
+        let (s, jobs) = self.compose()?;
+        let sim = simulate(f, router, &s, opts)?;
+        Ok(Outcome { jobs: job_times(&sim, jobs), sim })
+    }
+
+    /// Runs every job at once and records every transfer (for traces and link loads).
+    pub fn run_traced(self, opts: &SimOpts) -> Result<(Outcome, Traced), WorkloadError> {
+        let (f, router) = (self.fabric, self.router);
+        let (s, jobs) = self.compose()?;
+        let t = simulate_traced(f, router, &s, opts)?;
+        Ok((Outcome { jobs: job_times(&t.result, jobs), sim: t.result.clone() }, t))
+    }
+}
+
+fn job_times(sim: &SimResult, jobs: Vec<Placed>) -> Vec<JobTime> {
+    jobs.into_iter()
+        .map(|(name, choice, parts)| {
+            let start = parts.iter().map(|&p| sim.parts[p as usize].start).min().unwrap_or(SimTime::ZERO);
+            let end = parts.iter().map(|&p| sim.parts[p as usize].end).max().unwrap_or(SimTime::ZERO);
+            JobTime { name, choice, start, end }
+        })
+        .collect()
+}
+
+/// What NCCL would run for `args` on `comm`: its cost model's pick among the algorithms and
+/// protocols the collective layer can build on this communicator (CollNet only where the
+/// fabric has SHARP), with its channel count; all-to-all and send/recv take the
+/// point-to-point implementation.
+pub fn nccl_choice(comm: &Comm, args: &CollArgs) -> Option<Choice> {
+    let collnet = comm.sharp;
+    let tin = tuner::TunerInput::from_comm(comm, collnet);
+    let nbytes = args.model_bytes(comm.nranks);
+    let candidates: Vec<(Algo, Proto)> = collective::algorithms_for(args.coll)
+        .iter()
+        .flat_map(|&a| collective::protocols_for(a, args.coll).iter().map(move |&p| (a, p)))
+        .filter(|&(a, p)| collective::check_supported(comm, args.coll, a, p).is_ok())
+        .collect();
+    let algos: Vec<Algo> = candidates.iter().map(|c| c.0).collect();
+    let protos: Vec<Proto> = candidates.iter().map(|c| c.1).collect();
+    let (algo, proto) = match tuner::pick(&tin, args.coll, nbytes, &algos, &protos) {
+        Some((a, p, _)) if candidates.contains(&(a, p)) => (a, p),
+        _ => *candidates.iter().find(|c| c.1 == Proto::Simple).or(candidates.first())?,
+    };
+    let nchannels = tuner::channels_for(&tin, algo, proto, nbytes).clamp(1, 64);
+    Some(Choice { algo, proto, nchannels })
+}
