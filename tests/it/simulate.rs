@@ -206,12 +206,18 @@ fn analytical_estimates_of_other_algorithms_stay_in_their_documented_band() {
 }
 
 #[test]
-fn default_simulation_matches_the_finest_granularity_on_small_cases() {
-    // The finest simulation: one event per hop, every rank and channel simulated. The
-    // default (hop granularity with rank folding, and channel folding past
-    // FOLD_MIN_OPS) must agree within 1% on every algorithm.
-    let finest = SimOpts { fold_channels: false, fold_ranks: false, ..SimOpts::default() };
+fn folded_simulations_match_the_full_one_where_folding_engages() {
+    // The full simulation: every rank and channel simulated. Rank folding (one period of
+    // ranks of a shift-invariant schedule, messages to ranks outside it delivered to their
+    // image over the real route) is exact up to ECMP: within 1%. Channel folding (one
+    // channel per symmetry class on a share of each link) is approximate: within 5%. Each is
+    // forced here (channel folding at any size) and counted only where it really removed
+    // streams from the simulation, so the test cannot pass by comparing a run to itself.
+    let full = SimOpts { fold_channels: false, fold_ranks: false, ..SimOpts::default() };
+    let ranks_only = SimOpts { fold_channels: false, ..SimOpts::default() };
+    let both = SimOpts { fold_min_ops: 0, ..SimOpts::default() };
     let mut report = Vec::new();
+    let (mut rank_folded, mut channel_folded) = (0, 0);
     for (topo, nodes) in [("dgx-h100.toml", None), ("superpod-h100.toml", Some(4))] {
         let f = fabric(topo, nodes, None);
         let router = Router::new(&f, 0);
@@ -224,20 +230,38 @@ fn default_simulation_matches_the_finest_granularity_on_small_cases() {
                     }
                     for bytes in [64u64 << 10, 16 << 20] {
                         let c = ch(algo, proto, 8);
-                        let fast = run(&f, coll, bytes, c, &SimOpts::default()).time.as_us();
-                        let fine = run(&f, coll, bytes, c, &finest).time.as_us();
-                        let e = fast / fine - 1.0;
-                        let mark = if e.abs() <= 0.01 { "" } else { "  <-- over 1%" };
-                        report.push(format!(
-                            "{topo} {coll} {algo:?}/{proto:?} {bytes}: {fast:.2} vs {fine:.2} us{mark}"
-                        ));
+                        let reference = run(&f, coll, bytes, c, &full);
+                        let fine = reference.time.as_us();
+                        for (what, opts, tol) in [("ranks", &ranks_only, 0.01), ("channels", &both, 0.05)] {
+                            let r = run(&f, coll, bytes, c, opts);
+                            if r.streams >= reference.streams {
+                                continue; // nothing folded: the same simulation
+                            }
+                            if what == "ranks" {
+                                rank_folded += 1;
+                            } else {
+                                channel_folded += 1;
+                            }
+                            let e = r.time.as_us() / fine - 1.0;
+                            let mark = if e.abs() <= tol { "" } else { "  <-- over the bound" };
+                            report.push(format!(
+                                "{topo} {coll} {algo:?}/{proto:?} {bytes} {what} folded ({} of {} streams): {:.2} vs {fine:.2} us{mark}",
+                                r.streams,
+                                reference.streams,
+                                r.time.as_us()
+                            ));
+                        }
                     }
                 }
             }
         }
     }
     let text = report.join("\n");
-    assert!(report.len() >= 20, "{text}");
+    eprintln!("{text}");
+    assert!(
+        rank_folded >= 8 && channel_folded >= 8,
+        "too few cases fold ({rank_folded} by rank, {channel_folded} by channel):\n{text}"
+    );
     assert!(!text.contains("<--"), "{text}");
 }
 
