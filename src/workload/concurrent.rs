@@ -4,6 +4,9 @@
 //! type, protocol, window and buffers) and timed by one simulation, so that groups that
 //! share links contend. Results come back per collective.
 //!
+//! Compute streams (a rank's kernels, one after the other) run beside them, and
+//! dependencies tie kernels and collectives together per rank, as CUDA events do.
+//!
 //! This is what the contention figure of the gallery and the training layer use; it may
 //! use `fabric`, `collective`, `schedule` and `exec`, and knows nothing of files or output.
 
@@ -11,7 +14,7 @@ use crate::collective::{self, tuner, Algo, Choice, CollArgs, CollError, Comm, Kn
 use crate::exec::simulate::{simulate, simulate_traced, SimError, SimOpts, SimResult, Traced};
 use crate::fabric::{Fabric, Router};
 use crate::schedule::compose::{ComposeError, Composer, LocalOp, PartId};
-use crate::schedule::{Proto, Schedule};
+use crate::schedule::{Compute, DType, Op, Part, ProgramBuilder, Proto, RedOp, Schedule};
 use crate::units::SimTime;
 
 /// One collective call on a group of fabric ranks.
@@ -62,6 +65,17 @@ pub enum WorkloadError {
     /// The simulation failed.
     #[error(transparent)]
     Sim(#[from] SimError),
+}
+
+/// One kernel of a compute stream (a GEMM, an attention block, an optimizer step).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    /// What it is ("fwd L3 qkv").
+    pub label: String,
+    /// Floating-point operations.
+    pub flops: f64,
+    /// HBM bytes read and written.
+    pub bytes: u64,
 }
 
 /// A handle to a job added to a [`Concurrent`].
@@ -141,6 +155,68 @@ impl<'f> Concurrent<'f> {
     /// The schedule of a job (fabric ranks).
     pub fn schedule(&self, job: JobId) -> Option<&Schedule> {
         self.jobs.get(job.0 as usize).and_then(|j| self.composer.get(j.1))
+    }
+
+    /// A compute stream on `rank`: `kernels` run one after the other (a CUDA stream), on the
+    /// rank's GPU, beside its collectives.
+    pub fn add_compute(&mut self, name: &str, rank: u32, kernels: &[Kernel]) -> Result<JobId, WorkloadError> {
+        let ngpus = self.fabric.num_gpus();
+        if rank >= ngpus {
+            return Err(WorkloadError::Ranks {
+                job: name.into(),
+                reason: format!("rank {rank} is not on the fabric (valid: 0..{})", ngpus - 1),
+            });
+        }
+        if let Some(k) = kernels.iter().find(|k| !(k.flops >= 0.0 && k.flops.is_finite())) {
+            return Err(WorkloadError::Ranks {
+                job: name.into(),
+                reason: format!("kernel \"{}\" has {} FLOPs (valid: finite, >= 0)", k.label, k.flops),
+            });
+        }
+        let mut s = Schedule::with_part(Part::new(name, 1, DType::BF16, RedOp::Sum, Proto::Simple));
+        s.nranks = ngpus;
+        let mut b = ProgramBuilder::new();
+        for k in kernels {
+            s.labels.push(k.label.clone());
+            b.push(Op::Compute(Compute { flops: k.flops, bytes: k.bytes, label: s.labels.len() as u32 - 1 }));
+        }
+        let p = s.add_program(b.finish());
+        s.add_stream(rank, 0, 0, 0, p, &[]);
+        let id = self.composer.add(s);
+        let choice = Choice { algo: Algo::P2p, proto: Proto::Simple, nchannels: 1 };
+        self.jobs.push((name.to_string(), id, choice));
+        Ok(JobId(self.jobs.len() as u32 - 1))
+    }
+
+    /// Kernel `kernel` of compute job `compute` (and every later kernel of it) waits until
+    /// job `job` is done on the compute stream's rank (a stream wait on the collective's
+    /// event: the layer needs the gathered weights).
+    pub fn kernel_after(&mut self, compute: JobId, kernel: u32, job: JobId) {
+        let (Some(c), Some(j)) = (self.jobs.get(compute.0 as usize), self.jobs.get(job.0 as usize)) else {
+            return;
+        };
+        let (cp, jp) = (c.1, j.1);
+        let Some(rank) = self.composer.get(cp).and_then(|s| s.streams.first()).map(|st| st.rank) else {
+            return;
+        };
+        for e in self.composer.all_ops(jp, rank) {
+            self.composer.after(LocalOp { part: cp, stream: 0, op: kernel }, e);
+        }
+    }
+
+    /// Job `job` starts on the compute stream's rank only once kernel `kernel` of compute
+    /// job `compute` is complete (the collective reduces the gradients that kernel made).
+    pub fn after_kernel(&mut self, job: JobId, compute: JobId, kernel: u32) {
+        let (Some(c), Some(j)) = (self.jobs.get(compute.0 as usize), self.jobs.get(job.0 as usize)) else {
+            return;
+        };
+        let (cp, jp) = (c.1, j.1);
+        let Some(rank) = self.composer.get(cp).and_then(|s| s.streams.first()).map(|st| st.rank) else {
+            return;
+        };
+        for start in self.composer.first_ops(jp, rank) {
+            self.composer.after(start, LocalOp { part: cp, stream: 0, op: kernel });
+        }
     }
 
     /// Job `later` starts on each of its ranks only once job `first` is done on that rank

@@ -27,7 +27,6 @@ use fabricsim::exec::cpu::{self, Buffers, Element};
 use fabricsim::schedule::{validate, DType, Op, Proto, RedOp, Schedule};
 use half::{bf16, f16};
 use proptest::prelude::*;
-use proptest::strategy::ValueTree;
 use proptest::test_runner::TestCaseError;
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;

@@ -12,7 +12,7 @@ use fabricsim::fabric::{load_topology, Fabric, Router};
 use fabricsim::schedule::compose::{Composer, LocalOp};
 use fabricsim::schedule::{validate, DType, OpId, Proto, RedOp, Schedule};
 use fabricsim::units::SimTime;
-use fabricsim::workload::concurrent::{CollectiveJob, Concurrent, JobTime};
+use fabricsim::workload::concurrent::{CollectiveJob, Concurrent, JobTime, Kernel};
 use proptest::prelude::*;
 
 fn fabric(topo: &str, nodes: Option<u32>) -> Fabric {
@@ -255,4 +255,45 @@ fn the_cpu_executor_runs_composed_parts_with_their_own_buffers_in_dependency_ord
     let (ta, tb) = (r.parts[pa], r.parts[pb]);
     assert!(tb.end > ta.end, "B ({:?}) must end after A ({:?})", tb, ta);
     assert!(ta.start > SimTime::ZERO);
+}
+
+#[test]
+fn compute_streams_overlap_collectives_through_dependencies() {
+    // Backward on every GPU of a node: kernel 0, then kernel 1; the gradient all-reduce of
+    // kernel 0's output starts when kernel 0 is done and overlaps kernel 1; the optimizer
+    // (kernel 2) waits for the all-reduce. Step = k0 + max(k1, allreduce) + k2.
+    let f = fabric("dgx-h100.toml", None);
+    let peak = f.gpu.flops.bf16;
+    let us = |t: f64| t * 1e-6 * peak; // FLOPs that take t us at peak
+    let ar_alone = run(&f, &[job("ar", 0..8, allreduce(64 << 20, DType::BF16), ring(8))])[0].clone();
+    let ar = ar_alone.end.as_us() - ar_alone.start.as_us();
+    for k1 in [10.0, 3.0 * ar] {
+        let router = Router::new(&f, 0);
+        let mut w = Concurrent::new(&f, &router);
+        let kernels = |k1: f64| {
+            [("bwd0", 100.0), ("bwd1", k1), ("opt", 50.0)]
+                .map(|(l, t)| Kernel { label: l.into(), flops: us(t), bytes: 0 })
+                .to_vec()
+        };
+        let streams: Vec<_> =
+            (0..8).map(|r| w.add_compute(&format!("gpu{r}"), r, &kernels(k1)).unwrap()).collect();
+        let a = w.add(job("dp", 0..8, allreduce(64 << 20, DType::BF16), ring(8))).unwrap();
+        for &c in &streams {
+            w.after_kernel(a, c, 0);
+            w.kernel_after(c, 2, a);
+        }
+        let out = w.run(&unfolded()).unwrap();
+        let step = out.jobs[..8].iter().map(|j| j.end.as_us()).fold(0.0, f64::max);
+        let ar_start = out.jobs[8].start.as_us();
+        let k0_end = out.jobs[0].start.as_us() + 100.0;
+        assert!(
+            ar_start >= k0_end - 0.01,
+            "the all-reduce started at {ar_start:.2} us, before kernel 0 ended"
+        );
+        let want = out.jobs[0].start.as_us() + 100.0 + k1.max(ar) + 50.0;
+        assert!(
+            (step / want - 1.0).abs() < 0.03,
+            "k1 {k1:.0} us: step {step:.1} us, closed form {want:.1} us"
+        );
+    }
 }
