@@ -182,6 +182,22 @@ pub struct FlowLog {
     pub what: FlowWhat,
 }
 
+/// When one op of a stream ran: issued (its inputs and credits were there) and complete
+/// (its last flow delivered, its switch operation done, or at once for a wait).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpSpan {
+    /// The stream's part.
+    pub part: u32,
+    /// Stream index in the schedule.
+    pub stream: u32,
+    /// Op index in the stream's program.
+    pub op: u32,
+    /// Issue time.
+    pub issue: SimTime,
+    /// Completion time.
+    pub end: SimTime,
+}
+
 /// Everything a trace or a utilisation plot needs from one simulation.
 #[derive(Clone, Debug)]
 pub struct Traced {
@@ -193,6 +209,8 @@ pub struct Traced {
     pub roles: Vec<ResourceRole>,
     /// Every flow.
     pub flows: Vec<FlowLog>,
+    /// Every op of every simulated stream, in issue order.
+    pub ops: Vec<OpSpan>,
 }
 
 /// Runs a schedule and records every transfer (for timelines and link utilisation).
@@ -207,13 +225,15 @@ pub fn simulate_traced(
     }
     let (mut sim, mut engine) = Sim::setup(f, router, s, opts, Recorder::default())?;
     sim.flow_log = Some(Vec::new());
+    sim.op_log = Some(OpLog::default());
     for k in 0..sim.streams.len() {
         engine.timer(sim.streams[k].start, timer_tag(k as u32));
     }
     let end = engine.run(&mut sim);
     let log = sim.flow_log.take().unwrap_or_default();
+    let ops = sim.op_log.take().map(|l| l.spans).unwrap_or_default();
     let (result, rec, roles) = sim.finish(engine, end)?;
-    Ok(Traced { result, services: rec.services, roles, flows: log })
+    Ok(Traced { result, services: rec.services, roles, flows: log, ops })
 }
 
 /// What an engine resource stands for (for traces and link statistics).
@@ -424,6 +444,10 @@ struct Sim<'a> {
     pending_wakes: Vec<u32>,
     /// Flow records, when tracing.
     flow_log: Option<Vec<FlowLog>>,
+    /// Op spans, when tracing.
+    op_log: Option<OpLog>,
+    /// The time of the completion being handled.
+    now: SimTime,
     /// (send conn, recv conn) of every binding of every simulated stream.
     stream_conns: Vec<(u32, u32)>,
     lane_map: BTreeMap<(u32, u32), u32>,
@@ -439,6 +463,13 @@ impl StreamState {
             self.ops.is_done(op, self.pc)
         }
     }
+}
+
+/// Op spans of a traced run: finished ones, and where each pending op's span is.
+#[derive(Default)]
+struct OpLog {
+    spans: Vec<OpSpan>,
+    pending: BTreeMap<(u32, u32), usize>,
 }
 
 fn granule(kind: LinkKind) -> u32 {
@@ -754,6 +785,8 @@ impl<'a> Sim<'a> {
             end: SimTime::ZERO,
             pending_wakes: Vec::new(),
             flow_log: None,
+            op_log: None,
+            now: SimTime::ZERO,
             stream_conns: flat_conns,
             lane_map: s.lane_map(),
         };
@@ -913,7 +946,7 @@ impl<'a> Sim<'a> {
                         api.flow(now, path, bytes, SimTime::ZERO, tag);
                         n = 1;
                     }
-                    self.streams[ku].ops.issue(i as u32, n);
+                    self.issued(k, i as u32, n, now);
                 }
                 Op::Switch(sw) => {
                     let b = sw.group as usize;
@@ -921,7 +954,7 @@ impl<'a> Sim<'a> {
                     let Some(&gk) = self.group_index.get(&gid) else { return };
                     let inst = self.streams[ku].group_count[b];
                     self.streams[ku].group_count[b] += 1;
-                    self.streams[ku].ops.issue(i as u32, 1);
+                    self.issued(k, i as u32, 1, now);
                     let g = &mut self.groups[gk as usize];
                     let e = g.pending.entry(inst).or_insert_with(|| GroupInst { members: Vec::new() });
                     e.members.push((k, i as u32));
@@ -943,7 +976,7 @@ impl<'a> Sim<'a> {
                         kind: FlowKind::Compute,
                     });
                     api.flow(now, path, ps, SimTime::ZERO, tag);
-                    self.streams[ku].ops.issue(i as u32, 1);
+                    self.issued(k, i as u32, 1, now);
                 }
                 Op::Wait { lane_delta, op } => {
                     let ws = Schedule::wait_target(&self.lane_map, st, *lane_delta)
@@ -956,7 +989,7 @@ impl<'a> Sim<'a> {
                         }
                         return;
                     }
-                    self.streams[ku].ops.issue(i as u32, 0);
+                    self.issued(k, i as u32, 0, now);
                 }
             }
             self.streams[ku].pc += 1;
@@ -1014,11 +1047,35 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Records that op `op` of simulated stream `k` was issued with `n` flows outstanding.
+    fn issued(&mut self, k: u32, op: u32, n: u8, now: SimTime) {
+        self.streams[k as usize].ops.issue(op, n);
+        if let Some(log) = &mut self.op_log {
+            let span = OpSpan {
+                part: self.streams[k as usize].part,
+                stream: self.sim_streams[k as usize],
+                op,
+                issue: now,
+                end: if n == 0 { now } else { SimTime::MAX },
+            };
+            if n > 0 {
+                log.pending.insert((k, op), log.spans.len());
+            }
+            log.spans.push(span);
+        }
+    }
+
     fn op_done(&mut self, k: u32, op: u32) {
         let ss = &mut self.streams[k as usize];
         if !ss.ops.finish(op, ss.pc) {
             return;
         }
+        if let Some(log) = &mut self.op_log {
+            if let Some(i) = log.pending.remove(&(k, op)) {
+                log.spans[i].end = self.now;
+            }
+        }
+        let ss = &mut self.streams[k as usize];
         // Wake the streams waiting for exactly this op, and this stream if its next op
         // depends on it.
         let all = ss.ops.done_below >= ss.len;
@@ -1099,6 +1156,7 @@ fn timer_tag(k: u32) -> u64 {
 impl Handler for Sim<'_> {
     fn complete<E: EngineApi>(&mut self, api: &mut E, now: SimTime, tag: u64) {
         self.end = self.end.max(now);
+        self.now = now;
         let id = tag & ((1 << TAG_KIND_SHIFT) - 1);
         match tag >> TAG_KIND_SHIFT {
             TAG_TIMER | TAG_WAKE => self.advance(api, id as u32),

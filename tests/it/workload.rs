@@ -297,3 +297,43 @@ fn compute_streams_overlap_collectives_through_dependencies() {
         );
     }
 }
+
+#[test]
+fn traced_runs_give_every_op_its_span() {
+    // One compute stream of three kernels: they are issued together (one CUDA stream takes
+    // them in order) and complete one after the other at the GPU's peak.
+    let f = fabric("dgx-h100.toml", None);
+    let peak = f.gpu.flops.bf16;
+    let router = Router::new(&f, 0);
+    let mut w = Concurrent::new(&f, &router);
+    let times = [40.0, 10.0, 25.0];
+    let kernels: Vec<Kernel> = times
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Kernel { label: format!("k{i}"), flops: t * 1e-6 * peak, bytes: 0 })
+        .collect();
+    w.add_compute("gpu3", 3, &kernels).unwrap();
+    let a = w.add(job("ar", 0..8, allreduce(1 << 20, DType::BF16), ring(2))).unwrap();
+    let (out, traced) = w.run_traced(&unfolded()).unwrap();
+    // The part that is the compute stream has exactly three ops.
+    let kpart =
+        traced.ops.iter().map(|o| o.part).find(|&p| traced.ops.iter().filter(|o| o.part == p).count() == 3);
+    let kpart = kpart.expect("a part with three ops");
+    let k: Vec<_> = traced.ops.iter().filter(|o| o.part == kpart).collect();
+    let mut end = k[0].issue.as_us();
+    for (o, t) in k.iter().zip(times) {
+        end += t;
+        assert!(
+            (o.end.as_us() - end).abs() < 0.01,
+            "kernel {} ends at {:.2} us, expected {end:.2}",
+            o.op,
+            o.end.as_us()
+        );
+    }
+    // Every op of the all-reduce has a span inside its job's time.
+    let ar = &out.jobs[a.0 as usize];
+    let ar_ops: Vec<_> = traced.ops.iter().filter(|o| o.part != kpart).collect();
+    assert!(ar_ops.len() > 8);
+    assert!(ar_ops.iter().all(|o| o.issue >= ar.start && o.end <= ar.end && o.issue <= o.end));
+    assert_eq!(ar_ops.iter().map(|o| o.end).max(), Some(ar.end));
+}
