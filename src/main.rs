@@ -50,8 +50,25 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// The error and its causes joined by ": ", leaving out a cause whose text the message so far
+/// already holds (library errors often print their source, e.g. an OS error, and
+/// also return it as `source()`: anyhow's `{:#}` would show it twice).
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.is_empty() {
+            out = text;
+        } else if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
