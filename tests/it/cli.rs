@@ -218,6 +218,15 @@ fn output_folders_and_roots_are_checked_first() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--root") && err.contains("datasets.toml"), "{err}");
+    let report = dir.join("report");
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+        .args(["report", "--quick", "-o", report.to_str().unwrap()])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--root") && err.contains("topologies"), "{err}");
     crate::cleanup(&dir);
 }
 
