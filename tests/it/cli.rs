@@ -370,7 +370,7 @@ fn variants(cmd: &str) -> Vec<Vec<String>> {
 fn readme_tour_commands_run_as_written() {
     const SKIPPED: [(&str, &str); 4] = [
         ("run ", "a sweep of 8 event-mode points up to 1 GiB on 256 GPUs (about 35 s in release); its plot is run below on an analytical copy"),
-        ("sweep ", "100 event-mode points on up to 1,024 GPUs; sweeps are tested in tests/it/scenario.rs"),
+        ("sweep ", "42 event-mode points on up to 1,024 GPUs; sweeps are tested in tests/it/scenario.rs"),
         ("report ", "regenerates the whole gallery (minutes); `report --quick` is tested in tests/it/report.rs"),
         ("validate", "scores every reference table in the event mode; tests/it/accuracy.rs asserts the same scores"),
     ];
@@ -418,4 +418,27 @@ fn readme_tour_commands_run_as_written() {
     assert!(dir.join("plots/results_busbw_GBps_dgx-h100.png").is_file());
     assert!(dir.join("plots/results_busbw_GBps_superpod-h100.png").is_file());
     crate::cleanup(&dir);
+}
+
+/// `fabricsim ... | head`: a reader that closes the pipe early ends the command quietly, not
+/// with a panic.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    for args in [
+        &["sweep", "scenarios/allreduce-algos.toml", "--list"][..],
+        &["bench", H100, "-b", "8", "-e", "8G", "-f", "2", "--fidelity", "analytical"][..],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+            .args(args)
+            .current_dir(root())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // close the pipe before the command prints
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
+    }
 }
