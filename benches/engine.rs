@@ -1,4 +1,5 @@
-//! Speed of the simulator, measured with criterion (`cargo bench`; figures in README.md):
+//! Speed of the simulator, measured with criterion (`cargo bench --features bench`; figures in
+//! README.md):
 //!
 //! - `engine/contended`: the bare event engine on a contended fabric (64 senders, 64
 //!   receivers, 8 shared spine servers; every completion issues the next flow), reported

@@ -36,6 +36,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    quiet_broken_pipe();
     let args = Args::parse();
     let result = match args.command {
         Command::Topo(a) => cli::topo::run(a),
@@ -50,8 +51,44 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// Ends the process quietly (status 0) when standard output is closed under it, as in
+/// `fabricsim sweep s.toml --list | head`: `println!` panics on a closed pipe, and a reader
+/// that stopped early is not an error of ours. Every other panic keeps the default report.
+fn quiet_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
+/// The error and its causes joined by ": ", leaving out a cause whose text the message so far
+/// already holds (library errors often print their source, e.g. an OS error, and
+/// also return it as `source()`: anyhow's `{:#}` would show it twice).
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.is_empty() {
+            out = text;
+        } else if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }

@@ -12,18 +12,23 @@ use fabricsim::collective::{Algo, Collective};
 use fabricsim::engine::Granularity;
 use fabricsim::fabric::{self, build::BuildOpts};
 use fabricsim::report::bench as out;
-use fabricsim::scenario::bench::{run_bench, sweep_sizes, BenchConfig, Fidelity};
-use fabricsim::schedule::{DType, Proto, RedOp};
+use fabricsim::scenario::bench::{count_for, run_bench, sweep_sizes, BenchConfig, BenchRow, Fidelity};
+use fabricsim::schedule::{DType, RedOp};
 use fabricsim::units::parse_bytes;
+
+use super::values::{
+    AlgoArg, BenchFormat, CollectiveArg, DTypeArg, FidelityArg, GranularityArg, ProtoArg, RedOpArg,
+    TraceRanksArg,
+};
 
 /// Arguments of `bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Topology file (topologies/*.toml or an NCCL topology XML).
     pub topology: PathBuf,
-    /// Collective: allreduce, allgather, reducescatter, broadcast, reduce, alltoall, sendrecv.
-    #[arg(short = 'c', long = "collective", default_value = "allreduce")]
-    pub collective: String,
+    /// Collective (nccl-tests' names; `all_reduce` and `all_reduce_perf` work too).
+    #[arg(short = 'c', long = "collective", value_enum, ignore_case = true, default_value = "allreduce")]
+    pub collective: CollectiveArg,
     /// Smallest size (nccl-tests -b): 8, 64K, 8M, 8G.
     #[arg(short = 'b', long = "minbytes", default_value = "32M")]
     pub minbytes: String,
@@ -36,16 +41,17 @@ pub struct BenchArgs {
     /// Add this many bytes at each step (nccl-tests -i; default 1M when -f is absent).
     #[arg(short = 'i', long = "stepbytes")]
     pub stepbytes: Option<String>,
-    /// Data type (nccl-tests -d): float, half, bfloat16, double, int32, int8, int64.
-    #[arg(short = 'd', long = "datatype", default_value = "float")]
-    pub datatype: String,
-    /// Reduction (nccl-tests -o): sum, prod, max, min, avg.
-    #[arg(short = 'o', long = "op", default_value = "sum")]
-    pub op: String,
+    /// Data type (nccl-tests -d; also f32, bf16, fp16, i64, ...).
+    #[arg(short = 'd', long = "datatype", value_enum, ignore_case = true, default_value = "float")]
+    pub datatype: DTypeArg,
+    /// Reduction (nccl-tests -o).
+    #[arg(short = 'o', long = "op", value_enum, ignore_case = true, default_value = "sum")]
+    pub op: RedOpArg,
     /// Root rank of broadcast and reduce (nccl-tests -r).
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     pub root: u32,
     /// GPUs launched by one host thread (nccl-tests -g): their kernels start staggered.
+    /// At most the GPUs used per node.
     #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
     pub ngpus: u32,
     /// Nodes to instantiate with the topology's cluster generator.
@@ -54,22 +60,22 @@ pub struct BenchArgs {
     /// GPUs used per node (the first N).
     #[arg(long)]
     pub gpus: Option<u32>,
-    /// Algorithm: auto (NCCL's pick), ring, tree, collnetdirect, collnetchain, nvls, nvlstree, pat, p2p.
-    #[arg(long, default_value = "auto")]
-    pub algo: String,
-    /// Protocol: auto, LL, LL128, Simple.
-    #[arg(long, default_value = "auto")]
-    pub proto: String,
+    /// Algorithm (auto: NCCL's pick).
+    #[arg(long, value_enum, ignore_case = true, default_value = "auto")]
+    pub algo: AlgoArg,
+    /// Protocol (auto: NCCL's pick).
+    #[arg(long, value_enum, ignore_case = true, default_value = "auto")]
+    pub proto: ProtoArg,
     /// Channels (default: what NCCL would launch).
     #[arg(long)]
     pub channels: Option<u32>,
     /// analytical (closed form) or event (discrete-event simulation).
-    #[arg(long, default_value = "event")]
-    pub fidelity: String,
+    #[arg(long, value_enum, ignore_case = true, default_value = "event")]
+    pub fidelity: FidelityArg,
     /// Event granularity: hop (one event per link a transfer crosses, exact arrival order)
     /// or path (one event per transfer, links claimed when it starts: faster, approximate).
-    #[arg(long, default_value = "hop")]
-    pub granularity: String,
+    #[arg(long, value_enum, ignore_case = true, default_value = "hop")]
+    pub granularity: GranularityArg,
     /// Simulate every channel instead of one per symmetry class.
     #[arg(long)]
     pub no_fold: bool,
@@ -85,14 +91,18 @@ pub struct BenchArgs {
     /// ECMP seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Output: table, csv or json.
-    #[arg(long, default_value = "table")]
-    pub format: String,
+    /// Output format.
+    #[arg(long, value_enum, ignore_case = true, default_value = "table")]
+    pub format: BenchFormat,
     /// Also write a Chrome/Perfetto trace (JSON) of ONE call: the first size of the sweep,
     /// re-run with the discrete-event simulator whatever --fidelity says. Channels are
     /// folded unless --no-fold; big runs are cut after about 250k slices (stated in the trace).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// Ranks the trace shows: node (node 0's GPUs, what they send and receive and the links
+    /// that crosses) or all (every rank: large files on large fabrics).
+    #[arg(long, value_enum, ignore_case = true, default_value = "node", requires = "trace")]
+    pub trace_ranks: TraceRanksArg,
 }
 
 /// Reads a calibration profile: a TOML file whose `[params]` table overrides model parameters.
@@ -102,38 +112,12 @@ pub fn load_profile(path: &Path) -> Result<toml::Table> {
 
 /// Parses the arguments into a fabric and a configuration.
 pub fn config(a: &BenchArgs) -> Result<(fabric::Fabric, BenchConfig)> {
-    let coll = Collective::parse(&a.collective).with_context(|| {
-        format!(
-            "unknown collective {:?}; valid: {}",
-            a.collective,
-            Collective::ALL.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
-        )
-    })?;
-    let dtype = DType::parse(&a.datatype).with_context(|| {
-        format!("unknown datatype {:?}; valid: float, half, bfloat16, double, int32, int8, int64", a.datatype)
-    })?;
-    let redop = RedOp::parse(&a.op)
-        .with_context(|| format!("unknown op {:?}; valid: sum, prod, max, min, avg", a.op))?;
-    let algo = match a.algo.to_ascii_lowercase().as_str() {
-        "auto" => None,
-        s => Some(Algo::parse(s).with_context(|| {
-            format!("unknown algorithm {s:?}; valid: auto, ring, tree, collnetdirect, collnetchain, nvls, nvlstree, pat, p2p")
-        })?),
-    };
-    let proto = match a.proto.to_ascii_lowercase().as_str() {
-        "auto" => None,
-        s => Some(
-            Proto::parse(s)
-                .with_context(|| format!("unknown protocol {s:?}; valid: auto, LL, LL128, Simple"))?,
-        ),
-    };
-    let fidelity = Fidelity::parse(&a.fidelity)
-        .with_context(|| format!("unknown fidelity {:?}; valid: analytical, event", a.fidelity))?;
-    let granularity = match a.granularity.as_str() {
-        "path" => Granularity::Path,
-        "hop" => Granularity::Hop,
-        s => bail!("unknown granularity {s:?}; valid: path, hop"),
-    };
+    let coll = Collective::from(a.collective);
+    let dtype = DType::from(a.datatype);
+    let redop = RedOp::from(a.op);
+    let (algo, proto) = (a.algo.algo(), a.proto.proto());
+    let fidelity = Fidelity::from(a.fidelity);
+    let granularity = Granularity::from(a.granularity);
     let min = parse_bytes(&a.minbytes).context("-b")?;
     let max = parse_bytes(&a.maxbytes).context("-e")?;
     let step = a.stepbytes.as_deref().map(parse_bytes).transpose().context("-i")?;
@@ -168,7 +152,65 @@ pub fn config(a: &BenchArgs) -> Result<(fabric::Fabric, BenchConfig)> {
     let spec = load_any_topology(&a.topology)?;
     let params = a.calibration.as_deref().map(load_profile).transpose()?;
     let f = fabric::build::build(&spec, &BuildOpts { nodes: a.nodes, gpus_per_node: a.gpus, params })?;
+    if a.ngpus > f.gpus_per_node() {
+        bail!(
+            "-g {}: a node of {} has {} GPU{} to launch{}; valid: 1..={}",
+            a.ngpus,
+            f.name,
+            f.gpus_per_node(),
+            if f.gpus_per_node() == 1 { "" } else { "s" },
+            if a.gpus.is_some() { " (--gpus)" } else { "" },
+            f.gpus_per_node()
+        );
+    }
     Ok((f, cfg))
+}
+
+/// Says which sizes gave no call (too small for one element per rank's chunk) and the
+/// smallest size that would run; an error (exit status 2) when no size at all did.
+fn report_skipped_sizes(f: &fabric::Fabric, cfg: &BenchConfig, rows: &[BenchRow]) -> Result<()> {
+    let n = f.num_gpus();
+    let skipped: Vec<u64> =
+        cfg.sizes.iter().copied().filter(|&s| count_for(cfg.coll, s, n, cfg.dtype) == 0).collect();
+    if skipped.is_empty() {
+        return Ok(());
+    }
+    // The smallest size with a non-empty call (the count only grows with the size).
+    let (mut lo, mut hi) = (1u64, 1u64 << 50);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if count_for(cfg.coll, mid, n, cfg.dtype) > 0 {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let why = match cfg.coll {
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => format!(
+            "{} splits a size into {n} per-rank chunks of whole {} elements ({} B), each a multiple of 16 B",
+            cfg.coll,
+            cfg.dtype.nccl_name(),
+            cfg.dtype.size()
+        ),
+        _ => format!(
+            "a size must hold at least one {} element ({} B)",
+            cfg.dtype.nccl_name(),
+            cfg.dtype.size()
+        ),
+    };
+    let list: Vec<String> = skipped.iter().take(8).map(|s| format!("{s} B")).collect();
+    let more = if skipped.len() > 8 { format!(" and {} more", skipped.len() - 8) } else { String::new() };
+    let msg = format!(
+        "{} of {} size(s) give no call on {n} GPUs ({}{more}): {why}; the smallest size that runs is {lo} B (-b {lo})",
+        skipped.len(),
+        cfg.sizes.len(),
+        list.join(", ")
+    );
+    if rows.is_empty() {
+        bail!("nothing to run: {msg}");
+    }
+    eprintln!("note: skipped {msg}");
+    Ok(())
 }
 
 /// Loads a TOML topology or an NCCL XML dump (by extension).
@@ -179,7 +221,11 @@ pub fn load_any_topology(path: &Path) -> Result<fabric::TopologySpec> {
 /// Runs `bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let (f, cfg) = config(&a)?;
+    if let Some(path) = &a.trace {
+        super::check_writable("--trace", path)?;
+    }
     let rows = run_bench(&f, &cfg)?;
+    report_skipped_sizes(&f, &cfg, &rows)?;
     if cfg.fidelity == Fidelity::Analytical && rows.iter().any(|r| r.algo != Algo::Ring) {
         eprintln!(
             "note: the analytical times of algorithms other than ring are estimates (README, \"Fidelity\"); \
@@ -187,7 +233,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
     }
     if let (Some(path), Some(first)) = (&a.trace, rows.first()) {
-        let opts = fabricsim::report::timeline::TimelineOpts::default();
+        let opts =
+            fabricsim::report::timeline::TimelineOpts { ranks: a.trace_ranks.into(), ..Default::default() };
         let st = fabricsim::report::timeline::trace_bench_row(path, &f, &cfg, first, &opts)?;
         let cut =
             st.cut_at.map(|t| format!(", cut at {t} ({} slices left out)", st.dropped)).unwrap_or_default();
@@ -195,16 +242,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let stdout = std::io::stdout();
     let mut w = stdout.lock();
-    let res = match a.format.as_str() {
-        "table" => {
+    let res = match a.format {
+        BenchFormat::Table => {
             let header = vec![
                 format!(
-                    "fabricsim bench: {} on {} ({} GPUs, {} nodes x {} GPUs, {})",
+                    "fabricsim bench: {} on {} ({}, {} x {}, {})",
                     cfg.coll,
                     f.name,
-                    f.num_gpus(),
-                    f.num_nodes(),
-                    f.gpus_per_node(),
+                    super::count(f.num_gpus(), "GPU"),
+                    super::count(f.num_nodes(), "node"),
+                    super::count(f.gpus_per_node(), "GPU"),
                     f.gpu.model
                 ),
                 format!(
@@ -217,15 +264,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
             ];
             out::write_table(&mut w, &out::TableContext { header, compare: cfg.compare }, &rows)
         }
-        "csv" => out::write_csv(&mut w, &rows),
-        "json" => {
+        BenchFormat::Csv => out::write_csv(&mut w, &rows, cfg.compare),
+        BenchFormat::Json => {
             let ctx = serde_json::json!({
                 "topology": f.name, "gpus": f.num_gpus(), "nodes": f.num_nodes(),
                 "collective": cfg.coll.name(), "fidelity": cfg.fidelity.name(),
             });
             out::write_json(&mut w, ctx, &rows)
         }
-        other => bail!("unknown format {other:?}; valid: table, csv, json"),
     };
     match res {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use fabricsim::report::csvdata::{column_label, ColumnUnit, Table};
+use fabricsim::report::csvdata::{column_label, ColumnUnit, Group, SplitSeries, Table};
 use fabricsim::report::plot::{Axis, LineChart, Scale, Series, SeriesStyle, TickFormat};
 
 /// Arguments of `plot`.
@@ -55,6 +55,7 @@ pub struct PlotArgs {
 /// Runs `plot`.
 pub fn run(a: PlotArgs) -> Result<()> {
     let size = parse_size(&a.size)?;
+    super::check_out_dir("-o", &a.out)?;
     let table = Table::read(&a.file)?;
     let src = a.file.display().to_string();
     if table.is_empty() {
@@ -67,6 +68,18 @@ pub fn run(a: PlotArgs) -> Result<()> {
     let filters = parse_filters(&a.filters)?;
     let filter_refs: Vec<(&str, &str)> = filters.iter().map(|(c, v)| (c.as_str(), v.as_str())).collect();
     let table = table.filter_eq(&filter_refs)?;
+    // Rows of points the model rejected (status `error`) hold no numbers: leave them out
+    // before facetting and grouping, and say so once.
+    let (table, rejected) = table.without_rejected();
+    if rejected > 0 {
+        eprintln!(
+            "note: {src}: left out {rejected} row{} whose status is not ok (points the model rejected)",
+            if rejected == 1 { "" } else { "s" }
+        );
+        if table.is_empty() {
+            bail!("{src}: every row was rejected by the model (status column); nothing to plot");
+        }
+    }
     for col in [&a.x, &a.y] {
         let n = table.numeric(col)?.iter().flatten().count();
         if n == 0 {
@@ -98,12 +111,19 @@ pub fn run(a: PlotArgs) -> Result<()> {
     };
 
     let mut written = Vec::new();
+    let mut split_by: Vec<String> = Vec::new();
     for (facet_value, t) in &facets {
-        let chart = build_chart(&a, t, facet_value.as_deref(), &filters, size)?;
+        let groups = series_groups(&a, t)?;
+        for c in &groups.by {
+            if !split_by.contains(c) {
+                split_by.push(c.clone());
+            }
+        }
+        let chart = build_chart(&a, t, &groups.groups, facet_value.as_deref(), &filters, size)?;
         for w in chart.data_warnings() {
             eprintln!("warning: {src}: {w}");
         }
-        for w in duplicate_x_warnings(&a, t)? {
+        for w in duplicate_x_warnings(&a, t, &groups.groups)? {
             eprintln!("warning: {src}: {w}");
         }
         let stem = match facet_value {
@@ -115,10 +135,30 @@ pub fn run(a: PlotArgs) -> Result<()> {
             .with_context(|| format!("plotting {src} into {}", a.out.display()))?;
         written.extend(paths);
     }
+    if !split_by.is_empty() {
+        eprintln!(
+            "note: {src}: series split by {} so that each line is one configuration \
+             (--facet {} draws one figure per value instead)",
+            split_by.join(", "),
+            split_by[0]
+        );
+    }
     for p in &written {
         println!("{}", p.display());
     }
     Ok(())
+}
+
+/// The series of one figure: rows grouped by `--series` (or all rows in one), then split
+/// by whatever configuration still differs between rows at the same x.
+fn series_groups(a: &PlotArgs, t: &Table) -> Result<SplitSeries> {
+    let groups = match &a.series {
+        Some(s) => t.group_by(s)?,
+        None => vec![Group { key: a.y.clone(), rows: (0..t.len()).collect() }],
+    };
+    let skip: Vec<&str> =
+        [Some(&a.y), a.series.as_ref(), a.facet.as_ref()].into_iter().flatten().map(String::as_str).collect();
+    Ok(t.split_series(groups, &a.x, &skip)?)
 }
 
 fn parse_size(s: &str) -> Result<(u32, u32)> {
@@ -215,6 +255,7 @@ fn default_title(t: &Table, a: &PlotArgs) -> String {
 fn build_chart(
     a: &PlotArgs,
     t: &Table,
+    groups: &[Group],
     facet_value: Option<&str>,
     filters: &[(String, String)],
     size: (u32, u32),
@@ -243,15 +284,11 @@ fn build_chart(
     }
     let xs = t.numeric(&a.x)?;
     let ys = t.numeric(&a.y)?;
-    let groups = match &a.series {
-        Some(s) => t.group_by(s)?,
-        None => vec![fabricsim::report::csvdata::Group { key: a.y.clone(), rows: (0..t.len()).collect() }],
-    };
     for g in groups {
         let mut pts: Vec<(f64, f64)> =
             g.rows.iter().filter_map(|&r| Some((xs.get(r).copied()??, ys.get(r).copied()??))).collect();
         pts.sort_by(|p, q| p.0.total_cmp(&q.0));
-        let name = if g.key.is_empty() { "(empty)".to_string() } else { g.key };
+        let name = if g.key.is_empty() { "(empty)".to_string() } else { g.key.clone() };
         let style = SeriesStyle { dashed: false, markers: pts.len() <= 24 };
         chart.push_series(Series { name, points: pts, style });
     }
@@ -274,12 +311,8 @@ fn build_chart(
 
 /// Series with several rows at the same x: name the other columns that vary among them, so
 /// the user knows what to --filter or --facet on.
-fn duplicate_x_warnings(a: &PlotArgs, t: &Table) -> Result<Vec<String>> {
+fn duplicate_x_warnings(a: &PlotArgs, t: &Table, groups: &[Group]) -> Result<Vec<String>> {
     let xs = t.numeric(&a.x)?;
-    let groups = match &a.series {
-        Some(s) => t.group_by(s)?,
-        None => vec![fabricsim::report::csvdata::Group { key: a.y.clone(), rows: (0..t.len()).collect() }],
-    };
     let mut out = Vec::new();
     for g in groups {
         let mut rows: Vec<(f64, usize)> = g.rows.iter().filter_map(|&r| xs[r].map(|x| (x, r))).collect();

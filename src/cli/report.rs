@@ -28,6 +28,17 @@ pub fn run(a: ReportArgs) -> Result<()> {
     // Wall time is for the user's information only; it never reaches the generated files.
     #[allow(clippy::disallowed_methods)]
     let t0 = std::time::Instant::now();
+    super::check_out_dir("-o", &a.out)?;
+    for needed in ["topologies", "validate/reference"] {
+        if !a.root.join(needed).is_dir() {
+            anyhow::bail!(
+                "{} not found: report reads the topologies and measured tables of the fabricsim repository; \
+                 run it from the repository's root or point --root at it (--root {} now)",
+                a.root.join(needed).display(),
+                a.root.display()
+            );
+        }
+    }
     let cfg = GalleryConfig { root: a.root, out_dir: a.out, quick: a.quick };
     let progress = |stem: &str| eprintln!("  {stem} ({:.1} s)", t0.elapsed().as_secs_f64());
     let g = build_gallery(&cfg, &progress)?;

@@ -16,6 +16,7 @@ use fabricsim::scenario::sweep::{Plan, Point, RunOpts};
 use fabricsim::units::format_bytes_short;
 
 use super::sweep::{default_out, execute};
+use super::values::TraceRanksArg;
 
 /// Arguments of `run`.
 #[derive(Args, Debug)]
@@ -41,6 +42,10 @@ pub struct RunArgs {
     /// The sweep point to trace (the `point` column).
     #[arg(long, default_value_t = 0, requires = "trace")]
     pub trace_point: usize,
+    /// Ranks the trace shows: node (node 0's GPUs, what they send and receive and the links
+    /// that crosses) or all (every rank: large files on large fabrics).
+    #[arg(long, value_enum, ignore_case = true, default_value = "node", requires = "trace")]
+    pub trace_ranks: TraceRanksArg,
 }
 
 /// One fabric of the results: the rows of one (topology, nodes, gpus).
@@ -226,6 +231,16 @@ pub fn run(a: RunArgs) -> Result<()> {
         );
     }
     let out = a.out.clone().unwrap_or_else(|| default_out(&plan));
+    super::check_out_dir("-o", &out)?;
+    // The trace is one call: write it first, so that an unwritable file or a point the model
+    // rejects fails before the sweep runs, not after.
+    let traced = match &a.trace {
+        Some(path) => {
+            super::check_writable("--trace", path)?;
+            Some(trace(&plan.points[a.trace_point], path, a.trace_ranks)?)
+        }
+        None => None,
+    };
     let summary =
         execute(&plan, &out, &RunOpts { threads: a.threads, resume: a.resume, ..Default::default() })?;
     let table = Table::read(&summary.csv)?;
@@ -235,9 +250,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     if !a.no_plot && res.facets.iter().any(|f| !f.series.is_empty()) {
         files.extend(plot(&plan, &res, &out)?);
     }
-    if let Some(path) = &a.trace {
-        files.push(trace(&plan.points[a.trace_point], path)?);
-    }
+    files.extend(traced);
     println!();
     for f in files {
         println!("wrote {}", f.display());
@@ -246,17 +259,18 @@ pub fn run(a: RunArgs) -> Result<()> {
 }
 
 /// Traces the first size of a sweep point into `path`.
-fn trace(point: &Point, path: &std::path::Path) -> Result<PathBuf> {
+fn trace(point: &Point, path: &std::path::Path, ranks: TraceRanksArg) -> Result<PathBuf> {
     let index = point.index;
     let s = &point.scenario;
     let f = fabricsim::fabric::build::build(&s.topology.spec, &s.build_opts())?;
     let mut cfg = s.bench_config();
     cfg.sizes.truncate(1);
-    let rows = fabricsim::scenario::bench::run_bench(&f, &cfg)
-        .with_context(|| format!("--trace-point {index} ({})", point.label))?;
+    let rows = fabricsim::scenario::bench::run_bench(&f, &cfg).with_context(|| {
+        format!("--trace-point {index} ({}): the model rejects this point; trace another one", point.label)
+    })?;
     let row =
         rows.first().with_context(|| format!("point {index}: its first size gives no call to trace"))?;
-    let opts = fabricsim::report::timeline::TimelineOpts::default();
+    let opts = fabricsim::report::timeline::TimelineOpts { ranks: ranks.into(), ..Default::default() };
     fabricsim::report::timeline::trace_bench_row(path, &f, &cfg, row, &opts)?;
     Ok(path.to_path_buf())
 }

@@ -150,6 +150,7 @@ pub fn run(a: SweepArgs) -> Result<()> {
         return Ok(());
     }
     let out = a.out.clone().unwrap_or_else(|| default_out(&plan));
+    super::check_out_dir("-o", &out)?;
     let summary = execute(&plan, &out, &RunOpts { threads: a.threads, shard, resume: !a.fresh })?;
     println!("{}", summary.csv.display());
     println!("{}", summary.jsonl.display());

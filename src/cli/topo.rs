@@ -66,13 +66,22 @@ pub fn run(a: TopoArgs) -> Result<()> {
             for r in [src, dst] {
                 if r >= n {
                     bail!(
-                        "rank {r} is out of range: {} has {n} GPUs ({} node(s) x {}), valid ranks are 0..={}",
+                        "rank {r} is out of range: {} has {} ({} x {}), valid ranks are 0..={}",
                         spec.name,
-                        f.num_nodes(),
+                        super::count(n, "GPU"),
+                        super::count(f.num_nodes(), "node"),
                         f.gpus_per_node(),
                         n - 1
                     );
                 }
+            }
+            if src == dst {
+                bail!(
+                    "--path {src} {dst}: both ends are rank {src} ({}); there is no route from a GPU to itself \
+                     (give two different ranks in 0..={})",
+                    f.device(f.gpus[src as usize]).name,
+                    n - 1
+                );
             }
             let router = Router::new(&f, a.seed);
             let route = router

@@ -4,12 +4,14 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 
 use fabricsim::calibrate::profile::load_profile;
 use fabricsim::calibrate::reference::{load_manifest, reference_dir, score};
 use fabricsim::scenario::bench::Fidelity;
+
+use super::values::{FidelityArg, ValidateFormat};
 
 /// Arguments of `validate`.
 #[derive(Args, Debug)]
@@ -20,18 +22,18 @@ pub struct ValidateArgs {
     /// Also print every size of every dataset.
     #[arg(short, long)]
     pub verbose: bool,
-    /// Model fidelity: analytical | event.
-    #[arg(long, default_value = "event")]
-    pub fidelity: String,
+    /// Model fidelity.
+    #[arg(long, value_enum, ignore_case = true, default_value = "event")]
+    pub fidelity: FidelityArg,
     /// Calibration profile (TOML) overriding the default parameters.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
     /// Project root holding validate/reference/ and topologies/.
     #[arg(long, default_value = ".")]
     pub root: PathBuf,
-    /// Output format: table | markdown.
-    #[arg(long, default_value = "table")]
-    pub format: String,
+    /// Output format.
+    #[arg(long, value_enum, ignore_case = true, default_value = "table")]
+    pub format: ValidateFormat,
 }
 
 fn pct(x: Option<f64>) -> String {
@@ -40,15 +42,18 @@ fn pct(x: Option<f64>) -> String {
 
 /// Runs `validate`.
 pub fn run(a: ValidateArgs) -> Result<()> {
-    let fidelity = Fidelity::parse(&a.fidelity)
-        .with_context(|| format!("unknown fidelity {:?}; valid: analytical, event", a.fidelity))?;
-    let md = match a.format.as_str() {
-        "table" => false,
-        "markdown" | "md" => true,
-        f => anyhow::bail!("unknown format {f:?}; valid: table, markdown"),
-    };
+    let fidelity = Fidelity::from(a.fidelity);
+    let md = a.format == ValidateFormat::Markdown;
     let params = a.calibration.as_deref().map(load_profile).transpose()?;
     let dir = reference_dir(&a.root);
+    if !dir.join("datasets.toml").is_file() {
+        bail!(
+            "{} not found: validate reads the measured tables of the fabricsim repository; run it from the \
+             repository's root or point --root at it (--root {} now)",
+            dir.join("datasets.toml").display(),
+            a.root.display()
+        );
+    }
     let sets = load_manifest(&dir)?;
     if md {
         println!(

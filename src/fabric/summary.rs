@@ -162,14 +162,16 @@ pub fn summarize(f: &Fabric) -> FabricSummary {
     while tiers.last() == Some(&0) {
         tiers.pop();
     }
-    let mut classes: BTreeMap<(LinkKind, u64, u64, u32), usize> = BTreeMap::new();
+    // Network ports sort by tier, up before down: nic->leaf, leaf->nic, leaf->spine, ...
+    let mut classes: BTreeMap<(LinkKind, u8, String, u64, u64, u32), usize> = BTreeMap::new();
     for l in &f.links {
-        *classes.entry((l.kind, l.bw.0, l.latency.0, l.lanes)).or_insert(0) += 1;
+        let tier = net_roles(f, l).map_or(0, |(a, b)| 2 * a.min(b) + u8::from(a > b));
+        *classes.entry((l.kind, tier, link_label(f, l), l.bw.0, l.latency.0, l.lanes)).or_insert(0) += 1;
     }
     let links = classes
         .into_iter()
-        .map(|((kind, bw, lat, lanes), count)| LinkClassSummary {
-            label: kind.label(),
+        .map(|((_, _, label, bw, lat, lanes), count)| LinkClassSummary {
+            label,
             count,
             bw_gbps: bw as f64 / 1e9,
             latency_us: lat as f64 / 1e6,
@@ -567,6 +569,29 @@ pub struct RouteSummary {
     pub bottleneck_gbps: f64,
 }
 
+/// The label of a link: its kind ("NVLink4", "PCIe5 x16"), and for a network port the tier
+/// it joins, by the roles of its ends ("network nic->leaf", "network spine->core").
+pub fn link_label(f: &Fabric, l: &Link) -> String {
+    const ROLES: [&str; 4] = ["nic", "leaf", "spine", "core"];
+    match net_roles(f, l) {
+        Some((a, b)) => format!("{} {}->{}", l.kind.label(), ROLES[a as usize], ROLES[b as usize]),
+        None => l.kind.label(),
+    }
+}
+
+/// The roles of a network port's ends: 0 a NIC (or a host device), 1 a leaf, 2 a spine,
+/// 3 a core switch; `None` for a link that is not a network port.
+fn net_roles(f: &Fabric, l: &Link) -> Option<(u8, u8)> {
+    if l.kind != LinkKind::Net {
+        return None;
+    }
+    let role = |d: DeviceId| match &f.device(d).kind {
+        DeviceKind::NetSwitch { tier, .. } => 1 + (*tier).min(2),
+        _ => 0,
+    };
+    Some((role(l.src), role(l.dst)))
+}
+
 /// Describes a route found by the [`Router`] on this fabric.
 pub fn describe_route(f: &Fabric, from_rank: u32, to_rank: u32, route: &Route) -> RouteSummary {
     let hops: Vec<HopSummary> = route
@@ -577,7 +602,7 @@ pub fn describe_route(f: &Fabric, from_rank: u32, to_rank: u32, route: &Route) -
             HopSummary {
                 from: f.device(link.src).name.clone(),
                 to: f.device(link.dst).name.clone(),
-                kind: link.kind.label(),
+                kind: link_label(f, link),
                 bw_gbps: link.bw.gbytes(),
                 latency_us: link.latency.as_us(),
             }

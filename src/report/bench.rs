@@ -8,6 +8,10 @@ use crate::scenario::bench::BenchRow;
 /// The CSV header of `bench --format csv`.
 pub const CSV_HEADER: &str = "size_bytes,count,dtype,redop,time_us,algbw_GBps,busbw_GBps,algo,proto";
 
+/// The columns `bench --compare --format csv` adds after [`CSV_HEADER`]: NCCL's pick and the
+/// fastest candidate with its time (empty where there is none).
+pub const CSV_COMPARE_COLUMNS: &str = "nccl_algo,nccl_proto,fastest_algo,fastest_proto,fastest_time_us";
+
 /// Context printed above a table.
 #[derive(Clone, Debug, Default)]
 pub struct TableContext {
@@ -71,11 +75,22 @@ pub fn write_table(w: &mut dyn Write, ctx: &TableContext, rows: &[BenchRow]) -> 
     Ok(())
 }
 
-/// Writes CSV with [`CSV_HEADER`].
-pub fn write_csv(w: &mut dyn Write, rows: &[BenchRow]) -> io::Result<()> {
-    writeln!(w, "{CSV_HEADER}")?;
+/// Writes CSV with [`CSV_HEADER`], followed by [`CSV_COMPARE_COLUMNS`] when `compare`.
+pub fn write_csv(w: &mut dyn Write, rows: &[BenchRow], compare: bool) -> io::Result<()> {
+    if compare {
+        writeln!(w, "{CSV_HEADER},{CSV_COMPARE_COLUMNS}")?;
+    } else {
+        writeln!(w, "{CSV_HEADER}")?;
+    }
     for r in rows {
-        writeln!(w, "{}", r.csv_fields())?;
+        if compare {
+            let (pa, pp) = r.nccl_pick.map_or(("", ""), |(a, p)| (a.name(), p.name()));
+            let (ba, bp, bt) =
+                r.best.map_or(("", "", String::new()), |(a, p, t)| (a.name(), p.name(), format!("{t:.3}")));
+            writeln!(w, "{},{pa},{pp},{ba},{bp},{bt}", r.csv_fields())?;
+        } else {
+            writeln!(w, "{}", r.csv_fields())?;
+        }
     }
     Ok(())
 }

@@ -281,6 +281,146 @@ impl Table {
     }
 }
 
+/// What [`Table::split_series`] did: the refined series and the columns it split them by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitSeries {
+    /// The series, each holding at most one row per x value where the data allow it.
+    pub groups: Vec<Group>,
+    /// Columns whose values were added to the series names, in the order they were chosen.
+    pub by: Vec<String>,
+}
+
+impl Table {
+    /// Rows that hold a result: all of them, unless a `status` column says otherwise (a sweep
+    /// writes `ok` for a result and `error` with the reason for a point the model rejected).
+    /// Returns the table of kept rows and the number of rows left out.
+    pub fn without_rejected(&self) -> (Table, usize) {
+        let Some(status) = self.columns.iter().find(|c| c.name == "status") else {
+            return (self.clone(), 0);
+        };
+        let keep: Vec<usize> = (0..self.rows).filter(|&r| status.cells[r] == "ok").collect();
+        let dropped = self.rows - keep.len();
+        (self.subset(&keep), dropped)
+    }
+
+    /// Splits series that hold several rows at the same x (a line through them would
+    /// zig-zag between configurations) by the configuration columns that tell those rows
+    /// apart, e.g. `Ring` into `Ring (dgx-h100)` and `Ring (superpod-h100)`.
+    ///
+    /// A configuration column is constant within each sweep point (when there is a `point`
+    /// column), or else text or a handful of distinct numbers; `skip` (the axes, the series
+    /// and facet columns) never splits. Columns are chosen greedily, the one that removes the
+    /// most repeated x values first; on a tie, result columns (`topology`, `nodes`) before
+    /// scenario keys (`topology.file`), fewer distinct values first, then file order. The
+    /// `point` and `point_hash` columns are used only when nothing else separates the rows.
+    pub fn split_series(&self, groups: Vec<Group>, x: &str, skip: &[&str]) -> Result<SplitSeries, DataError> {
+        let xs = self.numeric(x)?;
+        let repeats = |groups: &[Group]| -> usize {
+            groups
+                .iter()
+                .map(|g| {
+                    let mut v: Vec<f64> = g.rows.iter().filter_map(|&r| xs[r]).collect();
+                    v.sort_by(f64::total_cmp);
+                    v.windows(2).filter(|w| w[0] == w[1]).count()
+                })
+                .sum()
+        };
+        let mut groups = groups;
+        let mut by = Vec::new();
+        let mut left = repeats(&groups);
+        if left == 0 {
+            return Ok(SplitSeries { groups, by });
+        }
+        let points = self.columns.iter().find(|c| c.name == "point");
+        let is_config = |c: &Column| -> bool {
+            match points {
+                Some(p) => {
+                    let mut first: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
+                    c.cells
+                        .iter()
+                        .zip(&p.cells)
+                        .all(|(v, pt)| *first.entry(pt.as_str()).or_insert(v.as_str()) == v.as_str())
+                }
+                None => c.cells.iter().any(|v| parse_number(v).is_none()) || distinct_count(&c.cells) <= 12,
+            }
+        };
+        let identity = |name: &str| matches!(name, "point" | "point_hash");
+        let candidates: Vec<(usize, &Column)> = self
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.name != x && !skip.contains(&c.name.as_str()))
+            .filter(|(_, c)| distinct_count(&c.cells) > 1)
+            .filter(|(_, c)| identity(&c.name) || is_config(c))
+            .collect();
+        let mut used = vec![false; candidates.len()];
+        while left > 0 {
+            let mut best: Option<(SplitRank, usize, Vec<Group>)> = None;
+            for (k, &(order, c)) in candidates.iter().enumerate() {
+                if used[k] {
+                    continue;
+                }
+                let split = split_groups(&groups, c);
+                let rank = (
+                    identity(&c.name),
+                    repeats(&split),
+                    c.name.contains('.'),
+                    distinct_count(&c.cells),
+                    order,
+                );
+                if rank.1 < left && best.as_ref().is_none_or(|(b, _, _)| rank < *b) {
+                    best = Some((rank, k, split));
+                }
+            }
+            let Some((rank, k, split)) = best else { break };
+            used[k] = true;
+            by.push(candidates[k].1.name.clone());
+            groups = split;
+            left = rank.1;
+        }
+        Ok(SplitSeries { groups, by })
+    }
+}
+
+/// How good a split column is, smaller first: (is an identity column, repeated x values left,
+/// is a dotted scenario key, distinct values, column order).
+type SplitRank = (bool, usize, bool, usize, usize);
+
+/// Number of distinct cells.
+fn distinct_count(cells: &[String]) -> usize {
+    cells.iter().map(String::as_str).collect::<std::collections::BTreeSet<&str>>().len()
+}
+
+/// Each group split by the value of `c`, in order of first appearance; a split group is named
+/// `key (value)` for text and `key (column=value)` for numbers, values joined by ", ".
+fn split_groups(groups: &[Group], c: &Column) -> Vec<Group> {
+    let mut out = Vec::new();
+    for g in groups {
+        let mut parts: Vec<(&str, Vec<usize>)> = Vec::new();
+        for &r in &g.rows {
+            let v = c.cells[r].as_str();
+            match parts.iter_mut().find(|(k, _)| *k == v) {
+                Some((_, rows)) => rows.push(r),
+                None => parts.push((v, vec![r])),
+            }
+        }
+        if parts.len() == 1 {
+            out.push(g.clone());
+            continue;
+        }
+        for (v, rows) in parts {
+            let label = if parse_number(v).is_some() { format!("{}={v}", c.name) } else { v.to_string() };
+            let key = match g.key.strip_suffix(')').and_then(|k| k.split_once(" (")) {
+                Some((head, inner)) => format!("{head} ({inner}, {label})"),
+                None if g.key.is_empty() => label,
+                None => format!("{} ({label})", g.key),
+            };
+            out.push(Group { key, rows });
+        }
+    }
+    out
+}
+
 /// Parses a numeric cell; accepts plain decimal and exponent notation.
 pub fn parse_number(cell: &str) -> Option<f64> {
     let v: f64 = cell.trim().parse().ok()?;
@@ -455,6 +595,34 @@ mod tests {
         assert!(matches!(e, DataError::Empty { .. }), "{e}");
         let t = Table::from_reader("h.csv", "a,b\n".as_bytes()).unwrap();
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn rejected_rows_are_left_out() {
+        let t =
+            Table::from_reader("s.csv", "point,size_bytes,status\n0,8,ok\n1,,error\n".as_bytes()).unwrap();
+        let (kept, dropped) = t.without_rejected();
+        assert_eq!((kept.len(), dropped), (1, 1));
+        let (kept, dropped) = table().without_rejected();
+        assert_eq!((kept.len(), dropped), (3, 0));
+    }
+
+    #[test]
+    fn series_are_split_by_the_configuration_that_differs() {
+        let csv = "point,algo,topology.file,topology,nodes,size_bytes,proto\n\
+                   0,ring,a.toml,dgx,1,8,LL\n0,ring,a.toml,dgx,1,16,Simple\n\
+                   1,ring,b.toml,pod,32,8,LL\n1,ring,b.toml,pod,32,16,LL\n\
+                   2,tree,a.toml,dgx,1,8,LL\n";
+        let t = Table::from_reader("z.csv", csv.as_bytes()).unwrap();
+        let groups = t.group_by("algo").unwrap();
+        let s = t.split_series(groups, "size_bytes", &["algo"]).unwrap();
+        assert_eq!(s.by, ["topology"]);
+        let keys: Vec<&str> = s.groups.iter().map(|g| g.key.as_str()).collect();
+        assert_eq!(keys, ["ring (dgx)", "ring (pod)", "tree"]);
+        // Nothing to split: the groups come back as they were.
+        let groups = t.group_by("point").unwrap();
+        let s = t.split_series(groups.clone(), "size_bytes", &["point"]).unwrap();
+        assert_eq!((s.groups, s.by), (groups, Vec::<String>::new()));
     }
 
     #[test]

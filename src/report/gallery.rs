@@ -23,7 +23,7 @@ use crate::collective::{self, tuner, Algo, Choice, CollArgs, CollError, Collecti
 use crate::exec::simulate::{simulate_traced, SimError, SimOpts, Traced};
 use crate::fabric::{self, build::BuildOpts, Fabric, Router, TopologyError};
 use crate::report::plot::{Axis, BarChart, LineChart, Panel, PlotError, Series, TickFormat};
-use crate::report::timeline::{write_timeline_file, TimelineInfo, TimelineOpts};
+use crate::report::timeline::{write_timeline_file, TimelineInfo, TimelineOpts, TraceRanks};
 use crate::report::trace::TraceError;
 use crate::report::utilisation::{busiest_bars, busiest_heatmap, link_loads, LinkLoad};
 use crate::scenario::bench::{run_bench, BenchConfig, BenchError, BenchRow, Fidelity};
@@ -756,7 +756,9 @@ impl Ctx<'_> {
             protocol: "Simple".into(),
             folded: false,
         };
-        let stats = write_timeline_file(&path, &f, &s, &t, &info, &TimelineOpts::default())?;
+        // 16 GPUs: small enough to show every rank (the default shows node 0's).
+        let opts = TimelineOpts { ranks: TraceRanks::All, ..Default::default() };
+        let stats = write_timeline_file(&path, &f, &s, &t, &info, &opts)?;
         let caption = format!(
             "Chrome trace of one {} Ring all-reduce on two DGX H100 (16 GPUs); discrete-event simulation, every \
              channel.",

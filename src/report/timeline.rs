@@ -17,7 +17,11 @@
 //!   arguments say what was simulated, whether channels were folded, and whether the trace
 //!   was cut.
 //!
-//! Traces of big runs stay bounded: when there are more than [`TimelineOpts::max_slices`]
+//! Traces of big runs stay bounded in two ways. By default only representative ranks are
+//! traced ([`TraceRanks::Node`]): the GPUs of node 0, the transfers they send or receive and
+//! the links those transfers cross, and the switch groups they belong to; every rank is
+//! simulated, and [`TraceRanks::All`] shows them all. The `about this trace` slice says what
+//! was sampled. Then, when there are more than [`TimelineOpts::max_slices`]
 //! slices, only those that start before a cut-off time are written (a complete prefix of
 //! the run), and the cut is stated in the `about this trace` slice and in the returned
 //! [`TimelineStats`].
@@ -52,17 +56,31 @@ pub struct TimelineInfo {
     pub folded: bool,
 }
 
+/// Which ranks a trace shows (all of them are simulated either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TraceRanks {
+    /// The ranks of node 0, with the transfers they send or receive, the links those cross
+    /// and the switch groups they are members of: a representative sample whose size does
+    /// not grow with the node count.
+    #[default]
+    Node,
+    /// Every rank, transfer and link.
+    All,
+}
+
 /// Limits of a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimelineOpts {
     /// At most about this many slices are written; the trace is cut at a time before which
     /// fewer slices start.
     pub max_slices: usize,
+    /// Which ranks to show.
+    pub ranks: TraceRanks,
 }
 
 impl Default for TimelineOpts {
     fn default() -> Self {
-        TimelineOpts { max_slices: 250_000 }
+        TimelineOpts { max_slices: 250_000, ranks: TraceRanks::Node }
     }
 }
 
@@ -202,10 +220,38 @@ pub fn write_timeline<W: Write>(
     }
     let end = t.result.time.ps().max(span.iter().map(|s| s.1).max().unwrap_or(0));
 
+    // The sampled ranks, and for each flow whether its own slice (on its stream or switch
+    // track) and its link services are shown.
+    let sampled = sampled_ranks(f, s, opts.ranks);
+    let rank_shown = |r: u32| sampled.as_ref().is_none_or(|v| v.get(r as usize).copied().unwrap_or(false));
+    let stream_rank = |k: u32| s.streams.get(k as usize).map(|st| st.rank);
+    let (own_shown, links_shown): (Vec<bool>, Vec<bool>) = t
+        .flows
+        .iter()
+        .map(|fl| match fl.what {
+            FlowWhat::Switch { group, .. } => {
+                let any =
+                    s.groups.get(group as usize).is_some_and(|g| g.members.iter().any(|&m| rank_shown(m)));
+                (any, any)
+            }
+            FlowWhat::Send { to } => {
+                let own = stream_rank(fl.stream).is_some_and(rank_shown);
+                (own, own || stream_rank(to).is_some_and(rank_shown))
+            }
+            _ => {
+                let own = stream_rank(fl.stream).is_some_and(rank_shown);
+                (own, own)
+            }
+        })
+        .unzip();
+
     // Candidate slices, counted in time buckets to find the cut-off without sorting them all.
     let is_link = |res: u32| matches!(t.roles.get(res as usize), Some(ResourceRole::Link(_)));
-    let flow_starts = span.iter().filter(|sp| sp.0 != u64::MAX).map(|sp| sp.0);
-    let link_starts = t.services.iter().filter(|sv| is_link(sv.0)).map(|sv| sv.1.ps());
+    let link_flow_shown = |tag: u64| flow_of(tag).is_some_and(|fi| links_shown[fi as usize]);
+    let flow_starts =
+        span.iter().zip(&own_shown).filter(|(sp, &shown)| shown && sp.0 != u64::MAX).map(|(sp, _)| sp.0);
+    let link_starts =
+        t.services.iter().filter(|sv| is_link(sv.0) && link_flow_shown(sv.4)).map(|sv| sv.1.ps());
     let total = flow_starts.clone().count() + link_starts.clone().count();
     let cut = if total > opts.max_slices {
         const BUCKETS: usize = 4096;
@@ -252,7 +298,7 @@ pub fn write_timeline<W: Write>(
     let mut dropped = 0u64;
     for (fi, fl) in t.flows.iter().enumerate() {
         let (start, stop) = span[fi];
-        if start == u64::MAX {
+        if start == u64::MAX || !own_shown[fi] {
             continue;
         }
         if !keep(start) {
@@ -272,6 +318,9 @@ pub fn write_timeline<W: Write>(
     for &(res, start, stop, bytes, tag) in &t.services {
         let Some(ResourceRole::Link(l)) = t.roles.get(res as usize) else { continue };
         let Some(fi) = flow_of(tag) else { continue };
+        if !links_shown[fi as usize] {
+            continue;
+        }
         if !keep(start.ps()) {
             dropped += 1;
             continue;
@@ -349,6 +398,16 @@ pub fn write_timeline<W: Write>(
     let written = (recs.len()) as u64;
     let mut w = TraceWriter::new(out, &tracks)?;
     let ranks = s.streams.iter().map(|st| st.rank).collect::<std::collections::BTreeSet<_>>().len();
+    let sample = match &sampled {
+        None => format!("all {ranks} ranks, every transfer and every link that carried traffic"),
+        Some(v) => {
+            let shown = v.iter().filter(|&&b| b).count();
+            format!(
+                "{shown} of {ranks} ranks (node 0): their transfers, the transfers they receive, the links \
+                 those cross and their switch groups; every rank was simulated (--trace-ranks all shows all)"
+            )
+        }
+    };
     let shown = match cut {
         Some(c) => format!(
             "cut: only the {written} slices starting before {:.3} us are shown; {dropped} later slices were \
@@ -373,10 +432,11 @@ pub fn write_timeline<W: Write>(
                 let time = format!("{:.3} us", SimTime(end).as_us());
                 let streams = format!("{sim_streams} of {} schedule streams simulated", s.streams.len());
                 let ranks = ranks.to_string();
-                let args: [(&str, &str); 8] = [
+                let args: [(&str, &str); 9] = [
                     ("algorithm", &info.algorithm),
                     ("protocol", &info.protocol),
                     ("ranks", &ranks),
+                    ("ranks shown", &sample),
                     ("simulated time", &time),
                     ("streams", &streams),
                     ("channels", fold),
@@ -434,6 +494,22 @@ pub fn write_timeline<W: Write>(
     let slices = w.slice_count();
     w.finish()?;
     Ok(TimelineStats { slices, dropped, cut_at: cut.map(SimTime), tracks: tracks.len(), end: SimTime(end) })
+}
+
+/// For [`TraceRanks::Node`] on a fabric of more than one node, which ranks are shown (indexed
+/// by rank); `None` when every rank is.
+fn sampled_ranks(f: &Fabric, s: &Schedule, ranks: TraceRanks) -> Option<Vec<bool>> {
+    if ranks == TraceRanks::All || f.num_nodes() <= 1 {
+        return None;
+    }
+    let node0 = f.nodes.first()?;
+    let mut v = vec![false; s.nranks.max(f.num_gpus()) as usize];
+    for r in node0.ranks.clone() {
+        if let Some(b) = v.get_mut(r as usize) {
+            *b = true;
+        }
+    }
+    Some(v)
 }
 
 /// Writes the timeline to a file (see [`write_timeline`]).

@@ -98,6 +98,13 @@ pub fn write_text(w: &mut dyn Write, s: &FabricSummary) -> io::Result<()> {
         ]);
     }
     table(w, &rows)?;
+    if s.links.iter().any(|l| l.label.contains("->")) {
+        writeln!(
+            w,
+            "  A network link's latency is that of the device it leaves plus the cable: nic->leaf carries \
+             the NIC's,\n  the other tiers the switch's, so each device on a route is charged once."
+        )?;
+    }
 
     writeln!(w, "\nPer GPU (per direction)")?;
     table(
@@ -231,7 +238,7 @@ pub fn write_route(w: &mut dyn Write, r: &RouteSummary) -> io::Result<()> {
     writeln!(
         w,
         "  total latency {:.3} us, bottleneck {} GB/s per direction",
-        r.latency_us,
+        r.latency_us + 0.0, // never "-0.000"
         gbps(r.bottleneck_gbps)
     )?;
     Ok(())

@@ -36,12 +36,48 @@ const H100: &str = "topologies/dgx-h100.toml";
 fn bench_rejects_unknown_names() {
     fails_with(&["bench", H100, "-c", "allreduc"], &["allreduc", "allreduce", "alltoall"]);
     fails_with(&["bench", H100, "--algo", "rings"], &["rings", "valid"]);
-    fails_with(&["bench", H100, "--proto", "LL64"], &["ll64", "LL128"]);
+    fails_with(&["bench", H100, "--proto", "LL64"], &["LL64", "LL128"]);
     fails_with(&["bench", H100, "-d", "float7"], &["float7"]);
     fails_with(&["bench", H100, "-o", "xor"], &["xor"]);
     fails_with(&["bench", H100, "--fidelity", "exact"], &["exact", "analytical, event"]);
     fails_with(&["bench", H100, "--format", "yaml"], &["yaml"]);
     fails_with(&["bench", H100, "--nccl", "NCCL_ALGOS=ring"], &["NCCL_ALGOS"]);
+}
+
+/// Names are clap value enums: NCCL's and nccl-tests' spellings and aliases are accepted in
+/// any case, and `--help` lists the valid values.
+#[test]
+fn bench_accepts_nccl_spellings_in_any_case() {
+    let (ok, out, err) = fabricsim(&[
+        "bench",
+        H100,
+        "-c",
+        "all_reduce",
+        "-d",
+        "BF16",
+        "-o",
+        "MAX",
+        "--algo",
+        "Ring",
+        "--proto",
+        "ll128",
+        "--fidelity",
+        "Analytical",
+        "--format",
+        "CSV",
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+    ]);
+    assert!(ok, "{err}");
+    let row = out.lines().nth(1).unwrap();
+    assert!(row.contains(",bfloat16,max,") && row.ends_with(",Ring,LL128"), "{row}");
+    let (ok, out, _) = fabricsim(&["bench", "--help"]);
+    assert!(ok);
+    for v in ["allreduce", "bfloat16", "collnetdirect", "LL128", "analytical"] {
+        assert!(out.contains(v), "--help does not list {v}: {out}");
+    }
 }
 
 #[test]
@@ -80,6 +116,161 @@ fn bench_rejects_algorithms_the_fabric_cannot_run() {
     fails_with(&["bench", H100, "--gpus", "9"], &["9", "8"]);
     fails_with(&["bench", H100, "--nodes", "0"], &["0"]);
     fails_with(&["bench", H100, "--channels", "0"], &["--channels"]);
+    // nccl-tests -g: one thread cannot launch more GPUs than a node has.
+    fails_with(&["bench", H100, "-g", "9"], &["-g 9", "8 GPUs", "1..=8"]);
+    fails_with(&["bench", H100, "--gpus", "4", "-g", "8"], &["-g 8", "4 GPUs", "1..=4"]);
+}
+
+/// Issue 13: a size sweep that gives no call at all is an error that says why and what
+/// would run; one that skips some sizes says which.
+#[test]
+fn bench_says_why_sizes_give_no_call() {
+    fails_with(
+        &["bench", H100, "-c", "alltoall", "-d", "int64", "-b", "8", "-e", "8"],
+        &["nothing to run", "8 B", "alltoall", "8 per-rank chunks", "smallest size that runs is 128 B"],
+    );
+    let (ok, out, err) =
+        fabricsim(&["bench", H100, "-c", "alltoall", "-d", "int64", "-b", "8", "-e", "1K", "-f", "4"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("skipped 2 of 4 size(s)") && err.contains("8 B, 32 B"), "{err}");
+    assert_eq!(out.lines().filter(|l| !l.starts_with('#')).count(), 2, "{out}");
+}
+
+/// Issue 13: `--compare --format csv` keeps the compare columns.
+#[test]
+fn bench_compare_csv_has_the_compare_columns() {
+    let (ok, out, err) = fabricsim(&[
+        "bench",
+        H100,
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+        "--compare",
+        "--format",
+        "csv",
+        "--fidelity",
+        "analytical",
+    ]);
+    assert!(ok, "{err}");
+    let mut lines = out.lines();
+    let header = lines.next().unwrap();
+    assert!(
+        header.ends_with(",algo,proto,nccl_algo,nccl_proto,fastest_algo,fastest_proto,fastest_time_us"),
+        "{header}"
+    );
+    let row: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(row.len(), header.split(',').count(), "{row:?}");
+    assert!(!row[9].is_empty() && !row[11].is_empty() && row[13].parse::<f64>().is_ok(), "{row:?}");
+}
+
+/// Issue 13: the small frictions of `topo` and of errors.
+#[test]
+fn topo_and_error_messages_read_well() {
+    // The same rank at both ends: a clear error, not an empty route of "-0.000 us".
+    fails_with(&["topo", H100, "--path", "0", "0"], &["both ends are rank 0", "no route", "0..=7"]);
+    // One node is "1 node"; network links name their tier and say why latencies differ.
+    let (ok, out, err) = fabricsim(&["topo", H100]);
+    assert!(ok, "{err}");
+    assert!(out.contains("1 node x 8 GPUs") && !out.contains("1 nodes"), "{out}");
+    let (ok, out, err) = fabricsim(&["topo", "topologies/superpod-h100.toml", "--nodes", "160"]);
+    assert!(ok, "{err}");
+    for tier in ["network nic->leaf", "network leaf->nic", "network leaf->spine", "network spine->core"] {
+        assert!(out.contains(tier), "no {tier:?} row: {out}");
+    }
+    assert!(out.contains("latency is that of the device it leaves"), "{out}");
+    let (ok, out, err) = fabricsim(&["topo", "topologies/superpod-h100.toml", "--path", "0", "200"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("network nic->leaf") && out.contains("network leaf->nic"), "{out}");
+    let (ok, out, _) = fabricsim(&["bench", H100, "-b", "1M", "-e", "1M", "--fidelity", "analytical"]);
+    assert!(ok && out.contains("(8 GPUs, 1 node x 8 GPUs,"), "{out}");
+    // An I/O error names the OS error once.
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+        .args(["bench", "topologies/no-such-file.toml"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
+    assert!(err.contains("no-such-file.toml"), "{err}");
+}
+
+/// Issue 13: an output folder that is a file says "not a directory" before anything runs;
+/// `validate` away from the repository says to use --root.
+#[test]
+fn output_folders_and_roots_are_checked_first() {
+    let dir = crate::temp_dir("cli-outputs");
+    let file = dir.join("file.txt");
+    std::fs::write(&file, "x").unwrap();
+    let f = file.to_str().unwrap();
+    for cmd in [
+        vec!["run", "scenarios/quickstart.toml", "-o", f],
+        vec!["sweep", "scenarios/quickstart.toml", "-o", f],
+        vec!["report", "-o", f],
+    ] {
+        fails_with(&cmd, &["not a directory", "file.txt"]);
+        let (_, _, err) = fabricsim(&cmd);
+        assert!(!err.contains("File exists"), "{err}");
+    }
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_fabricsim")).arg("validate").current_dir(&dir).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--root") && err.contains("datasets.toml"), "{err}");
+    let report = dir.join("report");
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+        .args(["report", "--quick", "-o", report.to_str().unwrap()])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--root") && err.contains("topologies"), "{err}");
+    crate::cleanup(&dir);
+}
+
+/// Issue 13: `run --trace` fails before the sweep when the trace cannot be written or its
+/// point is one the model rejects (nothing is run, no results are written).
+#[test]
+fn run_checks_its_trace_before_the_sweep() {
+    let dir = crate::temp_dir("cli-trace");
+    let out = dir.join("out");
+    let o = out.to_str().unwrap();
+    let bad = dir.join("no-such-folder/t.json");
+    fails_with(
+        &["run", "scenarios/quickstart.toml", "-o", o, "--trace", bad.to_str().unwrap()],
+        &["--trace", "no-such-folder", "cannot write"],
+    );
+    let t = dir.join("t.json");
+    // Point 6 of the quickstart is CollNetDirect on one DGX H100, which the model rejects.
+    fails_with(
+        &["run", "scenarios/quickstart.toml", "-o", o, "--trace", t.to_str().unwrap(), "--trace-point", "6"],
+        &["--trace-point 6", "rejects", "CollNetDirect"],
+    );
+    assert!(!out.join("results.csv").exists(), "the sweep ran before the trace was checked");
+    fails_with(&["bench", H100, "--trace", bad.to_str().unwrap()], &["--trace", "cannot write"]);
+    crate::cleanup(&dir);
+}
+
+/// Issue 13: a trace shows node 0's ranks by default, and every rank when asked.
+#[test]
+fn bench_traces_sample_node_0_by_default() {
+    let dir = crate::temp_dir("cli-trace-size");
+    let (node, all) = (dir.join("node.json"), dir.join("all.json"));
+    let base =
+        ["bench", "topologies/superpod-h100.toml", "--nodes", "4", "-b", "1K", "-e", "1K", "--format", "csv"];
+    let (ok, _, err) = fabricsim(&[&base[..], &["--trace", node.to_str().unwrap()]].concat());
+    assert!(ok, "{err}");
+    let (ok, _, err) =
+        fabricsim(&[&base[..], &["--trace", all.to_str().unwrap(), "--trace-ranks", "all"]].concat());
+    assert!(ok, "{err}");
+    let (n, a) = (std::fs::metadata(&node).unwrap().len(), std::fs::metadata(&all).unwrap().len());
+    assert!(n * 2 < a, "node 0's trace ({n} B) is not much smaller than the whole one ({a} B)");
+    let text = std::fs::read_to_string(&node).unwrap();
+    assert!(text.contains("8 of 32 ranks (node 0)"), "the trace says what it shows");
+    assert!(!text.contains("rank 8 ·"), "rank 8 is on node 1");
+    crate::cleanup(&dir);
 }
 
 #[test]
@@ -128,5 +319,126 @@ fn bench_csv_has_the_documented_header_and_nccl_tests_busbw() {
         assert!((busbw - algbw * 7.0 / 8.0).abs() <= 0.01 * busbw, "{r:?}");
         // The count is of elements per rank's output chunk, as nccl-tests prints it.
         assert_eq!(r[1].parse::<f64>().unwrap(), size / 4.0 / 8.0, "{r:?}");
+    }
+}
+
+/// The `fabricsim ...` commands of README.md's tour: the table's first column and the
+/// `$ fabricsim` lines of its example, in order, with `\|` unescaped.
+fn readme_tour_commands() -> Vec<String> {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let start = readme.find("## A short tour").expect("README has a tour");
+    let tour = &readme[start..];
+    let end = tour[3..].find("\n## ").map_or(tour.len(), |e| e + 3);
+    let mut out = Vec::new();
+    for line in tour[..end].lines() {
+        if let Some(cmd) = line.strip_prefix("$ fabricsim ") {
+            out.push(cmd.to_string());
+        } else if let Some(cell) = line.strip_prefix("| `fabricsim ") {
+            let cmd = cell.split("` |").next().unwrap();
+            out.push(cmd.replace("\\|", "|"));
+        }
+    }
+    out
+}
+
+/// The variants of a command with optional parts: all of them left out, then each one in
+/// turn (`[--json|--dot]` once per alternative).
+fn variants(cmd: &str) -> Vec<Vec<String>> {
+    let mut base = String::new();
+    let mut options: Vec<String> = Vec::new();
+    let mut rest = cmd;
+    while let Some(open) = rest.find('[') {
+        base.push_str(&rest[..open]);
+        let close = rest[open..].find(']').expect("balanced brackets") + open;
+        options.push(rest[open + 1..close].to_string());
+        rest = &rest[close + 1..];
+    }
+    base.push_str(rest);
+    let split = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+    let mut out = vec![split(&base)];
+    for o in &options {
+        for alt in o.split('|') {
+            out.push(split(&format!("{base} {alt}")));
+        }
+    }
+    out
+}
+
+/// Every command of README.md's tour runs as written (outputs redirected into a temporary
+/// folder), except those listed with the reason they are left out here.
+#[test]
+fn readme_tour_commands_run_as_written() {
+    const SKIPPED: [(&str, &str); 4] = [
+        ("run ", "a sweep of 8 event-mode points up to 1 GiB on 256 GPUs (about 35 s in release); its plot is run below on an analytical copy"),
+        ("sweep ", "42 event-mode points on up to 1,024 GPUs; sweeps are tested in tests/it/scenario.rs"),
+        ("report ", "regenerates the whole gallery (minutes); `report --quick` is tested in tests/it/report.rs"),
+        ("validate", "scores every reference table in the event mode; tests/it/accuracy.rs asserts the same scores"),
+    ];
+    let dir = crate::temp_dir("readme-tour");
+    let commands = readme_tour_commands();
+    assert!(commands.len() >= 8, "the tour lost its commands: {commands:?}");
+    // The plot command reads the quickstart's results: make them with the same scenario in
+    // the analytical mode (the same columns, fabrics and rejected point, in a second).
+    let scenario = std::fs::read_to_string(root().join("scenarios/quickstart.toml"))
+        .unwrap()
+        .replace("fidelity = \"event\"", "fidelity = \"analytical\"")
+        .replace("\"../topologies/", &format!("\"{}/topologies/", root().display()));
+    let quick = dir.join("quickstart.toml");
+    std::fs::write(&quick, scenario).unwrap();
+    let results = dir.join("quickstart");
+    let (ok, _, err) =
+        fabricsim(&["run", quick.to_str().unwrap(), "-o", results.to_str().unwrap(), "--no-plot"]);
+    assert!(ok, "{err}");
+    let mut ran = 0;
+    for cmd in &commands {
+        if let Some((_, why)) = SKIPPED.iter().find(|(p, _)| cmd.starts_with(p)) {
+            eprintln!("not run here: fabricsim {cmd} ({why})");
+            continue;
+        }
+        for args in variants(cmd) {
+            // Outputs go to the temporary folder; inputs under out/ are the results made above.
+            let args: Vec<String> = args
+                .iter()
+                .map(|a| match a.as_str() {
+                    "out/quickstart/results.csv" => results.join("results.csv").display().to_string(),
+                    "plots/" | "out/" | "reports/" => dir.join(a).display().to_string(),
+                    "out.json" | "t.json" => dir.join(a).display().to_string(),
+                    _ => a.clone(),
+                })
+                .collect();
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let (ok, out, err) = fabricsim(&argv);
+            assert!(ok, "README command failed: fabricsim {}\n{err}", argv.join(" "));
+            assert!(!out.is_empty(), "fabricsim {} printed nothing", argv.join(" "));
+            assert!(!err.contains("warning"), "fabricsim {} warned: {err}", argv.join(" "));
+            ran += 1;
+        }
+    }
+    assert!(ran >= 7, "only {ran} README commands ran");
+    assert!(dir.join("plots/results_busbw_GBps_dgx-h100.png").is_file());
+    assert!(dir.join("plots/results_busbw_GBps_superpod-h100.png").is_file());
+    crate::cleanup(&dir);
+}
+
+/// `fabricsim ... | head`: a reader that closes the pipe early ends the command quietly, not
+/// with a panic.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    for args in [
+        &["sweep", "scenarios/allreduce-algos.toml", "--list"][..],
+        &["bench", H100, "-b", "8", "-e", "8G", "-f", "2", "--fidelity", "analytical"][..],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+            .args(args)
+            .current_dir(root())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // close the pipe before the command prints
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
     }
 }

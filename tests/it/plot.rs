@@ -404,3 +404,92 @@ fn plot_command_errors_name_the_file_and_what_is_valid() {
     assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none(), "no figure on error");
     cleanup(&dir);
 }
+
+/// A sweep's results as `run` writes them: two fabrics, algorithms swept, NCCL's protocol
+/// pick changing with the size inside a point, and one point the model rejected.
+fn write_sweep_results(dir: &Path) -> PathBuf {
+    let mut csv = String::from(
+        "point,point_hash,workload.algo,topology.file,topology,nodes,gpus,collective,size_bytes,busbw_GBps,algo,proto,status,error\n",
+    );
+    let mut point = 0;
+    for (topo, file, nodes, gpus) in [("dgx-h100", "a.toml", 1, 8), ("superpod-h100", "b.toml", 32, 256)] {
+        for (algo, name) in [("ring", "Ring"), ("collnetdirect", "CollNetDirect")] {
+            if topo == "dgx-h100" && algo == "collnetdirect" {
+                csv.push_str(&format!(
+                    "{point},h{point},{algo},{file},{topo},{nodes},{gpus},allreduce,,,,,error,CollNetDirect is not possible on this fabric\n"
+                ));
+            } else {
+                for k in (10..=30).step_by(4) {
+                    let s = 2f64.powi(k);
+                    let proto = if k < 20 { "LL" } else { "Simple" };
+                    let bw = busbw(s, if nodes == 1 { 360.0 } else { 200.0 }, 10.0);
+                    csv.push_str(&format!(
+                        "{point},h{point},{algo},{file},{topo},{nodes},{gpus},allreduce,{s},{bw:.4},{name},{proto},ok,\n"
+                    ));
+                }
+            }
+            point += 1;
+        }
+    }
+    let path = dir.join("results.csv");
+    std::fs::write(&path, csv).unwrap();
+    path
+}
+
+/// Issue 13: plots of a sweep's results leave out rejected points (saying how many rows),
+/// never draw an "(empty)" series, facet on any column, and split a series that mixes
+/// fabrics instead of zig-zagging through them.
+#[test]
+fn plot_command_skips_rejected_points_and_splits_mixed_series() {
+    let dir = temp_dir("cli-sweep");
+    let csv = write_sweep_results(&dir);
+    let csv_s = csv.to_str().unwrap();
+    let out = dir.join("plots");
+    let out_s = out.to_str().unwrap();
+    let args = ["plot", csv_s, "--x", "size_bytes", "--y", "busbw_GBps", "--series", "algo", "-o", out_s];
+    let (ok, stdout, stderr) = fabricsim(&args);
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    let notes: Vec<&str> = stderr.lines().filter(|l| l.contains("left out")).collect();
+    assert_eq!(notes.len(), 1, "{stderr}");
+    assert!(notes[0].contains("left out 1 row whose status is not ok"), "{stderr}");
+    assert!(!stderr.contains("(empty)") && !stderr.contains("zig-zag"), "{stderr}");
+    assert!(stderr.contains("series split by topology"), "{stderr}");
+    let svg = std::fs::read_to_string(out.join("results_busbw_GBps.svg")).unwrap();
+    for name in ["Ring (dgx-h100)", "Ring (superpod-h100)", "CollNetDirect"] {
+        assert!(svg.contains(name), "no series {name:?} in the legend");
+    }
+    assert!(!svg.contains("CollNetDirect (dgx-h100)"), "the rejected point is not drawn");
+
+    // One figure per point, the rejected one left out; one per fabric, with no split.
+    let (ok, stdout, stderr) = fabricsim(&[&args[..], &["--facet", "point"]].concat());
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.lines().count(), 6, "three points drawn: {stdout}");
+    let (ok, stdout, stderr) = fabricsim(&[&args[..], &["--facet", "topology"]].concat());
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.lines().count(), 4, "{stdout}");
+    assert!(!stderr.contains("split") && !stderr.contains("warning"), "{stderr}");
+
+    // Nothing but rejected rows: an error that says so.
+    let rejected = dir.join("rejected.csv");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let only: Vec<&str> = text.lines().filter(|l| !l.contains(",ok,")).collect();
+    std::fs::write(&rejected, only.join("\n")).unwrap();
+    let (ok, _, stderr) = fabricsim(&[
+        "plot",
+        rejected.to_str().unwrap(),
+        "--x",
+        "size_bytes",
+        "--y",
+        "busbw_GBps",
+        "-o",
+        out_s,
+    ]);
+    assert!(!ok && stderr.contains("every row was rejected"), "{stderr}");
+
+    // An output "folder" that is a file.
+    let (ok, _, stderr) = fabricsim(&["plot", csv_s, "--x", "size_bytes", "--y", "busbw_GBps", "-o", csv_s]);
+    assert!(!ok && stderr.contains("not a directory"), "{stderr}");
+    assert!(!stderr.contains("File exists"), "{stderr}");
+    cleanup(&dir);
+}

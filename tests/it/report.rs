@@ -14,7 +14,7 @@ use fabricsim::collective::{build_schedule, Algo, Choice, CollArgs, Collective, 
 use fabricsim::exec::simulate::{simulate_traced, FlowWhat, ResourceRole, SimOpts, Traced};
 use fabricsim::fabric::{self, build::BuildOpts, Fabric, Router};
 use fabricsim::report::gallery::{build_gallery, run_contention, ContentionSetup, GalleryConfig};
-use fabricsim::report::timeline::{write_timeline, TimelineInfo, TimelineOpts};
+use fabricsim::report::timeline::{write_timeline, TimelineInfo, TimelineOpts, TraceRanks};
 use fabricsim::report::utilisation::{busiest_heatmap, link_loads, link_timeline, LinkTier};
 use fabricsim::schedule::{DType, Proto, RedOp, Schedule};
 use serde_json::Value;
@@ -91,7 +91,7 @@ fn names(v: &Value) -> (Procs, Threads) {
 #[test]
 fn trace_of_a_tiny_ring_has_ranks_channels_links_and_a_slice_per_transfer() {
     let (f, s, t) = tiny();
-    let v = trace_json(&f, &s, &t, &TimelineOpts::default());
+    let v = trace_json(&f, &s, &t, &TimelineOpts { ranks: TraceRanks::All, ..Default::default() });
     let (procs, threads) = names(&v);
     let proc_names: BTreeSet<&str> = procs.iter().map(|p| p.1.as_str()).collect();
     for want in
@@ -143,10 +143,37 @@ fn trace_of_a_tiny_ring_has_ranks_channels_links_and_a_slice_per_transfer() {
 }
 
 #[test]
+fn traces_show_the_ranks_of_node_0_by_default_and_say_so() {
+    let (f, s, t) = tiny();
+    let all = trace_json(&f, &s, &t, &TimelineOpts { ranks: TraceRanks::All, ..Default::default() });
+    let v = trace_json(&f, &s, &t, &TimelineOpts::default());
+    let (procs, _) = names(&v);
+    let ranks: BTreeSet<&str> =
+        procs.iter().map(|p| p.1.as_str()).filter(|n| n.starts_with("rank ")).collect();
+    assert_eq!(ranks, BTreeSet::from(["rank 0 · n0/gpu0", "rank 1 · n0/gpu1"]));
+    let slices = |v: &Value, cat: &str| {
+        v["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X" && e["cat"] == cat).count()
+    };
+    // Node 0 sends half the transfers; its links carry what it sends and receives.
+    assert_eq!(2 * slices(&v, "send"), slices(&all, "send"));
+    assert!(slices(&v, "link") > 0 && slices(&v, "link") < slices(&all, "link"));
+    let (_, threads) = names(&v);
+    // What node 1 sends to node 0 shows on node 1's links too.
+    assert!(threads.iter().any(|t| t.1.starts_with("n1/")), "{threads:?}");
+    let about = v["traceEvents"].as_array().unwrap().iter().find(|e| e["cat"] == "about").unwrap();
+    let shown = about["args"]["ranks shown"].as_str().unwrap();
+    assert!(shown.starts_with("2 of 4 ranks (node 0)") && shown.contains("--trace-ranks all"), "{shown}");
+    let about_all = all["traceEvents"].as_array().unwrap().iter().find(|e| e["cat"] == "about").unwrap();
+    assert!(about_all["args"]["ranks shown"].as_str().unwrap().starts_with("all 4 ranks"), "{about_all}");
+}
+
+#[test]
 fn big_traces_are_cut_and_say_so() {
     let (f, s, t) = tiny();
     let mut out = Vec::new();
-    let stats = write_timeline(&mut out, &f, &s, &t, &info(), &TimelineOpts { max_slices: 40 }).unwrap();
+    let stats =
+        write_timeline(&mut out, &f, &s, &t, &info(), &TimelineOpts { max_slices: 40, ..Default::default() })
+            .unwrap();
     assert!(stats.dropped > 0 && stats.cut_at.is_some(), "{stats:?}");
     assert!(stats.slices <= 40, "{stats:?}");
     let v: Value = serde_json::from_slice(&out).unwrap();
