@@ -152,7 +152,8 @@ pub fn run(a: SweepArgs) -> Result<()> {
         return Ok(());
     }
     let out = a.out.clone().unwrap_or_else(|| default_out(&plan));
-    let summary = execute(&plan, &out, &RunOpts { threads: a.threads, shard, resume: !a.fresh })?;
+    let summary =
+        execute(&plan, &out, &RunOpts { threads: a.threads, shard, resume: !a.fresh, keep_rows: false })?;
     println!("{}", summary.csv.display());
     println!("{}", summary.jsonl.display());
     Ok(())

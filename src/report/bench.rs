@@ -1,12 +1,11 @@
 //! Renders benchmark rows the way nccl-tests prints them (a table with its columns plus
-//! algorithm and protocol), as CSV with a fixed header, and as JSON.
+//! algorithm and protocol), and as CSV and JSON of the one result row type
+//! ([`ResultRow`]).
 
 use std::io::{self, Write};
 
 use crate::scenario::bench::BenchRow;
-
-/// The CSV header of `bench --format csv`.
-pub const CSV_HEADER: &str = "size_bytes,count,dtype,redop,time_us,algbw_GBps,busbw_GBps,algo,proto";
+use crate::scenario::row::ResultRow;
 
 /// Context printed above a table.
 #[derive(Clone, Debug, Default)]
@@ -71,43 +70,17 @@ pub fn write_table(w: &mut dyn Write, ctx: &TableContext, rows: &[BenchRow]) -> 
     Ok(())
 }
 
-/// Writes CSV with [`CSV_HEADER`].
+/// Writes CSV: a header of [`ResultRow::COLUMNS`] (nccl-tests' columns first), one
+/// [`ResultRow`] per size.
 pub fn write_csv(w: &mut dyn Write, rows: &[BenchRow]) -> io::Result<()> {
-    writeln!(w, "{CSV_HEADER}")?;
-    for r in rows {
-        writeln!(w, "{}", r.csv_fields())?;
-    }
-    Ok(())
+    let rows: Vec<ResultRow> = rows.iter().map(ResultRow::from).collect();
+    crate::scenario::row::write_csv(w, &rows).map_err(io::Error::other)
 }
 
-/// One row as a JSON object (all fields).
-pub fn row_json(r: &BenchRow) -> serde_json::Value {
-    serde_json::json!({
-        "size_bytes": r.size_bytes,
-        "count": r.count,
-        "dtype": r.dtype.nccl_name(),
-        "redop": r.redop.nccl_name(),
-        "root": r.root,
-        "time_us": r.time_us,
-        "algbw_GBps": r.algbw_gbps,
-        "busbw_GBps": r.busbw_gbps,
-        "algo": r.algo.name(),
-        "proto": r.proto.name(),
-        "channels": r.channels,
-        "nccl_algo": r.nccl_pick.map(|p| p.0.name()),
-        "nccl_proto": r.nccl_pick.map(|p| p.1.name()),
-        "nccl_model_time_us": r.nccl_model_us,
-        "fastest_algo": r.best.map(|b| b.0.name()),
-        "fastest_proto": r.best.map(|b| b.1.name()),
-        "fastest_time_us": r.best.map(|b| b.2),
-        "events": r.events,
-    })
-}
-
-/// Writes a JSON document `{ "context": {...}, "rows": [...] }`.
+/// Writes a JSON document `{ "context": {...}, "rows": [...] }`, each row a [`ResultRow`].
 pub fn write_json(w: &mut dyn Write, context: serde_json::Value, rows: &[BenchRow]) -> io::Result<()> {
-    let doc =
-        serde_json::json!({ "context": context, "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
+    let rows: Vec<ResultRow> = rows.iter().map(ResultRow::from).collect();
+    let doc = serde_json::json!({ "context": context, "rows": rows });
     serde_json::to_writer_pretty(&mut *w, &doc)?;
     writeln!(w)
 }

@@ -6,11 +6,12 @@
 //! Result files, in the output folder:
 //! - `results.csv`: a header, then one flat row per (point, size): `point`, `point_hash`, one
 //!   column per swept setting (named by its dotted path), `topology`, `nodes`, `gpus`,
-//!   `collective`, the columns of `fabricsim bench --format csv`, `status` (`ok` | `error`)
-//!   and `error`. A point the model rejects (NVLS without NVSwitch, CollNet on one node, a
-//!   fabric that cannot be built) is one row with `status = error` and empty measurements.
-//! - `results.jsonl`: the same rows as JSON objects (same keys first, then `channels`,
-//!   `root`, NCCL's pick and model time, and the event count).
+//!   `collective`, the columns of the one result row ([`ResultRow`], what `fabricsim bench
+//!   --format csv` writes: nccl-tests' columns first), `status` (`ok` | `error`) and `error`.
+//!   A point the model rejects (NVLS without NVSwitch, CollNet on one node, a fabric that
+//!   cannot be built) is one row with `status = error` and empty measurements.
+//! - `results.jsonl`: the same rows as flat JSON objects with the same keys in the same
+//!   order. Both files are written by the `csv` and `serde_json` crates.
 //! - `sweep.json` ([`MANIFEST`]): the scenario's name and point count and the shard.
 //!
 //! Determinism: each point's rows are appended as soon as it finishes (nothing is held in
@@ -42,6 +43,7 @@ use std::sync::Mutex;
 
 use super::bench::{count_for, run_bench, BenchRow};
 use super::file::Scenario;
+use super::row::ResultRow;
 use crate::collective::{Algo, CollArgs, Collective};
 use crate::fabric::build::build;
 
@@ -87,13 +89,30 @@ impl ParamValue {
             ParamValue::Bool(b) => b.to_string(),
         }
     }
-    fn json(&self) -> String {
+}
+
+/// A swept value as a CSV cell (its text; empty when missing).
+struct CsvParam<'a>(&'a ParamValue);
+
+impl serde::Serialize for CsvParam<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0.text())
+    }
+}
+
+/// A swept value as JSON: null when missing, a number for numbers (a float as written when
+/// it does not parse), a string or a boolean otherwise.
+impl serde::Serialize for ParamValue {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            ParamValue::Missing => "null".into(),
-            ParamValue::Str(s) | ParamValue::Toml(s) => json_str(s),
-            ParamValue::Int(n) => n.to_string(),
-            ParamValue::Float(s) => s.parse::<f64>().map_or_else(|_| json_str(s), json_f64),
-            ParamValue::Bool(b) => b.to_string(),
+            ParamValue::Missing => s.serialize_none(),
+            ParamValue::Str(v) | ParamValue::Toml(v) => s.serialize_str(v),
+            ParamValue::Int(n) => s.serialize_i64(*n),
+            ParamValue::Float(v) => match v.parse::<f64>() {
+                Ok(f) if f.is_finite() => s.serialize_f64(f),
+                _ => s.serialize_str(v),
+            },
+            ParamValue::Bool(b) => s.serialize_bool(*b),
         }
     }
 }
@@ -363,53 +382,102 @@ pub fn run_point(p: &Point) -> PointResult {
 
 /// The CSV header for a sweep with these swept columns.
 pub fn csv_header(columns: &[String]) -> String {
-    let mut h: Vec<String> = vec!["point".into(), "point_hash".into()];
-    h.extend(columns.iter().map(|c| csv_cell(c)));
-    h.extend(
-        [
-            "topology",
-            "nodes",
-            "gpus",
-            "collective",
-            "size_bytes",
-            "count",
-            "dtype",
-            "redop",
-            "time_us",
-            "algbw_GBps",
-            "busbw_GBps",
-            "algo",
-            "proto",
-            "status",
-            "error",
-        ]
-        .map(String::from),
-    );
-    h.join(",")
+    let mut h: Vec<&str> = vec!["point", "point_hash"];
+    h.extend(columns.iter().map(String::as_str));
+    h.extend(["topology", "nodes", "gpus", "collective"]);
+    h.extend(ResultRow::COLUMNS);
+    h.extend(["status", "error"]);
+    let mut out = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+    // Writing to memory does not fail.
+    let _ = out.write_record(&h);
+    let bytes = out.into_inner().unwrap_or_default();
+    String::from_utf8_lossy(&bytes).trim_end().to_string()
 }
 
-fn csv_cell(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
+/// The swept values of a point, in column order: CSV cells.
+struct CsvParams<'a>(&'a [ParamValue]);
+
+impl serde::Serialize for CsvParams<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for v in self.0 {
+            seq.serialize_element(&CsvParam(v))?;
+        }
+        seq.end()
     }
 }
 
-fn json_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
-}
+/// The swept values of a point as JSON entries named by their columns, in column order.
+struct JsonParams<'a>(&'a [String], &'a [ParamValue]);
 
-fn json_f64(v: f64) -> String {
-    if v.is_finite() {
-        serde_json::to_string(&v).unwrap_or_else(|_| "null".into())
-    } else {
-        "null".into()
+impl serde::Serialize for JsonParams<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (c, v) in self.0.iter().zip(self.1) {
+            map.serialize_entry(c, v)?;
+        }
+        map.end()
     }
 }
 
-fn json_opt_str(s: Option<&str>) -> String {
-    s.map_or_else(|| "null".into(), json_str)
+/// A row's measurements, or empty cells (CSV) / nulls (JSON) on an error row.
+struct Measured<'a>(Option<&'a ResultRow>, bool);
+
+impl serde::Serialize for Measured<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match (self.0, self.1) {
+            (Some(r), _) => r.serialize(s),
+            (None, false) => {
+                let mut seq = s.serialize_seq(Some(ResultRow::COLUMNS.len()))?;
+                for _ in ResultRow::COLUMNS {
+                    seq.serialize_element(&None::<u8>)?;
+                }
+                seq.end()
+            }
+            (None, true) => {
+                let mut map = s.serialize_map(Some(ResultRow::COLUMNS.len()))?;
+                for c in ResultRow::COLUMNS {
+                    map.serialize_entry(c, &None::<u8>)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+/// One line of `results.csv`: the point's columns, then a [`ResultRow`], then the status.
+#[derive(serde::Serialize)]
+struct CsvRecord<'a> {
+    point: usize,
+    point_hash: &'a str,
+    params: CsvParams<'a>,
+    topology: &'a str,
+    nodes: u32,
+    gpus: Option<u32>,
+    collective: &'a str,
+    row: Measured<'a>,
+    status: &'a str,
+    error: Option<&'a str>,
+}
+
+/// One line of `results.jsonl`: the same fields as [`CsvRecord`], as one flat object.
+#[derive(serde::Serialize)]
+struct JsonRecord<'a> {
+    point: usize,
+    point_hash: &'a str,
+    #[serde(flatten)]
+    params: JsonParams<'a>,
+    topology: &'a str,
+    nodes: u32,
+    gpus: Option<u32>,
+    collective: &'a str,
+    #[serde(flatten)]
+    row: Measured<'a>,
+    status: &'a str,
+    error: Option<&'a str>,
 }
 
 /// A point's rows, formatted for both files.
@@ -419,72 +487,55 @@ struct Formatted {
     rows: usize,
 }
 
-fn format_point(p: &Point, columns: &[String], r: &PointResult) -> Formatted {
+fn format_point(p: &Point, columns: &[String], r: &PointResult) -> Result<Formatted, SweepError> {
     let hash = p.hash_hex();
-    let mut csv_prefix = format!("{},{hash}", p.index);
-    let mut json_prefix = format!("{{\"point\":{},\"point_hash\":\"{hash}\"", p.index);
-    for (c, v) in columns.iter().zip(&p.params) {
-        csv_prefix.push(',');
-        csv_prefix.push_str(&csv_cell(&v.text()));
-        json_prefix.push_str(&format!(",{}:{}", json_str(c), v.json()));
+    let rows: Vec<ResultRow> = match &r.outcome {
+        Ok(rows) => rows.iter().map(ResultRow::from).collect(),
+        Err(_) => Vec::new(),
+    };
+    let error = r.outcome.as_ref().err().map(|e| e.replace(['\n', '\r'], " "));
+    let measured: Vec<Option<&ResultRow>> =
+        if error.is_some() { vec![None] } else { rows.iter().map(Some).collect() };
+    let status = if error.is_some() { "error" } else { "ok" };
+    let bad =
+        |e: &dyn std::fmt::Display| SweepError::Results(format!("cannot format point {}: {e}", p.index));
+    let mut csv = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+    let mut jsonl = Vec::new();
+    for m in &measured {
+        csv.serialize(CsvRecord {
+            point: p.index,
+            point_hash: &hash,
+            params: CsvParams(&p.params),
+            topology: &r.topology,
+            nodes: r.nodes,
+            gpus: r.gpus,
+            collective: r.collective.name(),
+            row: Measured(*m, false),
+            status,
+            error: error.as_deref(),
+        })
+        .map_err(|e| bad(&e))?;
+        let record = JsonRecord {
+            point: p.index,
+            point_hash: &hash,
+            params: JsonParams(columns, &p.params),
+            topology: &r.topology,
+            nodes: r.nodes,
+            gpus: r.gpus,
+            collective: r.collective.name(),
+            row: Measured(*m, true),
+            status,
+            error: error.as_deref(),
+        };
+        serde_json::to_writer(&mut jsonl, &record).map_err(|e| bad(&e))?;
+        jsonl.push(b'\n');
     }
-    let gpus_csv = r.gpus.map(|g| g.to_string()).unwrap_or_default();
-    let gpus_json = r.gpus.map_or_else(|| "null".into(), |g| g.to_string());
-    csv_prefix.push_str(&format!(
-        ",{},{},{gpus_csv},{}",
-        csv_cell(&r.topology),
-        r.nodes,
-        r.collective.name()
-    ));
-    json_prefix.push_str(&format!(
-        ",\"topology\":{},\"nodes\":{},\"gpus\":{gpus_json},\"collective\":\"{}\"",
-        json_str(&r.topology),
-        r.nodes,
-        r.collective.name()
-    ));
-    let mut f = Formatted { csv: String::new(), jsonl: String::new(), rows: 0 };
-    match &r.outcome {
-        Ok(rows) => {
-            for b in rows {
-                f.csv.push_str(&format!("{csv_prefix},{},ok,\n", b.csv_fields()));
-                f.jsonl.push_str(&format!(
-                    "{json_prefix},\"size_bytes\":{},\"count\":{},\"dtype\":\"{}\",\"redop\":\"{}\",\
-                     \"time_us\":{},\"algbw_GBps\":{},\"busbw_GBps\":{},\"algo\":\"{}\",\"proto\":\"{}\",\
-                     \"channels\":{},\"root\":{},\"nccl_algo\":{},\"nccl_proto\":{},\"nccl_model_time_us\":{},\
-                     \"events\":{},\"status\":\"ok\",\"error\":null}}\n",
-                    b.size_bytes,
-                    b.count,
-                    b.dtype.nccl_name(),
-                    b.redop.nccl_name(),
-                    json_f64(b.time_us),
-                    json_f64(b.algbw_gbps),
-                    json_f64(b.busbw_gbps),
-                    b.algo.name(),
-                    b.proto.name(),
-                    b.channels,
-                    b.root,
-                    json_opt_str(b.nccl_pick.map(|p| p.0.name())),
-                    json_opt_str(b.nccl_pick.map(|p| p.1.name())),
-                    b.nccl_model_us.map_or_else(|| "null".into(), json_f64),
-                    b.events
-                ));
-                f.rows += 1;
-            }
-        }
-        Err(e) => {
-            let e = e.replace(['\n', '\r'], " ");
-            f.csv.push_str(&format!("{csv_prefix},,,,,,,,,,error,{}\n", csv_cell(&e)));
-            f.jsonl.push_str(&format!(
-                "{json_prefix},\"size_bytes\":null,\"count\":null,\"dtype\":null,\"redop\":null,\
-                 \"time_us\":null,\"algbw_GBps\":null,\"busbw_GBps\":null,\"algo\":null,\"proto\":null,\
-                 \"channels\":null,\"root\":null,\"nccl_algo\":null,\"nccl_proto\":null,\
-                 \"nccl_model_time_us\":null,\"events\":null,\"status\":\"error\",\"error\":{}}}\n",
-                json_str(&e)
-            ));
-            f.rows = 1;
-        }
-    }
-    f
+    let csv = csv.into_inner().map_err(|e| bad(&e))?;
+    Ok(Formatted {
+        csv: String::from_utf8_lossy(&csv).into_owned(),
+        jsonl: String::from_utf8_lossy(&jsonl).into_owned(),
+        rows: measured.len(),
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -675,6 +726,77 @@ pub struct RunOpts {
     pub shard: Shard,
     /// Keep the points already in the output folder (otherwise start afresh).
     pub resume: bool,
+    /// Also return every point's rows ([`RunSummary::rows`]), resumed ones included.
+    pub keep_rows: bool,
+}
+
+/// A point's results as typed rows, as [`run`] returns them with [`RunOpts::keep_rows`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct PointRows {
+    /// The point's number.
+    pub index: usize,
+    /// Topology name.
+    pub topology: String,
+    /// Nodes of the fabric.
+    pub nodes: u32,
+    /// GPUs of the fabric (None when it could not be built).
+    pub gpus: Option<u32>,
+    /// The collective's name.
+    pub collective: String,
+    /// The rows, or why the model rejected the point.
+    pub outcome: Result<Vec<ResultRow>, String>,
+}
+
+impl PointRows {
+    fn of(index: usize, r: &PointResult) -> PointRows {
+        PointRows {
+            index,
+            topology: r.topology.clone(),
+            nodes: r.nodes,
+            gpus: r.gpus,
+            collective: r.collective.name().to_string(),
+            outcome: r
+                .outcome
+                .as_ref()
+                .map(|rows| rows.iter().map(ResultRow::from).collect())
+                .map_err(Clone::clone),
+        }
+    }
+
+    /// Reads a resumed point's JSON lines back.
+    fn parse(index: usize, jsonl: &[String], file: &Path) -> Result<PointRows, SweepError> {
+        #[derive(serde::Deserialize)]
+        struct Context {
+            topology: String,
+            nodes: u32,
+            gpus: Option<u32>,
+            collective: String,
+            status: String,
+            error: Option<String>,
+        }
+        let bad = |e: serde_json::Error| {
+            SweepError::Results(format!("{}: point {index}: {e}; rerun with --fresh", file.display()))
+        };
+        let first = jsonl.first().map(String::as_str).unwrap_or("{}");
+        let c: Context = serde_json::from_str(first).map_err(bad)?;
+        let outcome = if c.status == "ok" {
+            Ok(jsonl
+                .iter()
+                .map(|l| serde_json::from_str::<ResultRow>(l))
+                .collect::<Result<_, _>>()
+                .map_err(bad)?)
+        } else {
+            Err(c.error.unwrap_or_default())
+        };
+        Ok(PointRows {
+            index,
+            topology: c.topology,
+            nodes: c.nodes,
+            gpus: c.gpus,
+            collective: c.collective,
+            outcome,
+        })
+    }
 }
 
 /// Progress of a run, for the caller to display.
@@ -709,7 +831,7 @@ pub enum Event<'a> {
 }
 
 /// What a run did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RunSummary {
     /// Points of this shard.
     pub points: usize,
@@ -723,6 +845,8 @@ pub struct RunSummary {
     pub csv: PathBuf,
     /// The JSON-lines file.
     pub jsonl: PathBuf,
+    /// Every point's rows in point order, with [`RunOpts::keep_rows`] (else empty).
+    pub rows: Vec<PointRows>,
 }
 
 /// Name of the file that says which sweep and shard an output folder holds.
@@ -872,6 +996,12 @@ pub fn run(
     });
     let failed = AtomicUsize::new(0);
     let error: Mutex<Option<SweepError>> = Mutex::new(None);
+    let kept_rows: Mutex<Vec<PointRows>> = Mutex::new(Vec::new());
+    if opts.keep_rows {
+        let rows =
+            done.iter().map(|(&i, l)| PointRows::parse(i, &l.1, &jsonl_path)).collect::<Result<_, _>>()?;
+        *kept_rows.lock().unwrap_or_else(|e| e.into_inner()) = rows;
+    }
     if !todo.is_empty() {
         let threads = opts.threads.unwrap_or(0);
         let pool = rayon::ThreadPoolBuilder::new()
@@ -891,21 +1021,24 @@ pub fn run(
             let Some(point) = todo.get(j) else { break };
             on_event(Event::Running { point });
             let r = run_point(point);
-            let f = format_point(point, &plan.columns, &r);
             if r.outcome.is_err() {
                 failed.fetch_add(1, Ordering::SeqCst);
             }
-            let pushed = sink.lock().unwrap_or_else(|e| e.into_inner()).push(point.index, &f);
-            if let Err(e) = pushed {
-                stop.store(true, Ordering::SeqCst);
-                error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
-                break;
+            if opts.keep_rows {
+                kept_rows.lock().unwrap_or_else(|e| e.into_inner()).push(PointRows::of(point.index, &r));
             }
-            on_event(Event::Done {
-                point,
-                error: r.outcome.as_ref().err().map(String::as_str),
-                rows: f.rows,
+            let pushed = format_point(point, &plan.columns, &r).and_then(|f| {
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(point.index, &f).map(|()| f.rows)
             });
+            let rows = match pushed {
+                Ok(rows) => rows,
+                Err(e) => {
+                    stop.store(true, Ordering::SeqCst);
+                    error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                    break;
+                }
+            };
+            on_event(Event::Done { point, error: r.outcome.as_ref().err().map(String::as_str), rows });
         });
     }
     if let Some(e) = error.into_inner().unwrap_or_else(|e| e.into_inner()) {
@@ -927,6 +1060,11 @@ pub fn run(
         failed: failed.into_inner(),
         csv: csv_path,
         jsonl: jsonl_path,
+        rows: {
+            let mut rows = kept_rows.into_inner().unwrap_or_else(|e| e.into_inner());
+            rows.sort_by_key(|r| r.index);
+            rows
+        },
     })
 }
 
@@ -1142,6 +1280,5 @@ mod tests {
             "{\"point\":12,\"point_hash\":\"a\"}"
         );
         assert_eq!(complete_lines("a\nb\nc").collect::<Vec<_>>(), vec!["a", "b"]);
-        assert_eq!(csv_cell("a,\"b\""), "\"a,\"\"b\"\"\"");
     }
 }

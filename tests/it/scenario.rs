@@ -385,7 +385,8 @@ fn invalid_points_are_recorded_not_fatal() {
     assert_eq!(
         header,
         "point,point_hash,topology.file,topology.nodes,workload.algo,topology,nodes,gpus,collective,\
-         size_bytes,count,dtype,redop,time_us,algbw_GBps,busbw_GBps,algo,proto,status,error"
+         size_bytes,count,dtype,redop,time_us,algbw_GBps,busbw_GBps,algo,proto,root,channels,nccl_algo,\
+         nccl_proto,nccl_model_time_us,fastest_algo,fastest_proto,fastest_time_us,events,status,error"
     );
     let bad: Vec<&str> = csv.lines().filter(|l| l.contains(",error,")).collect();
     assert_eq!(bad.len(), 1, "{csv}");
