@@ -74,7 +74,7 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::bench::{sweep_sizes, BenchConfig, Fidelity, NcclEnv};
-use super::nccl_env::{self, edit_distance};
+use super::nccl_env;
 use super::sweep::{self, Mode, ParamValue, Plan, Point};
 use crate::collective::{Algo, Collective};
 use crate::engine::Granularity;
@@ -83,6 +83,7 @@ use crate::fabric::file::line_col;
 use crate::fabric::profile::load_profile;
 use crate::fabric::{self, TopologyError, TopologySpec};
 use crate::schedule::{DType, Proto, RedOp};
+use crate::suggest::nearest;
 use crate::units;
 
 // ---------------------------------------------------------------------------------------
@@ -116,14 +117,6 @@ impl Src<'_> {
             None => self.invalid(msg),
         }
     }
-}
-
-/// The candidate nearest to `word` by edit distance, if it is close enough to be a typo.
-pub(crate) fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let (best, d) =
-        candidates.into_iter().map(|c| (c, edit_distance(word, c))).min_by_key(|&(c, d)| (d, c.len()))?;
-    let limit = (word.chars().count() / 3).max(2);
-    (d <= limit && d < word.chars().count()).then_some(best)
 }
 
 /// Adds "did you mean" to serde's "unknown field `x`, expected one of `a`, `b`" message.
