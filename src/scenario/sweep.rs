@@ -1046,8 +1046,9 @@ pub fn run(
     }
     let sorted = sink.into_inner().unwrap_or_else(|e| e.into_inner()).sorted;
     if !sorted {
-        // Points finished out of order: rewrite everything in point order.
-        let ex = read_existing(out_dir, &complete)?;
+        // Points finished out of order: rewrite everything in point order (the resumed
+        // points were checked above; the new ones were just written whole).
+        let ex = read_existing(out_dir, &|_, _| true)?;
         let mut all: Vec<(usize, &Lines)> =
             ex.points.iter().filter_map(|(h, l)| by_hash.get(h).map(|p| (p.index, l))).collect();
         all.sort_by_key(|(i, _)| *i);
