@@ -20,6 +20,7 @@
 //! - [`calibrate`]: published nccl-tests measurements, scoring against them, calibration profiles.
 //! - [`scenario`]: the collective benchmark workload, scenario files, NCCL knobs, sweeps.
 //! - [`report`]: tables, CSV/JSON, traces and plots.
+//! - [`suggest`]: the one "did you mean" helper (strsim), used by every such hint.
 
 #![warn(missing_docs)]
 
@@ -31,5 +32,6 @@ pub mod fabric;
 pub mod report;
 pub mod scenario;
 pub mod schedule;
+pub mod suggest;
 pub mod units;
 pub mod workload;

@@ -264,7 +264,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             ];
             out::write_table(&mut w, &out::TableContext { header, compare: cfg.compare }, &rows)
         }
-        BenchFormat::Csv => out::write_csv(&mut w, &rows, cfg.compare),
+        BenchFormat::Csv => out::write_csv(&mut w, &rows),
         BenchFormat::Json => {
             let ctx = serde_json::json!({
                 "topology": f.name, "gpus": f.num_gpus(), "nodes": f.num_nodes(),

@@ -2,17 +2,17 @@
 //! comparison table (bus bandwidth by message size, one block per fabric and one column per
 //! swept setting), and writes `results.csv`, `results.jsonl` and a default plot (busbw vs
 //! size, one line per swept setting, one figure per fabric) into DIR (default
-//! `out/<scenario name>/`).
+//! `out/<scenario name>/`). The table and plots come from the run's rows in memory (resumed
+//! points read back as typed rows), not from re-reading the CSV.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
 
-use fabricsim::report::csvdata::Table;
 use fabricsim::report::plot::{Axis, LineChart, Series, SeriesStyle};
 use fabricsim::scenario::file::load_plan;
-use fabricsim::scenario::sweep::{Plan, Point, RunOpts};
+use fabricsim::scenario::sweep::{Plan, Point, PointRows, RunOpts};
 use fabricsim::units::format_bytes_short;
 
 use super::sweep::{default_out, execute};
@@ -51,25 +51,25 @@ pub struct RunArgs {
 /// One fabric of the results: the rows of one (topology, nodes, gpus).
 struct Facet {
     topology: String,
-    nodes: String,
-    gpus: String,
+    nodes: u32,
+    gpus: Option<u32>,
     /// Series in order of first appearance, each with (size, busbw) points.
     series: Vec<(String, Vec<(u64, f64)>)>,
 }
 
 impl Facet {
     fn title(&self) -> String {
-        let nodes: u64 = self.nodes.parse().unwrap_or(0);
-        let gpus: u64 = self.gpus.parse().unwrap_or(0);
-        let per = gpus.checked_div(nodes).unwrap_or(0);
-        if nodes == 1 {
+        let gpus = self.gpus.unwrap_or(0);
+        let per = gpus.checked_div(self.nodes).unwrap_or(0);
+        if self.nodes == 1 {
             format!("{}: 1 node x {per} GPUs", self.topology)
         } else {
-            format!("{}: {nodes} nodes x {per} GPUs ({gpus} GPUs)", self.topology)
+            format!("{}: {} nodes x {per} GPUs ({gpus} GPUs)", self.topology, self.nodes)
         }
     }
     fn stem(&self) -> String {
-        let s = format!("busbw_{}_{}n_{}g", self.topology, self.nodes, self.gpus);
+        let gpus = self.gpus.map(|g| g.to_string()).unwrap_or_default();
+        let s = format!("busbw_{}_{}n_{gpus}g", self.topology, self.nodes);
         s.chars()
             .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' })
             .collect()
@@ -83,54 +83,57 @@ struct Results {
     rejected: Vec<(usize, String)>,
 }
 
-/// Groups the results CSV by fabric and series. The series of a row is the values of the
+/// Groups the rows of a run by fabric and series. The series of a row is the values of the
 /// swept settings that do not choose the fabric (`topology.*`).
-fn collect(plan: &Plan, t: &Table) -> Result<Results> {
-    let col = |name: &str| t.text(name).map(|c| c.to_vec()).context("results.csv");
-    let (topo, nodes, gpus, status) = (col("topology")?, col("nodes")?, col("gpus")?, col("status")?);
-    let (sizes, busbw, point, error) = (col("size_bytes")?, col("busbw_GBps")?, col("point")?, col("error")?);
-    let colls = col("collective")?;
-    let series_cols: Vec<Vec<String>> =
-        plan.columns.iter().filter(|c| !c.starts_with("topology")).map(|c| col(c)).collect::<Result<_>>()?;
+fn collect(plan: &Plan, points: &[PointRows]) -> Results {
+    let series_cols: Vec<usize> =
+        (0..plan.columns.len()).filter(|&c| !plan.columns[c].starts_with("topology")).collect();
     let mut facets: Vec<Facet> = Vec::new();
     let mut rejected = Vec::new();
     let mut collectives: Vec<String> = Vec::new();
-    for r in 0..t.len() {
-        if !collectives.contains(&colls[r]) {
-            collectives.push(colls[r].clone());
+    for pr in points {
+        if !collectives.contains(&pr.collective) {
+            collectives.push(pr.collective.clone());
         }
-        if status[r] != "ok" {
-            rejected.push((point[r].parse().unwrap_or(0), error[r].clone()));
-            continue;
-        }
-        let (Ok(size), Ok(bw)) = (sizes[r].parse::<u64>(), busbw[r].parse::<f64>()) else { continue };
-        let key = if series_cols.is_empty() {
-            colls[r].clone()
-        } else {
-            series_cols.iter().map(|c| c[r].as_str()).filter(|v| !v.is_empty()).collect::<Vec<_>>().join(" ")
+        let rows = match &pr.outcome {
+            Ok(rows) => rows,
+            Err(e) => {
+                rejected.push((pr.index, e.clone()));
+                continue;
+            }
+        };
+        let key = match plan.points.get(pr.index) {
+            Some(p) if !series_cols.is_empty() => series_cols
+                .iter()
+                .map(|&c| p.params[c].text())
+                .filter(|v| !v.is_empty())
+                .collect::<Vec<_>>()
+                .join(" "),
+            _ => pr.collective.clone(),
         };
         let fi = match facets
             .iter()
-            .position(|f| f.topology == topo[r] && f.nodes == nodes[r] && f.gpus == gpus[r])
+            .position(|f| f.topology == pr.topology && f.nodes == pr.nodes && f.gpus == pr.gpus)
         {
             Some(i) => i,
             None => {
                 facets.push(Facet {
-                    topology: topo[r].clone(),
-                    nodes: nodes[r].clone(),
-                    gpus: gpus[r].clone(),
+                    topology: pr.topology.clone(),
+                    nodes: pr.nodes,
+                    gpus: pr.gpus,
                     series: Vec::new(),
                 });
                 facets.len() - 1
             }
         };
         let f = &mut facets[fi];
+        let pts = rows.iter().map(|r| (r.size_bytes, r.busbw_gbps));
         match f.series.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, pts)) => pts.push((size, bw)),
-            None => f.series.push((key, vec![(size, bw)])),
+            Some((_, v)) => v.extend(pts),
+            None => f.series.push((key, pts.collect())),
         }
     }
-    Ok(Results { collective: collectives.join("/"), facets, rejected })
+    Results { collective: collectives.join("/"), facets, rejected }
 }
 
 /// Three significant digits or so: 0.00412, 0.412, 41.20, 412.0.
@@ -241,10 +244,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         None => None,
     };
-    let summary =
-        execute(&plan, &out, &RunOpts { threads: a.threads, resume: a.resume, ..Default::default() })?;
-    let table = Table::read(&summary.csv)?;
-    let res = collect(&plan, &table)?;
+    let opts = RunOpts { threads: a.threads, resume: a.resume, keep_rows: true, ..Default::default() };
+    let summary = execute(&plan, &out, &opts)?;
+    let res = collect(&plan, &summary.rows);
     print_table(&plan, &res);
     let mut files = vec![summary.csv.clone(), summary.jsonl.clone()];
     if !a.no_plot && res.facets.iter().any(|f| !f.series.is_empty()) {

@@ -22,7 +22,8 @@ pub struct SweepArgs {
     /// Output folder for results.csv and results.jsonl (default: out/<scenario name>/).
     #[arg(short = 'o', long = "out")]
     pub out: Option<PathBuf>,
-    /// Run only the K-th of N disjoint slices of the points (1-based; points i with i % N == K-1).
+    /// Run only the K-th of N disjoint slices of the points (1-based), balanced by each point's
+    /// estimated cost; every task computes the same split from the scenario file alone.
     #[arg(long, value_name = "K/N")]
     pub shard: Option<Shard>,
     /// Worker threads (default: one per core). Results are the same bytes for any count.
@@ -86,6 +87,7 @@ pub fn execute(plan: &Plan, out: &Path, opts: &RunOpts) -> Result<RunSummary> {
                 eprintln!("{msg}");
             }
         }
+        Event::Running { .. } => {}
         Event::Note(n) => {
             if tty {
                 bar.println(format!("note: {n}"));
@@ -144,14 +146,15 @@ pub fn run(a: SweepArgs) -> Result<()> {
             plan.points.len(),
             plan.columns.join(", ")
         );
-        for p in plan.points.iter().filter(|p| shard.contains(p.index)) {
+        for p in plan.shard_points(shard).into_iter().map(|i| &plan.points[i]) {
             println!("{:>6}  {}  {}", p.index, p.hash_hex(), p.label);
         }
         return Ok(());
     }
     let out = a.out.clone().unwrap_or_else(|| default_out(&plan));
     super::check_out_dir("-o", &out)?;
-    let summary = execute(&plan, &out, &RunOpts { threads: a.threads, shard, resume: !a.fresh })?;
+    let summary =
+        execute(&plan, &out, &RunOpts { threads: a.threads, shard, resume: !a.fresh, keep_rows: false })?;
     println!("{}", summary.csv.display());
     println!("{}", summary.jsonl.display());
     Ok(())

@@ -6,7 +6,7 @@
 //! [`spec`] values, and instantiated into a frozen [`Fabric`] by [`build`]. [`routing`]
 //! answers "which links does a transfer from rank a to rank b cross", [`nccl_xml`] imports
 //! the XML that NCCL dumps, and [`params`] holds the per-generation model parameters that
-//! a calibration profile may override.
+//! a calibration profile ([`profile`]) may override.
 //!
 //! Architecture invariant: the fabric knows nothing about collectives, schedules or the
 //! engine. It depends only on [`crate::units`].
@@ -16,6 +16,7 @@ pub mod file;
 pub mod generators;
 pub mod nccl_xml;
 pub mod params;
+pub mod profile;
 pub mod routing;
 pub mod spec;
 pub mod summary;

@@ -427,53 +427,9 @@ pub fn parse_number(cell: &str) -> Option<f64> {
     v.is_finite().then_some(v)
 }
 
-/// Levenshtein distance over characters, case-insensitive.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.to_lowercase().chars().collect();
-    let b: Vec<char> = b.to_lowercase().chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    let mut cur = vec![0; b.len() + 1];
-    for i in 1..=a.len() {
-        cur[0] = i;
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            cur[j] = (prev[j] + 1).min(cur[j - 1] + 1).min(prev[j - 1] + cost);
-        }
-        std::mem::swap(&mut prev, &mut cur);
-    }
-    prev[b.len()]
-}
-
-/// The candidate closest to `wanted`: a case-insensitive match, else one containing it (or
-/// contained in it), else the smallest edit distance if it is at most a third of the length
-/// (at least 2).
+/// The candidate closest to `wanted` (see [`crate::suggest::nearest`]).
 pub fn nearest<'a>(wanted: &str, candidates: impl Iterator<Item = &'a str> + Clone) -> Option<String> {
-    let lw = wanted.to_lowercase();
-    if let Some(c) = candidates.clone().find(|c| c.to_lowercase() == lw) {
-        return Some(c.to_string());
-    }
-    let mut best: Option<(usize, &str)> = None;
-    for c in candidates.clone() {
-        let d = edit_distance(wanted, c);
-        if best.is_none_or(|(bd, _)| d < bd) {
-            best = Some((d, c));
-        }
-    }
-    let limit = (wanted.chars().count() / 3).max(2);
-    if let Some((d, c)) = best {
-        if d <= limit {
-            return Some(c.to_string());
-        }
-    }
-    if lw.len() >= 3 {
-        if let Some(c) = candidates.clone().find(|c| {
-            let lc = c.to_lowercase();
-            lc.contains(&lw) || (lc.len() >= 3 && lw.contains(&lc))
-        }) {
-            return Some(c.to_string());
-        }
-    }
-    None
+    crate::suggest::nearest(wanted, candidates).map(str::to_string)
 }
 
 /// The kind of quantity a column holds, from its name's suffix.

@@ -399,25 +399,6 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
     Ok(rows)
 }
 
-impl BenchRow {
-    /// The row's `bench --format csv` fields, comma-separated, in the order of
-    /// `size_bytes,count,dtype,redop,time_us,algbw_GBps,busbw_GBps,algo,proto`.
-    pub fn csv_fields(&self) -> String {
-        format!(
-            "{},{},{},{},{:.3},{:.4},{:.4},{},{}",
-            self.size_bytes,
-            self.count,
-            self.dtype.nccl_name(),
-            self.redop.nccl_name(),
-            self.time_us,
-            self.algbw_gbps,
-            self.busbw_gbps,
-            self.algo.name(),
-            self.proto.name()
-        )
-    }
-}
-
 /// The byte count NCCL's model uses: the full buffer for all-gather/reduce-scatter.
 fn model_bytes(args: &CollArgs, n: u32) -> u64 {
     args.model_bytes(n)

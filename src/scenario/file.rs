@@ -74,15 +74,16 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::bench::{sweep_sizes, BenchConfig, Fidelity, NcclEnv};
-use super::nccl_env::{self, edit_distance};
+use super::nccl_env;
 use super::sweep::{self, Mode, ParamValue, Plan, Point};
-use crate::calibrate::profile::load_profile;
 use crate::collective::{Algo, Collective};
 use crate::engine::Granularity;
 use crate::fabric::build::BuildOpts;
 use crate::fabric::file::line_col;
+use crate::fabric::profile::load_profile;
 use crate::fabric::{self, TopologyError, TopologySpec};
 use crate::schedule::{DType, Proto, RedOp};
+use crate::suggest::nearest;
 use crate::units;
 
 // ---------------------------------------------------------------------------------------
@@ -116,14 +117,6 @@ impl Src<'_> {
             None => self.invalid(msg),
         }
     }
-}
-
-/// The candidate nearest to `word` by edit distance, if it is close enough to be a typo.
-pub(crate) fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let (best, d) =
-        candidates.into_iter().map(|c| (c, edit_distance(word, c))).min_by_key(|&(c, d)| (d, c.len()))?;
-    let limit = (word.chars().count() / 3).max(2);
-    (d <= limit && d < word.chars().count()).then_some(best)
 }
 
 /// Adds "did you mean" to serde's "unknown field `x`, expected one of `a`, `b`" message.
@@ -302,21 +295,25 @@ fn quote(s: &str) -> String {
 }
 
 impl Scenario {
-    /// The canonical text of this point: every setting that changes results, one `key =
-    /// value` line each, sorted, with defaults filled in and values normalised. Two points
-    /// with the same canonical text are the same experiment; its hash identifies results.
+    /// The canonical text of this point: every input that changes results, one `key = value`
+    /// line each, sorted, with defaults filled in and values normalised. Inputs read from
+    /// files count by content, never by path: the resolved topology, the model parameters it
+    /// resolves to (generation defaults, the topology's `[params]`, the calibration profile)
+    /// and the profile itself, each as an FNV-1a hash of a deterministic rendering; the crate
+    /// version is part of it too. Two points with the same canonical text are the same
+    /// experiment; its hash identifies results, so resuming never mixes results of different
+    /// inputs or versions.
     pub fn canonical(&self) -> String {
         let mut lines: Vec<String> = Vec::new();
         let mut put = |k: &str, v: String| lines.push(format!("{k} = {v}"));
-        match &self.topology.source {
-            TopologySource::File { written, .. } => put("topology.file", quote(&written.replace('\\', "/"))),
-            TopologySource::NcclXml { written, .. } => {
-                put("topology.nccl_xml", quote(&written.replace('\\', "/")))
-            }
-            TopologySource::Inline { text } => {
-                put("topology.inline", format!("\"fnv1a64:{:016x}\"", sweep::fnv1a64(text.as_bytes())))
-            }
-        }
+        let digest = |text: &str| format!("\"fnv1a64:{:016x}\"", sweep::fnv1a64(text.as_bytes()));
+        put("fabricsim.version", quote(env!("CARGO_PKG_VERSION")));
+        // The topology as resolved (TOML, NCCL XML or inline alike), without the path it
+        // was read from.
+        let mut spec = (*self.topology.spec).clone();
+        spec.source = PathBuf::new();
+        put("topology.spec", digest(&format!("{spec:?}")));
+        put("model.params", digest(&self.model_params_text()));
         put("topology.nodes", self.topology.nodes.to_string());
         put("topology.gpus", self.topology.gpus.map_or("\"all\"".into(), |g| g.to_string()));
         match &self.workload {
@@ -343,7 +340,7 @@ impl Scenario {
             put(&format!("nccl.{k}"), quote(&v));
         }
         if let Some(c) = &self.calibration {
-            put("calibration", quote(&c.written.replace('\\', "/")));
+            put("calibration", digest(&toml::to_string(&*c.params).unwrap_or_else(|e| e.to_string())));
         }
         put("seed", self.seed.to_string());
         put("fidelity", quote(self.fidelity.name()));
@@ -359,6 +356,22 @@ impl Scenario {
         let mut s = lines.join("\n");
         s.push('\n');
         s
+    }
+
+    /// The model parameters this point runs with, as JSON: the generation's defaults with
+    /// the topology's `[params]` and then the calibration profile laid over them (what
+    /// [`crate::fabric::build::build`] uses), or why they do not resolve.
+    fn model_params_text(&self) -> String {
+        let spec = &self.topology.spec;
+        let calibration = self.calibration.as_ref().map(|c| &*c.params);
+        let mut params = fabric::ModelParams::for_generation(spec.gpu.generation);
+        for t in [spec.params.as_ref(), calibration].into_iter().flatten() {
+            match params.overlay(t) {
+                Ok(p) => params = p,
+                Err(e) => return format!("invalid: {e}"),
+            }
+        }
+        serde_json::to_string(&params).unwrap_or_else(|e| format!("invalid: {e}"))
     }
 
     /// The benchmark configuration of a collective workload.

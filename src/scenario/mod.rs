@@ -7,4 +7,5 @@
 pub mod bench;
 pub mod file;
 pub mod nccl_env;
+pub mod row;
 pub mod sweep;

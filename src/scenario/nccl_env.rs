@@ -134,9 +134,11 @@ impl NcclEnv {
             "NCCL_COLLNET_ENABLE" => self.collnet = flag(key, value)?,
             "NCCL_PXN_DISABLE" => self.knobs.pxn_disable = flag(key, value)?,
             other => {
-                let near = KNOWN.iter().min_by_key(|k| edit_distance(k, other)).copied().unwrap_or("");
+                let near = crate::suggest::nearest(other, KNOWN.iter().copied())
+                    .map(|n| format!(" (did you mean {n}?)"))
+                    .unwrap_or_default();
                 return Err(format!(
-                    "unknown NCCL variable {other:?} (did you mean {near}?); fabricsim understands: {}",
+                    "unknown NCCL variable {other:?}{near}; fabricsim understands: {}",
                     KNOWN.join(", ")
                 ));
             }
@@ -154,22 +156,6 @@ impl NcclEnv {
         }
         Ok(())
     }
-}
-
-/// Levenshtein distance (for "did you mean" hints).
-pub fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.to_ascii_lowercase().chars().collect();
-    let b: Vec<char> = b.to_ascii_lowercase().chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for i in 1..=a.len() {
-        let mut cur = vec![i; b.len() + 1];
-        for j in 1..=b.len() {
-            let sub = prev[j - 1] + (a[i - 1] != b[j - 1]) as usize;
-            cur[j] = sub.min(prev[j] + 1).min(cur[j - 1] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }
 
 #[cfg(test)]

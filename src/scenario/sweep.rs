@@ -6,21 +6,30 @@
 //! Result files, in the output folder:
 //! - `results.csv`: a header, then one flat row per (point, size): `point`, `point_hash`, one
 //!   column per swept setting (named by its dotted path), `topology`, `nodes`, `gpus`,
-//!   `collective`, the columns of `fabricsim bench --format csv`, `status` (`ok` | `error`)
-//!   and `error`. A point the model rejects (NVLS without NVSwitch, CollNet on one node, a
-//!   fabric that cannot be built) is one row with `status = error` and empty measurements.
-//! - `results.jsonl`: the same rows as JSON objects (same keys first, then `channels`,
-//!   `root`, NCCL's pick and model time, and the event count).
+//!   `collective`, the columns of the one result row ([`ResultRow`], what `fabricsim bench
+//!   --format csv` writes: nccl-tests' columns first), `status` (`ok` | `error`) and `error`.
+//!   A point the model rejects (NVLS without NVSwitch, CollNet on one node, a fabric that
+//!   cannot be built) is one row with `status = error` and empty measurements.
+//! - `results.jsonl`: the same rows as flat JSON objects with the same keys in the same
+//!   order. Both files are written by the `csv` and `serde_json` crates.
+//! - `sweep.json` ([`MANIFEST`]): the scenario's name and point count and the shard.
 //!
-//! Determinism: rows are written in point order whatever the thread count (completions
-//! that arrive early wait in a buffer), numbers are formatted deterministically and nothing
-//! depends on the clock, so the same inputs give byte-identical files for any `--threads`,
-//! and shards merged with [`merge`] give the bytes of an unsharded run.
+//! Determinism: each point's rows are appended as soon as it finishes (nothing is held in
+//! memory behind a slow point); when points finished out of order, the files are rewritten
+//! in point order at the end. Numbers are formatted deterministically and nothing depends on
+//! the clock, so the same inputs give byte-identical files for any `--threads`, and shards
+//! merged with [`merge`] give the bytes of an unsharded run.
 //!
 //! Resume: each point's rows are appended to `results.jsonl`, then to `results.csv`, and
-//! flushed. A point counts as done when both files hold the same, non-zero number of
-//! complete rows for its hash; rerunning skips done points, drops partial ones and rewrites
-//! the files in point order, so an interrupted run completes to the same bytes.
+//! flushed. A point counts as done when both files hold the same rows for its hash and they
+//! are every row it makes (one per size that gives each rank an element, or one error row);
+//! rerunning skips done points, drops incomplete ones and rewrites the files in point order,
+//! so an interrupted run completes to the same bytes. The point hash covers the inputs'
+//! content (see [`super::file::Scenario::canonical`]), so changed inputs run again.
+//!
+//! Shards: [`Plan::shard_points`] splits the points by [`point_cost`], longest first to the
+//! least loaded shard: a pure function of the scenario. Each output folder holds a
+//! [`MANIFEST`] (scenario, point count, shard) from which [`merge`] names missing shards.
 //!
 //! Architecture invariant: no printing and no clock. Progress goes to the caller's
 //! callback; the scenario file's syntax is [`super::file`]'s business.
@@ -32,9 +41,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::bench::{run_bench, BenchRow};
+use super::bench::{count_for, run_bench, BenchRow};
 use super::file::Scenario;
-use crate::collective::Collective;
+use super::row::ResultRow;
+use crate::collective::{Algo, CollArgs, Collective};
 use crate::fabric::build::build;
 
 /// Name of the CSV results file in an output folder.
@@ -79,13 +89,30 @@ impl ParamValue {
             ParamValue::Bool(b) => b.to_string(),
         }
     }
-    fn json(&self) -> String {
+}
+
+/// A swept value as a CSV cell (its text; empty when missing).
+struct CsvParam<'a>(&'a ParamValue);
+
+impl serde::Serialize for CsvParam<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0.text())
+    }
+}
+
+/// A swept value as JSON: null when missing, a number for numbers (a float as written when
+/// it does not parse), a string or a boolean otherwise.
+impl serde::Serialize for ParamValue {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            ParamValue::Missing => "null".into(),
-            ParamValue::Str(s) | ParamValue::Toml(s) => json_str(s),
-            ParamValue::Int(n) => n.to_string(),
-            ParamValue::Float(s) => s.parse::<f64>().map_or_else(|_| json_str(s), json_f64),
-            ParamValue::Bool(b) => b.to_string(),
+            ParamValue::Missing => s.serialize_none(),
+            ParamValue::Str(v) | ParamValue::Toml(v) => s.serialize_str(v),
+            ParamValue::Int(n) => s.serialize_i64(*n),
+            ParamValue::Float(v) => match v.parse::<f64>() {
+                Ok(f) if f.is_finite() => s.serialize_f64(f),
+                _ => s.serialize_str(v),
+            },
+            ParamValue::Bool(b) => s.serialize_bool(*b),
         }
     }
 }
@@ -190,7 +217,8 @@ pub fn combinations(lens: &[usize], mode: Mode) -> Result<Vec<Vec<usize>>, Strin
     }
 }
 
-/// Which slice of the points a run takes: `K/N` takes the points `i` with `i % N == K - 1`.
+/// Which slice of the points a run takes: the K-th of N shards that [`Plan::shard_points`]
+/// balances by estimated cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shard {
     /// 1-based shard number K.
@@ -217,9 +245,66 @@ impl Shard {
         }
         Ok(Shard { index, count })
     }
-    /// Whether point `i` belongs to this shard.
-    pub fn contains(&self, i: usize) -> bool {
-        i % self.count == self.index - 1
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+/// A deterministic estimate of the CPU time of a point, in arbitrary units, for balancing
+/// shards: GPUs x (1 + MiB moved per call) x a factor for the algorithm, summed over the
+/// sizes. The factors reflect the event simulator as of this version: ring and PAT fold
+/// ranks and are cheap, NVLSTree is the most expensive; `auto` counts as expensive because
+/// NCCL picks NVLS or NVLSTree on large fabrics. The analytical fidelity costs one unit per
+/// GPU and size. Only the ratios between points matter.
+pub fn point_cost(s: &Scenario) -> u64 {
+    let per_node = s.topology.gpus.unwrap_or(s.topology.spec.node.gpus.len() as u32).max(1);
+    let gpus = u64::from(s.topology.nodes.max(1)) * u64::from(per_node);
+    let super::file::Workload::Collective(w) = &s.workload;
+    let factor: u64 = match w.algo {
+        Some(Algo::Ring | Algo::Pat | Algo::P2p) => 1,
+        Some(Algo::Tree | Algo::Nvls) => 100,
+        Some(Algo::CollNetDirect | Algo::CollNetChain) => 200,
+        Some(Algo::NvlsTree) | None => 800,
+    };
+    w.sizes.iter().fold(0u64, |acc, &size| {
+        let call = match s.fidelity {
+            super::bench::Fidelity::Analytical => gpus,
+            super::bench::Fidelity::Event => gpus.saturating_mul(1 + (size >> 20)).saturating_mul(factor),
+        };
+        acc.saturating_add(call)
+    })
+}
+
+/// Assigns points of the given costs to `count` shards: longest first (ties by point
+/// number), each to the shard with the least total so far (ties to the lowest shard).
+/// Returns each point's 0-based shard. A pure function of its arguments, so every task of a
+/// job array computes the same split.
+pub fn balance(costs: &[u64], count: usize) -> Vec<usize> {
+    let count = count.max(1);
+    let mut order: Vec<usize> = (0..costs.len()).collect();
+    order.sort_by(|&a, &b| costs[b].cmp(&costs[a]).then(a.cmp(&b)));
+    let mut load = vec![0u64; count];
+    let mut shard_of = vec![0usize; costs.len()];
+    for i in order {
+        let k = (0..count).min_by_key(|&k| (load[k], k)).unwrap_or(0);
+        load[k] = load[k].saturating_add(costs[i]);
+        shard_of[i] = k;
+    }
+    shard_of
+}
+
+impl Plan {
+    /// The point numbers of a shard, in point order (every point for `1/1`).
+    pub fn shard_points(&self, shard: Shard) -> Vec<usize> {
+        if shard.count <= 1 {
+            return (0..self.points.len()).collect();
+        }
+        let costs: Vec<u64> = self.points.iter().map(|p| point_cost(&p.scenario)).collect();
+        let of = balance(&costs, shard.count);
+        (0..self.points.len()).filter(|&i| of[i] == shard.index - 1).collect()
     }
 }
 
@@ -297,53 +382,102 @@ pub fn run_point(p: &Point) -> PointResult {
 
 /// The CSV header for a sweep with these swept columns.
 pub fn csv_header(columns: &[String]) -> String {
-    let mut h: Vec<String> = vec!["point".into(), "point_hash".into()];
-    h.extend(columns.iter().map(|c| csv_cell(c)));
-    h.extend(
-        [
-            "topology",
-            "nodes",
-            "gpus",
-            "collective",
-            "size_bytes",
-            "count",
-            "dtype",
-            "redop",
-            "time_us",
-            "algbw_GBps",
-            "busbw_GBps",
-            "algo",
-            "proto",
-            "status",
-            "error",
-        ]
-        .map(String::from),
-    );
-    h.join(",")
+    let mut h: Vec<&str> = vec!["point", "point_hash"];
+    h.extend(columns.iter().map(String::as_str));
+    h.extend(["topology", "nodes", "gpus", "collective"]);
+    h.extend(ResultRow::COLUMNS);
+    h.extend(["status", "error"]);
+    let mut out = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+    // Writing to memory does not fail.
+    let _ = out.write_record(&h);
+    let bytes = out.into_inner().unwrap_or_default();
+    String::from_utf8_lossy(&bytes).trim_end().to_string()
 }
 
-fn csv_cell(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
+/// The swept values of a point, in column order: CSV cells.
+struct CsvParams<'a>(&'a [ParamValue]);
+
+impl serde::Serialize for CsvParams<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for v in self.0 {
+            seq.serialize_element(&CsvParam(v))?;
+        }
+        seq.end()
     }
 }
 
-fn json_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
-}
+/// The swept values of a point as JSON entries named by their columns, in column order.
+struct JsonParams<'a>(&'a [String], &'a [ParamValue]);
 
-fn json_f64(v: f64) -> String {
-    if v.is_finite() {
-        serde_json::to_string(&v).unwrap_or_else(|_| "null".into())
-    } else {
-        "null".into()
+impl serde::Serialize for JsonParams<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (c, v) in self.0.iter().zip(self.1) {
+            map.serialize_entry(c, v)?;
+        }
+        map.end()
     }
 }
 
-fn json_opt_str(s: Option<&str>) -> String {
-    s.map_or_else(|| "null".into(), json_str)
+/// A row's measurements, or empty cells (CSV) / nulls (JSON) on an error row.
+struct Measured<'a>(Option<&'a ResultRow>, bool);
+
+impl serde::Serialize for Measured<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match (self.0, self.1) {
+            (Some(r), _) => r.serialize(s),
+            (None, false) => {
+                let mut seq = s.serialize_seq(Some(ResultRow::COLUMNS.len()))?;
+                for _ in ResultRow::COLUMNS {
+                    seq.serialize_element(&None::<u8>)?;
+                }
+                seq.end()
+            }
+            (None, true) => {
+                let mut map = s.serialize_map(Some(ResultRow::COLUMNS.len()))?;
+                for c in ResultRow::COLUMNS {
+                    map.serialize_entry(c, &None::<u8>)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+/// One line of `results.csv`: the point's columns, then a [`ResultRow`], then the status.
+#[derive(serde::Serialize)]
+struct CsvRecord<'a> {
+    point: usize,
+    point_hash: &'a str,
+    params: CsvParams<'a>,
+    topology: &'a str,
+    nodes: u32,
+    gpus: Option<u32>,
+    collective: &'a str,
+    row: Measured<'a>,
+    status: &'a str,
+    error: Option<&'a str>,
+}
+
+/// One line of `results.jsonl`: the same fields as [`CsvRecord`], as one flat object.
+#[derive(serde::Serialize)]
+struct JsonRecord<'a> {
+    point: usize,
+    point_hash: &'a str,
+    #[serde(flatten)]
+    params: JsonParams<'a>,
+    topology: &'a str,
+    nodes: u32,
+    gpus: Option<u32>,
+    collective: &'a str,
+    #[serde(flatten)]
+    row: Measured<'a>,
+    status: &'a str,
+    error: Option<&'a str>,
 }
 
 /// A point's rows, formatted for both files.
@@ -353,72 +487,55 @@ struct Formatted {
     rows: usize,
 }
 
-fn format_point(p: &Point, columns: &[String], r: &PointResult) -> Formatted {
+fn format_point(p: &Point, columns: &[String], r: &PointResult) -> Result<Formatted, SweepError> {
     let hash = p.hash_hex();
-    let mut csv_prefix = format!("{},{hash}", p.index);
-    let mut json_prefix = format!("{{\"point\":{},\"point_hash\":\"{hash}\"", p.index);
-    for (c, v) in columns.iter().zip(&p.params) {
-        csv_prefix.push(',');
-        csv_prefix.push_str(&csv_cell(&v.text()));
-        json_prefix.push_str(&format!(",{}:{}", json_str(c), v.json()));
+    let rows: Vec<ResultRow> = match &r.outcome {
+        Ok(rows) => rows.iter().map(ResultRow::from).collect(),
+        Err(_) => Vec::new(),
+    };
+    let error = r.outcome.as_ref().err().map(|e| e.replace(['\n', '\r'], " "));
+    let measured: Vec<Option<&ResultRow>> =
+        if error.is_some() { vec![None] } else { rows.iter().map(Some).collect() };
+    let status = if error.is_some() { "error" } else { "ok" };
+    let bad =
+        |e: &dyn std::fmt::Display| SweepError::Results(format!("cannot format point {}: {e}", p.index));
+    let mut csv = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+    let mut jsonl = Vec::new();
+    for m in &measured {
+        csv.serialize(CsvRecord {
+            point: p.index,
+            point_hash: &hash,
+            params: CsvParams(&p.params),
+            topology: &r.topology,
+            nodes: r.nodes,
+            gpus: r.gpus,
+            collective: r.collective.name(),
+            row: Measured(*m, false),
+            status,
+            error: error.as_deref(),
+        })
+        .map_err(|e| bad(&e))?;
+        let record = JsonRecord {
+            point: p.index,
+            point_hash: &hash,
+            params: JsonParams(columns, &p.params),
+            topology: &r.topology,
+            nodes: r.nodes,
+            gpus: r.gpus,
+            collective: r.collective.name(),
+            row: Measured(*m, true),
+            status,
+            error: error.as_deref(),
+        };
+        serde_json::to_writer(&mut jsonl, &record).map_err(|e| bad(&e))?;
+        jsonl.push(b'\n');
     }
-    let gpus_csv = r.gpus.map(|g| g.to_string()).unwrap_or_default();
-    let gpus_json = r.gpus.map_or_else(|| "null".into(), |g| g.to_string());
-    csv_prefix.push_str(&format!(
-        ",{},{},{gpus_csv},{}",
-        csv_cell(&r.topology),
-        r.nodes,
-        r.collective.name()
-    ));
-    json_prefix.push_str(&format!(
-        ",\"topology\":{},\"nodes\":{},\"gpus\":{gpus_json},\"collective\":\"{}\"",
-        json_str(&r.topology),
-        r.nodes,
-        r.collective.name()
-    ));
-    let mut f = Formatted { csv: String::new(), jsonl: String::new(), rows: 0 };
-    match &r.outcome {
-        Ok(rows) => {
-            for b in rows {
-                f.csv.push_str(&format!("{csv_prefix},{},ok,\n", b.csv_fields()));
-                f.jsonl.push_str(&format!(
-                    "{json_prefix},\"size_bytes\":{},\"count\":{},\"dtype\":\"{}\",\"redop\":\"{}\",\
-                     \"time_us\":{},\"algbw_GBps\":{},\"busbw_GBps\":{},\"algo\":\"{}\",\"proto\":\"{}\",\
-                     \"channels\":{},\"root\":{},\"nccl_algo\":{},\"nccl_proto\":{},\"nccl_model_time_us\":{},\
-                     \"events\":{},\"status\":\"ok\",\"error\":null}}\n",
-                    b.size_bytes,
-                    b.count,
-                    b.dtype.nccl_name(),
-                    b.redop.nccl_name(),
-                    json_f64(b.time_us),
-                    json_f64(b.algbw_gbps),
-                    json_f64(b.busbw_gbps),
-                    b.algo.name(),
-                    b.proto.name(),
-                    b.channels,
-                    b.root,
-                    json_opt_str(b.nccl_pick.map(|p| p.0.name())),
-                    json_opt_str(b.nccl_pick.map(|p| p.1.name())),
-                    b.nccl_model_us.map_or_else(|| "null".into(), json_f64),
-                    b.events
-                ));
-                f.rows += 1;
-            }
-        }
-        Err(e) => {
-            let e = e.replace(['\n', '\r'], " ");
-            f.csv.push_str(&format!("{csv_prefix},,,,,,,,,,error,{}\n", csv_cell(&e)));
-            f.jsonl.push_str(&format!(
-                "{json_prefix},\"size_bytes\":null,\"count\":null,\"dtype\":null,\"redop\":null,\
-                 \"time_us\":null,\"algbw_GBps\":null,\"busbw_GBps\":null,\"algo\":null,\"proto\":null,\
-                 \"channels\":null,\"root\":null,\"nccl_algo\":null,\"nccl_proto\":null,\
-                 \"nccl_model_time_us\":null,\"events\":null,\"status\":\"error\",\"error\":{}}}\n",
-                json_str(&e)
-            ));
-            f.rows = 1;
-        }
-    }
-    f
+    let csv = csv.into_inner().map_err(|e| bad(&e))?;
+    Ok(Formatted {
+        csv: String::from_utf8_lossy(&csv).into_owned(),
+        jsonl: String::from_utf8_lossy(&jsonl).into_owned(),
+        rows: measured.len(),
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -462,7 +579,8 @@ struct Existing {
     header: Option<String>,
     /// hash -> (csv lines, jsonl lines), complete points only.
     points: BTreeMap<String, Lines>,
-    /// Hashes whose rows are partial (an interrupted write).
+    /// Hashes whose rows are partial: the two files disagree (an interrupted write) or the
+    /// rows are not the ones the point makes (rows lost at the end of a file).
     partial: BTreeSet<String>,
     /// Order of first appearance of each complete hash in the CSV.
     order: Vec<String>,
@@ -474,7 +592,12 @@ fn complete_lines(text: &str) -> impl Iterator<Item = &str> {
     text[..end].lines().filter(|l| !l.is_empty())
 }
 
-fn read_existing(dir: &Path) -> Result<Existing, SweepError> {
+/// Reads an output folder. `complete(hash, jsonl rows)` says whether a point whose two files
+/// agree holds every row it should; a point it rejects counts as partial.
+fn read_existing(
+    dir: &Path,
+    complete: &dyn Fn(&str, &[serde_json::Value]) -> bool,
+) -> Result<Existing, SweepError> {
     let csv_path = dir.join(RESULTS_CSV);
     let jsonl_path = dir.join(RESULTS_JSONL);
     let mut ex = Existing::default();
@@ -490,23 +613,27 @@ fn read_existing(dir: &Path) -> Result<Existing, SweepError> {
     };
     let mut csv_lines = complete_lines(&csv_text);
     ex.header = csv_lines.next().map(str::to_string);
-    let mut by_hash: BTreeMap<String, Lines> = BTreeMap::new();
+    let mut by_hash: BTreeMap<String, (Lines, Vec<serde_json::Value>)> = BTreeMap::new();
     let mut order: Vec<String> = Vec::new();
     for l in csv_lines {
         let Some(h) = l.split(',').nth(1) else { continue };
         let e = by_hash.entry(h.to_string()).or_default();
-        if e.0.is_empty() {
+        if e.0 .0.is_empty() {
             order.push(h.to_string());
         }
-        e.0.push(l.to_string());
+        e.0 .0.push(l.to_string());
     }
     for l in complete_lines(&jsonl_text) {
-        let Ok(serde_json::Value::Object(o)) = serde_json::from_str::<serde_json::Value>(l) else { break };
-        let Some(h) = o.get("point_hash").and_then(|h| h.as_str()) else { break };
-        by_hash.entry(h.to_string()).or_default().1.push(l.to_string());
+        let Ok(v @ serde_json::Value::Object(_)) = serde_json::from_str::<serde_json::Value>(l) else {
+            break;
+        };
+        let Some(h) = v.get("point_hash").and_then(|h| h.as_str()).map(str::to_string) else { break };
+        let e = by_hash.entry(h).or_default();
+        e.0 .1.push(l.to_string());
+        e.1.push(v);
     }
-    for (h, (c, j)) in by_hash {
-        if !c.is_empty() && c.len() == j.len() {
+    for (h, ((c, j), values)) in by_hash {
+        if !c.is_empty() && c.len() == j.len() && complete(&h, &values) {
             ex.points.insert(h, (c, j));
         } else {
             ex.partial.insert(h);
@@ -514,6 +641,36 @@ fn read_existing(dir: &Path) -> Result<Existing, SweepError> {
     }
     ex.order = order.into_iter().filter(|h| ex.points.contains_key(h)).collect();
     Ok(ex)
+}
+
+/// The `size_bytes` of the rows a point makes on `gpus` GPUs, in order: one per size that
+/// gives at least one element per rank (what [`run_bench`] skips, this skips).
+pub fn expected_sizes(s: &Scenario, gpus: u32) -> Vec<u64> {
+    let super::file::Workload::Collective(w) = &s.workload;
+    w.sizes
+        .iter()
+        .filter_map(|&size| {
+            let count = count_for(w.coll, size, gpus, w.dtype);
+            (count > 0).then(|| {
+                CollArgs { coll: w.coll, count, dtype: w.dtype, redop: w.redop, root: w.root }
+                    .size_bytes(gpus)
+            })
+        })
+        .collect()
+}
+
+/// Whether the JSON rows of a point are all the rows it makes: one error row, or one `ok`
+/// row per expected size, in order.
+fn rows_complete(p: &Point, rows: &[serde_json::Value]) -> bool {
+    let Some(first) = rows.first() else { return false };
+    if first["status"] == "error" {
+        return rows.len() == 1;
+    }
+    let Some(gpus) = first["gpus"].as_u64().and_then(|g| u32::try_from(g).ok()) else { return false };
+    let sizes: Vec<Option<u64>> =
+        rows.iter().map(|r| if r["status"] == "ok" { r["size_bytes"].as_u64() } else { None }).collect();
+    let want: Vec<Option<u64>> = expected_sizes(&p.scenario, gpus).into_iter().map(Some).collect();
+    sizes == want
 }
 
 fn restamp_csv(line: &str, index: usize) -> String {
@@ -569,6 +726,77 @@ pub struct RunOpts {
     pub shard: Shard,
     /// Keep the points already in the output folder (otherwise start afresh).
     pub resume: bool,
+    /// Also return every point's rows ([`RunSummary::rows`]), resumed ones included.
+    pub keep_rows: bool,
+}
+
+/// A point's results as typed rows, as [`run`] returns them with [`RunOpts::keep_rows`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct PointRows {
+    /// The point's number.
+    pub index: usize,
+    /// Topology name.
+    pub topology: String,
+    /// Nodes of the fabric.
+    pub nodes: u32,
+    /// GPUs of the fabric (None when it could not be built).
+    pub gpus: Option<u32>,
+    /// The collective's name.
+    pub collective: String,
+    /// The rows, or why the model rejected the point.
+    pub outcome: Result<Vec<ResultRow>, String>,
+}
+
+impl PointRows {
+    fn of(index: usize, r: &PointResult) -> PointRows {
+        PointRows {
+            index,
+            topology: r.topology.clone(),
+            nodes: r.nodes,
+            gpus: r.gpus,
+            collective: r.collective.name().to_string(),
+            outcome: r
+                .outcome
+                .as_ref()
+                .map(|rows| rows.iter().map(ResultRow::from).collect())
+                .map_err(Clone::clone),
+        }
+    }
+
+    /// Reads a resumed point's JSON lines back.
+    fn parse(index: usize, jsonl: &[String], file: &Path) -> Result<PointRows, SweepError> {
+        #[derive(serde::Deserialize)]
+        struct Context {
+            topology: String,
+            nodes: u32,
+            gpus: Option<u32>,
+            collective: String,
+            status: String,
+            error: Option<String>,
+        }
+        let bad = |e: serde_json::Error| {
+            SweepError::Results(format!("{}: point {index}: {e}; rerun with --fresh", file.display()))
+        };
+        let first = jsonl.first().map(String::as_str).unwrap_or("{}");
+        let c: Context = serde_json::from_str(first).map_err(bad)?;
+        let outcome = if c.status == "ok" {
+            Ok(jsonl
+                .iter()
+                .map(|l| serde_json::from_str::<ResultRow>(l))
+                .collect::<Result<_, _>>()
+                .map_err(bad)?)
+        } else {
+            Err(c.error.unwrap_or_default())
+        };
+        Ok(PointRows {
+            index,
+            topology: c.topology,
+            nodes: c.nodes,
+            gpus: c.gpus,
+            collective: c.collective,
+            outcome,
+        })
+    }
 }
 
 /// Progress of a run, for the caller to display.
@@ -585,7 +813,13 @@ pub enum Event<'a> {
     },
     /// Something the user should know (dropped partial rows, ...).
     Note(String),
-    /// A point finished (completion order, which varies between runs).
+    /// A worker starts a point.
+    Running {
+        /// The point.
+        point: &'a Point,
+    },
+    /// A point finished and its rows are in both files (completion order, which varies
+    /// between runs).
     Done {
         /// The point.
         point: &'a Point,
@@ -597,7 +831,7 @@ pub enum Event<'a> {
 }
 
 /// What a run did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RunSummary {
     /// Points of this shard.
     pub points: usize,
@@ -611,33 +845,74 @@ pub struct RunSummary {
     pub csv: PathBuf,
     /// The JSON-lines file.
     pub jsonl: PathBuf,
+    /// Every point's rows in point order, with [`RunOpts::keep_rows`] (else empty).
+    pub rows: Vec<PointRows>,
 }
 
-/// Buffers completions that arrive early and appends rows in point order.
+/// Name of the file that says which sweep and shard an output folder holds.
+pub const MANIFEST: &str = "sweep.json";
+
+/// The manifest of an output folder: which sweep, how many points it has, which shard.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Scenario name.
+    pub scenario: String,
+    /// Points of the whole sweep.
+    pub points: usize,
+    /// The shard, `K/N`.
+    pub shard: String,
+    /// Points of this shard.
+    pub shard_points: usize,
+}
+
+fn read_manifest(dir: &Path) -> Result<Option<Manifest>, SweepError> {
+    let path = dir.join(MANIFEST);
+    match std::fs::read_to_string(&path) {
+        Ok(t) => serde_json::from_str(&t).map(Some).map_err(|e| {
+            SweepError::Results(format!(
+                "{}:{}:{}: {e} (expected the {MANIFEST} that `fabricsim sweep` writes)",
+                path.display(),
+                e.line(),
+                e.column()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err(&path)(e)),
+    }
+}
+
+/// Appends each point's rows as soon as it finishes (JSON lines first, then CSV, each
+/// flushed), so a killed run loses only the points still running. Remembers whether the
+/// files are still in point order.
 struct Sink {
     csv: File,
     jsonl: File,
     csv_path: PathBuf,
     jsonl_path: PathBuf,
-    next: usize,
-    pending: BTreeMap<usize, Formatted>,
+    /// The largest point number written so far.
+    last: Option<usize>,
+    /// Whether the files are in point order.
+    sorted: bool,
 }
 
 impl Sink {
-    fn push(&mut self, j: usize, f: Formatted) -> Result<(), SweepError> {
-        self.pending.insert(j, f);
-        while let Some(f) = self.pending.remove(&self.next) {
-            self.jsonl.write_all(f.jsonl.as_bytes()).map_err(io_err(&self.jsonl_path))?;
-            self.jsonl.flush().map_err(io_err(&self.jsonl_path))?;
-            self.csv.write_all(f.csv.as_bytes()).map_err(io_err(&self.csv_path))?;
-            self.csv.flush().map_err(io_err(&self.csv_path))?;
-            self.next += 1;
-        }
+    fn push(&mut self, index: usize, f: &Formatted) -> Result<(), SweepError> {
+        self.jsonl.write_all(f.jsonl.as_bytes()).map_err(io_err(&self.jsonl_path))?;
+        self.jsonl.flush().map_err(io_err(&self.jsonl_path))?;
+        self.csv.write_all(f.csv.as_bytes()).map_err(io_err(&self.csv_path))?;
+        self.csv.flush().map_err(io_err(&self.csv_path))?;
+        self.sorted &= self.last.is_none_or(|l| l < index);
+        self.last = Some(self.last.map_or(index, |l| l.max(index)));
         Ok(())
     }
 }
 
 /// Runs the points of `opts.shard` into `out_dir` (created if needed), resuming if asked.
+///
+/// Rows reach the files in completion order and nothing waits in memory; when the files
+/// end out of point order (several threads, or resumed points), they are rewritten in point
+/// order at the end, so the bytes do not depend on the thread count.
 pub fn run(
     plan: &Plan,
     out_dir: &Path,
@@ -648,12 +923,16 @@ pub fn run(
     let csv_path = out_dir.join(RESULTS_CSV);
     let jsonl_path = out_dir.join(RESULTS_JSONL);
     let header = csv_header(&plan.columns);
-    let selected: Vec<&Point> = plan.points.iter().filter(|p| opts.shard.contains(p.index)).collect();
+    let selected: Vec<&Point> = plan.shard_points(opts.shard).into_iter().map(|i| &plan.points[i]).collect();
+    let by_hash: BTreeMap<String, &Point> = selected.iter().map(|p| (p.hash_hex(), *p)).collect();
+    // A point of this run is complete when it holds every row it makes; others are foreign.
+    let complete =
+        |h: &str, rows: &[serde_json::Value]| by_hash.get(h).is_none_or(|p| rows_complete(p, rows));
 
     // What is already done.
     let mut done: BTreeMap<usize, Lines> = BTreeMap::new();
     if opts.resume {
-        let mut ex = read_existing(out_dir)?;
+        let mut ex = read_existing(out_dir, &complete)?;
         if let Some(h) = &ex.header {
             if *h != header {
                 return Err(SweepError::Results(format!(
@@ -663,28 +942,28 @@ pub fn run(
                 )));
             }
         }
-        let wanted: BTreeMap<String, usize> = selected.iter().map(|p| (p.hash_hex(), p.index)).collect();
-        let partial = ex.partial.iter().filter(|h| wanted.contains_key(*h)).count();
+        let partial = ex.partial.iter().filter(|h| by_hash.contains_key(*h)).count();
         if partial > 0 {
             on_event(Event::Note(format!(
-                "{partial} point(s) in {} were cut short by an interrupted run; running them again",
+                "{partial} point(s) in {} are incomplete (an interrupted run, or rows lost at the end of a \
+                 file); discarding their rows and running them again",
                 out_dir.display()
             )));
         }
         let mut foreign = 0;
         for h in std::mem::take(&mut ex.order) {
             let Some(lines) = ex.points.remove(&h) else { continue };
-            match wanted.get(&h) {
-                Some(&i) => {
-                    done.insert(i, lines);
+            match by_hash.get(&h) {
+                Some(p) => {
+                    done.insert(p.index, lines);
                 }
                 None => foreign += 1,
             }
         }
         if foreign > 0 {
             on_event(Event::Note(format!(
-                "dropping {foreign} point(s) from {} that are not part of this run (an edited scenario or \
-                 another shard)",
+                "dropping {foreign} point(s) from {} that are not part of this run (an edited scenario, \
+                 changed inputs, or another shard)",
                 out_dir.display()
             )));
         }
@@ -693,13 +972,18 @@ pub fn run(
     let todo: Vec<&Point> = selected.iter().copied().filter(|p| !done.contains_key(&p.index)).collect();
     on_event(Event::Start { points: selected.len(), resumed, to_run: todo.len() });
 
-    // Start the files: the header and the done points, in point order.
+    // Start the files: the manifest, the header and the done points, in point order.
+    let manifest = Manifest {
+        scenario: plan.name.clone(),
+        points: plan.points.len(),
+        shard: opts.shard.to_string(),
+        shard_points: selected.len(),
+    };
+    let manifest_text = serde_json::to_string_pretty(&manifest)
+        .map_err(|e| SweepError::Results(format!("cannot write {MANIFEST}: {e}")))?;
+    write_atomic(&out_dir.join(MANIFEST), &format!("{manifest_text}\n"))?;
     let kept: Vec<(usize, &Lines)> = done.iter().map(|(i, l)| (*i, l)).collect();
     write_sorted(out_dir, &header, &kept)?;
-    let needs_sort = match (todo.first(), done.keys().next_back()) {
-        (Some(first), Some(&last_done)) => first.index < last_done,
-        _ => false,
-    };
 
     let open = |p: &Path| OpenOptions::new().append(true).open(p).map_err(io_err(p));
     let sink = Mutex::new(Sink {
@@ -707,11 +991,17 @@ pub fn run(
         jsonl: open(&jsonl_path)?,
         csv_path: csv_path.clone(),
         jsonl_path: jsonl_path.clone(),
-        next: 0,
-        pending: BTreeMap::new(),
+        last: done.keys().next_back().copied(),
+        sorted: true,
     });
     let failed = AtomicUsize::new(0);
     let error: Mutex<Option<SweepError>> = Mutex::new(None);
+    let kept_rows: Mutex<Vec<PointRows>> = Mutex::new(Vec::new());
+    if opts.keep_rows {
+        let rows =
+            done.iter().map(|(&i, l)| PointRows::parse(i, &l.1, &jsonl_path)).collect::<Result<_, _>>()?;
+        *kept_rows.lock().unwrap_or_else(|e| e.into_inner()) = rows;
+    }
     if !todo.is_empty() {
         let threads = opts.threads.unwrap_or(0);
         let pool = rayon::ThreadPoolBuilder::new()
@@ -721,39 +1011,46 @@ pub fn run(
             .map_err(|e| SweepError::Threads { threads, msg: e.to_string() })?;
         let next = AtomicUsize::new(0);
         let stop = AtomicBool::new(false);
-        // Workers take points in order from a shared counter, so at most one point per
-        // thread is ahead of the file and an interrupted run loses little.
+        // Workers take points in order from a shared counter and write each one as it
+        // finishes: nothing is held back behind a slow point.
         pool.broadcast(|_| loop {
             if stop.load(Ordering::SeqCst) {
                 break;
             }
             let j = next.fetch_add(1, Ordering::SeqCst);
             let Some(point) = todo.get(j) else { break };
+            on_event(Event::Running { point });
             let r = run_point(point);
-            let f = format_point(point, &plan.columns, &r);
-            let rows = f.rows;
             if r.outcome.is_err() {
                 failed.fetch_add(1, Ordering::SeqCst);
             }
-            let pushed = sink.lock().unwrap_or_else(|e| e.into_inner()).push(j, f);
-            if let Err(e) = pushed {
-                stop.store(true, Ordering::SeqCst);
-                error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
-                break;
+            if opts.keep_rows {
+                kept_rows.lock().unwrap_or_else(|e| e.into_inner()).push(PointRows::of(point.index, &r));
             }
+            let pushed = format_point(point, &plan.columns, &r).and_then(|f| {
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(point.index, &f).map(|()| f.rows)
+            });
+            let rows = match pushed {
+                Ok(rows) => rows,
+                Err(e) => {
+                    stop.store(true, Ordering::SeqCst);
+                    error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                    break;
+                }
+            };
             on_event(Event::Done { point, error: r.outcome.as_ref().err().map(String::as_str), rows });
         });
     }
     if let Some(e) = error.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
     }
-    drop(sink);
-    if needs_sort {
-        // Resumed points and new ones interleave: rewrite everything in point order.
-        let index_of: BTreeMap<String, usize> = selected.iter().map(|p| (p.hash_hex(), p.index)).collect();
-        let ex = read_existing(out_dir)?;
+    let sorted = sink.into_inner().unwrap_or_else(|e| e.into_inner()).sorted;
+    if !sorted {
+        // Points finished out of order: rewrite everything in point order (the resumed
+        // points were checked above; the new ones were just written whole).
+        let ex = read_existing(out_dir, &|_, _| true)?;
         let mut all: Vec<(usize, &Lines)> =
-            ex.points.iter().filter_map(|(h, l)| index_of.get(h).map(|&i| (i, l))).collect();
+            ex.points.iter().filter_map(|(h, l)| by_hash.get(h).map(|p| (p.index, l))).collect();
         all.sort_by_key(|(i, _)| *i);
         write_sorted(out_dir, &header, &all)?;
     }
@@ -764,6 +1061,11 @@ pub fn run(
         failed: failed.into_inner(),
         csv: csv_path,
         jsonl: jsonl_path,
+        rows: {
+            let mut rows = kept_rows.into_inner().unwrap_or_else(|e| e.into_inner());
+            rows.sort_by_key(|r| r.index);
+            rows
+        },
     })
 }
 
@@ -778,15 +1080,21 @@ pub struct MergeSummary {
     pub points: usize,
     /// Rows written (CSV data lines).
     pub rows: usize,
-    /// Point indices below the largest one that no input holds.
+    /// Points of the sweep that no input holds (every point the manifests count; without
+    /// manifests, the gaps below the largest point number).
     pub missing: Vec<usize>,
+    /// Shards (`K/N`) of which no input folder is given.
+    pub missing_shards: Vec<String>,
     /// Notes for the user (partial points skipped, duplicates).
     pub notes: Vec<String>,
 }
 
 /// Joins the results of several output folders (shards of one sweep) into `out_dir`, in
 /// point order: the bytes an unsharded run writes.
-pub fn merge(dirs: &[PathBuf], out_dir: &Path) -> Result<MergeSummary, SweepError> {
+///
+/// When points are missing (a shard not given, or one that did not finish), the merge fails
+/// and writes nothing, naming the missing shards and points, unless `partial` is set.
+pub fn merge(dirs: &[PathBuf], out_dir: &Path, partial: bool) -> Result<MergeSummary, SweepError> {
     if dirs.is_empty() {
         return Err(SweepError::Results("merge needs at least one results folder".into()));
     }
@@ -795,6 +1103,8 @@ pub fn merge(dirs: &[PathBuf], out_dir: &Path) -> Result<MergeSummary, SweepErro
     let mut points: BTreeMap<usize, (String, &PathBuf, Lines)> = BTreeMap::new();
     let mut index_of: BTreeMap<String, usize> = BTreeMap::new();
     let mut summary = MergeSummary::default();
+    // (manifest, folder) of every input that has one.
+    let mut manifests: Vec<(Manifest, &PathBuf)> = Vec::new();
     for dir in dirs {
         let csv = dir.join(RESULTS_CSV);
         if !csv.is_file() {
@@ -803,7 +1113,24 @@ pub fn merge(dirs: &[PathBuf], out_dir: &Path) -> Result<MergeSummary, SweepErro
                 dir.display()
             )));
         }
-        let ex = read_existing(dir)?;
+        if let Some(m) = read_manifest(dir)? {
+            if let Some((first, from)) = manifests.first() {
+                if (&first.scenario, first.points) != (&m.scenario, m.points) {
+                    return Err(SweepError::Results(format!(
+                        "{} and {} hold results of different sweeps (scenario {:?} of {} points, scenario \
+                         {:?} of {} points)",
+                        from.display(),
+                        dir.display(),
+                        first.scenario,
+                        first.points,
+                        m.scenario,
+                        m.points
+                    )));
+                }
+            }
+            manifests.push((m, dir));
+        }
+        let ex = read_existing(dir, &|_, _| true)?;
         let h = ex.header.clone().unwrap_or_default();
         match &header {
             None => header = Some((h, dir)),
@@ -868,15 +1195,44 @@ pub fn merge(dirs: &[PathBuf], out_dir: &Path) -> Result<MergeSummary, SweepErro
             }
         }
     }
+    // What is missing: every point the manifests count, else the gaps.
+    let total = match manifests.first() {
+        Some((m, _)) => m.points,
+        None => points.keys().next_back().map_or(0, |&max| max + 1),
+    };
+    summary.missing = (0..total).filter(|i| !points.contains_key(i)).collect();
+    let counts: BTreeSet<usize> =
+        manifests.iter().filter_map(|(m, _)| Shard::parse(&m.shard).ok().map(|s| s.count)).collect();
+    if let (Some(&n), 1) = (counts.iter().next(), counts.len()) {
+        let given: BTreeSet<usize> =
+            manifests.iter().filter_map(|(m, _)| Shard::parse(&m.shard).ok().map(|s| s.index)).collect();
+        summary.missing_shards = (1..=n)
+            .filter(|k| !given.contains(k))
+            .map(|k| Shard { index: k, count: n }.to_string())
+            .collect();
+    }
+    if !summary.missing.is_empty() && !partial {
+        let shown: Vec<String> = summary.missing.iter().take(20).map(usize::to_string).collect();
+        let shards = match summary.missing_shards.len() {
+            0 => String::new(),
+            1 => format!("shard {} is not given; ", summary.missing_shards[0]),
+            _ => format!("shards {} are not given; ", summary.missing_shards.join(", ")),
+        };
+        return Err(SweepError::Results(format!(
+            "{shards}{} of {total} point{} missing: {}{} (run or resume the shards that hold them, or pass \
+             --partial to merge what there is)",
+            summary.missing.len(),
+            if total == 1 { " is" } else { "s are" },
+            shown.join(", "),
+            if summary.missing.len() > 20 { ", ..." } else { "" }
+        )));
+    }
     let header = header.map(|h| h.0).unwrap_or_default();
     std::fs::create_dir_all(out_dir).map_err(io_err(out_dir))?;
     let ordered: Vec<(usize, &Lines)> = points.iter().map(|(i, (_, _, l))| (*i, l)).collect();
     write_sorted(out_dir, &header, &ordered)?;
     summary.points = ordered.len();
     summary.rows = ordered.iter().map(|(_, l)| l.0.len()).sum();
-    if let Some(&max) = points.keys().next_back() {
-        summary.missing = (0..max).filter(|i| !points.contains_key(i)).collect();
-    }
     Ok(summary)
 }
 
@@ -906,9 +1262,12 @@ mod tests {
     }
 
     #[test]
-    fn shards_partition_points() {
+    fn shards_balance_costs() {
         let s = Shard::parse("2/3").unwrap();
-        assert_eq!((0..7).filter(|&i| s.contains(i)).collect::<Vec<_>>(), vec![1, 4]);
+        assert_eq!(s.to_string(), "2/3");
+        // Longest first, each to the least loaded shard: 9 | 5+2 | 4+3.
+        assert_eq!(balance(&[2, 9, 4, 5, 3], 3), vec![1, 0, 2, 1, 2]);
+        assert_eq!(balance(&[1, 1, 1, 1], 2), vec![0, 1, 0, 1]);
         for bad in ["0/3", "4/3", "1/0", "x", "1-2"] {
             assert!(Shard::parse(bad).is_err(), "{bad}");
         }
@@ -922,6 +1281,5 @@ mod tests {
             "{\"point\":12,\"point_hash\":\"a\"}"
         );
         assert_eq!(complete_lines("a\nb\nc").collect::<Vec<_>>(), vec!["a", "b"]);
-        assert_eq!(csv_cell("a,\"b\""), "\"a,\"\"b\"\"\"");
     }
 }

@@ -4,6 +4,7 @@ mod accuracy;
 mod cli;
 mod docs;
 mod exec_cpu;
+mod layers;
 mod plot;
 mod report;
 mod scenario;

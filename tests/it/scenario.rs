@@ -241,20 +241,33 @@ fn point_hashes_are_stable_and_canonical() {
     let ha: Vec<u64> = a.points.iter().map(|p| p.hash).collect();
     assert_eq!(ha, b.points.iter().map(|p| p.hash).collect::<Vec<_>>());
     assert_ne!(ha[0], ha[1]);
-    // Pinned: the canonical text and its FNV-1a hash must not change silently, or existing
-    // results folders would no longer resume.
+    // Pinned: the canonical text must not change silently, or existing results folders
+    // would no longer resume. Inputs read from files count by content (digests), the
+    // crate version is part of it, and no path appears.
     let one = plan(BASE);
+    let canonical = &one.points[0].canonical;
+    let digest = |key: &str| -> String {
+        let line = canonical.lines().find(|l| l.starts_with(&format!("{key} = "))).unwrap();
+        let d = line.split_once(" = ").unwrap().1.to_string();
+        assert!(d.len() == 26 && d.starts_with("\"fnv1a64:"), "{line}");
+        d
+    };
     assert_eq!(
-        one.points[0].canonical,
-        "fidelity = \"analytical\"\nfold_channels = true\ngranularity = \"hop\"\nseed = 0\n\
-         topology.file = \"../topologies/superpod-h100.toml\"\ntopology.gpus = \"all\"\ntopology.nodes = 2\n\
-         workload.algo = \"auto\"\nworkload.channels = \"auto\"\nworkload.collective = \"allreduce\"\n\
-         workload.dtype = \"float\"\nworkload.gpus_per_thread = 1\nworkload.kind = \"collective\"\n\
-         workload.op = \"sum\"\nworkload.proto = \"auto\"\nworkload.root = 0\nworkload.sizes = [65536, 8388608]\n"
+        *canonical,
+        format!(
+            "fabricsim.version = \"{}\"\nfidelity = \"analytical\"\nfold_channels = true\ngranularity = \"hop\"\n\
+             model.params = {}\nseed = 0\ntopology.gpus = \"all\"\ntopology.nodes = 2\ntopology.spec = {}\n\
+             workload.algo = \"auto\"\nworkload.channels = \"auto\"\nworkload.collective = \"allreduce\"\n\
+             workload.dtype = \"float\"\nworkload.gpus_per_thread = 1\nworkload.kind = \"collective\"\n\
+             workload.op = \"sum\"\nworkload.proto = \"auto\"\nworkload.root = 0\nworkload.sizes = [65536, 8388608]\n",
+            env!("CARGO_PKG_VERSION"),
+            digest("model.params"),
+            digest("topology.spec"),
+        )
     );
-    assert_eq!(one.points[0].hash, sweep::fnv1a64(one.points[0].canonical.as_bytes()));
+    assert!(!canonical.contains("topologies/"), "a path in the canonical text:\n{canonical}");
+    assert_eq!(one.points[0].hash, sweep::fnv1a64(canonical.as_bytes()));
     assert_eq!(one.points[0].hash_hex(), format!("{:016x}", one.points[0].hash));
-    assert_eq!(one.points[0].hash_hex(), "025d62f86641045b");
     // Spelling does not matter; values do.
     let spelled = BASE
         .replace(r#"sizes = ["64K", "8M"]"#, "sizes = [65536, 8388608]\nalgo = \"auto\"\ndtype = \"fp32\"")
@@ -372,7 +385,8 @@ fn invalid_points_are_recorded_not_fatal() {
     assert_eq!(
         header,
         "point,point_hash,topology.file,topology.nodes,workload.algo,topology,nodes,gpus,collective,\
-         size_bytes,count,dtype,redop,time_us,algbw_GBps,busbw_GBps,algo,proto,status,error"
+         size_bytes,count,dtype,redop,time_us,algbw_GBps,busbw_GBps,algo,proto,root,channels,nccl_algo,\
+         nccl_proto,nccl_model_time_us,fastest_algo,fastest_proto,fastest_time_us,events,status,error"
     );
     let bad: Vec<&str> = csv.lines().filter(|l| l.contains(",error,")).collect();
     assert_eq!(bad.len(), 1, "{csv}");
@@ -415,27 +429,43 @@ fn shards_merged_equal_an_unsharded_run() {
     let whole = tmpdir("whole");
     run_quiet(&p, &whole, RunOpts::default());
     let mut dirs = Vec::new();
+    let mut seen = Vec::new();
     for k in 1..=3 {
         let d = tmpdir(&format!("shard{k}"));
-        let s = run_quiet(&p, &d, RunOpts { shard: Shard { index: k, count: 3 }, ..Default::default() });
-        assert_eq!(s.points, (0..8).filter(|i| i % 3 == k - 1).count());
+        let shard = Shard { index: k, count: 3 };
+        let s = run_quiet(&p, &d, RunOpts { shard, ..Default::default() });
+        assert_eq!(s.points, p.shard_points(shard).len());
+        seen.extend(p.shard_points(shard));
         dirs.push(d);
     }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..8).collect::<Vec<_>>(), "shards partition the points");
     let merged = tmpdir("merged");
     // Input order does not matter.
     let mut paths: Vec<PathBuf> = dirs.iter().map(|d| d.to_path_buf()).collect();
     paths.reverse();
-    let m = merge(&paths, &merged).unwrap();
+    let m = merge(&paths, &merged, false).unwrap();
     assert_eq!((m.points, m.missing.len()), (8, 0));
     assert_eq!(results(&merged), results(&whole));
-    // A missing shard is reported.
+    // A missing shard fails the merge, naming the shard and its points, and writes nothing;
+    // --partial merges what there is. The first shard (the last folder here) is left out, so
+    // no gap below the largest point number would reveal it.
     let part = tmpdir("merged-part");
-    let m = merge(&paths[..2], &part).unwrap();
-    assert!(!m.missing.is_empty());
+    let lost = p.shard_points(Shard { index: 1, count: 3 });
+    let e = merge(&paths[..2], &part, false).unwrap_err().to_string();
+    assert!(e.contains("shard 1/3 is not given"), "{e}");
+    let lost_text: Vec<String> = lost.iter().map(usize::to_string).collect();
+    assert!(e.contains(&format!("missing: {}", lost_text.join(", "))), "{e}");
+    assert!(!part.join(sweep::RESULTS_CSV).exists());
+    let m = merge(&paths[..2], &part, true).unwrap();
+    assert_eq!((m.missing.clone(), m.missing_shards.clone()), (lost.clone(), vec!["1/3".to_string()]));
+    assert_eq!(m.points, 8 - lost.len());
     // Outputs of different sweeps do not merge.
     let other = tmpdir("other");
     run_quiet(&plan(BASE), &other, RunOpts::default());
-    let e = merge(&[whole.to_path_buf(), other.to_path_buf()], &tmpdir("bad-merge")).unwrap_err().to_string();
+    let e = merge(&[whole.to_path_buf(), other.to_path_buf()], &tmpdir("bad-merge"), true)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("different sweeps"), "{e}");
 }
 
@@ -476,6 +506,167 @@ fn resume_completes_an_interrupted_run_to_the_same_bytes() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("different sweep"), "{e}");
+}
+
+/// issue 13: points that finished behind a slow point were held in memory and lost when the
+/// run was killed. Here point 0 is still running (held in the `Running` callback) while the
+/// other worker finishes points 1, 2 and 3; then both die, as a killed process would.
+/// Resuming runs only what is missing and completes to the bytes of an uninterrupted run.
+#[test]
+fn a_killed_run_keeps_every_finished_point() {
+    let p = small_sweep();
+    let full = tmpdir("kill-full");
+    run_quiet(&p, &full, RunOpts::default());
+    let dir = tmpdir("kill");
+    let finished = std::sync::Mutex::new(0usize);
+    let cond = std::sync::Condvar::new();
+    let killed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let on_event = |e: Event<'_>| match e {
+            Event::Running { point } if point.index == 0 => {
+                let mut n = finished.lock().unwrap();
+                while *n < 3 {
+                    n = cond.wait(n).unwrap();
+                }
+                drop(n);
+                panic!("simulated kill while point 0 runs");
+            }
+            Event::Done { .. } => {
+                let mut n = finished.lock().unwrap();
+                *n += 1;
+                let reached = *n == 3;
+                drop(n);
+                cond.notify_all();
+                if reached {
+                    panic!("simulated kill after 3 points");
+                }
+            }
+            _ => {}
+        };
+        sweep::run(&p, &dir, &RunOpts { threads: Some(2), ..Default::default() }, &on_event)
+    }));
+    assert!(killed.is_err(), "the run was not interrupted");
+    let (csv, _) = results(&dir);
+    for i in 1..=3 {
+        assert!(csv.contains(&p.points[i].hash_hex()), "finished point {i} is not in the file:\n{csv}");
+    }
+    let s = run_quiet(&p, &dir, RunOpts { resume: true, threads: Some(2), ..Default::default() });
+    assert_eq!((s.resumed, s.ran), (3, 5), "{s:?}");
+    assert_eq!(results(&dir), results(&full));
+}
+
+/// issue 13: a point whose last rows were lost (from both files alike) passed as done on
+/// resume. Its rows are checked against the sizes it makes; it is discarded and run again.
+#[test]
+fn a_point_missing_its_last_row_runs_again() {
+    let p = small_sweep();
+    let dir = tmpdir("short");
+    run_quiet(&p, &dir, RunOpts::default());
+    let (csv, jsonl) = results(&dir);
+    let hash = p.points[1].hash_hex();
+    let drop_last = |t: &str| {
+        let last = t.lines().rfind(|l| l.contains(&hash)).unwrap().to_string();
+        assert!(t.lines().filter(|l| l.contains(&hash)).count() == 2, "point 1 should have 2 rows");
+        t.lines().filter(|l| *l != last).map(|l| format!("{l}\n")).collect::<String>()
+    };
+    std::fs::write(dir.join(sweep::RESULTS_CSV), drop_last(&csv)).unwrap();
+    std::fs::write(dir.join(sweep::RESULTS_JSONL), drop_last(&jsonl)).unwrap();
+    let notes = std::sync::Mutex::new(Vec::new());
+    let s = sweep::run(&p, &dir, &RunOpts { resume: true, ..Default::default() }, &|e| {
+        if let Event::Note(n) = e {
+            notes.lock().unwrap().push(n);
+        }
+    })
+    .unwrap();
+    assert_eq!((s.resumed, s.ran), (7, 1), "{s:?}");
+    assert!(notes.lock().unwrap().iter().any(|n| n.contains("1 point(s)") && n.contains("incomplete")));
+    assert_eq!(results(&dir), (csv, jsonl));
+}
+
+/// issue 8: results are keyed by what the inputs say, not where they are: the same
+/// topology file edited in place makes resume run the point again; the same content under
+/// another path is the same point.
+#[test]
+fn resume_reruns_a_point_whose_topology_file_changed() {
+    let dir = tmpdir("topo-edit");
+    let topo = dir.join("node.toml");
+    let original = read(&root().join("topologies/dgx-h100.toml"));
+    std::fs::write(&topo, &original).unwrap();
+    let text = |path: &Path| {
+        format!(
+            "fidelity = \"analytical\"\n[topology]\nfile = {:?}\nnodes = 1\n[workload]\nkind = \"collective\"\n\
+             collective = \"allreduce\"\nsizes = [\"1M\"]\n",
+            path.display().to_string()
+        )
+    };
+    let scenario = dir.join("s.toml");
+    std::fs::write(&scenario, text(&topo)).unwrap();
+    let out = dir.join("out");
+    let first = load_plan(&scenario).unwrap();
+    run_quiet(&first, &out, RunOpts::default());
+    let same =
+        run_quiet(&load_plan(&scenario).unwrap(), &out, RunOpts { resume: true, ..Default::default() });
+    assert_eq!((same.resumed, same.ran), (1, 0));
+    // Another path, same content: the same point.
+    let copy = dir.join("copy.toml");
+    std::fs::write(&copy, &original).unwrap();
+    std::fs::write(&scenario, text(&copy)).unwrap();
+    assert_eq!(load_plan(&scenario).unwrap().points[0].hash, first.points[0].hash);
+    // Same path, edited content: a new point.
+    assert!(original.contains("sm_count = 132"));
+    std::fs::write(&topo, original.replace("sm_count = 132", "sm_count = 66")).unwrap();
+    std::fs::write(&scenario, text(&topo)).unwrap();
+    let edited = load_plan(&scenario).unwrap();
+    assert_ne!(edited.points[0].hash, first.points[0].hash);
+    let s = run_quiet(&edited, &out, RunOpts { resume: true, ..Default::default() });
+    assert_eq!((s.resumed, s.ran), (0, 1), "{s:?}");
+}
+
+/// issue 13: `i % N` put every NVLSTree point of allreduce-algos.toml in one shard. Shards
+/// are balanced by estimated cost, and the split is a pure function of the file.
+#[test]
+fn shards_are_balanced_by_estimated_cost() {
+    let p = load_plan(&root().join("scenarios/allreduce-algos.toml")).unwrap();
+    let costs: Vec<u64> = p.points.iter().map(|x| sweep::point_cost(&x.scenario)).collect();
+    let loads = |shards: &[Vec<usize>]| -> Vec<u64> {
+        shards.iter().map(|s| s.iter().map(|&i| costs[i]).sum()).collect()
+    };
+    let spread = |shards: &[Vec<usize>]| {
+        let l = loads(shards);
+        *l.iter().max().unwrap() as f64 / *l.iter().min().unwrap() as f64
+    };
+    let total: u64 = costs.iter().sum();
+    let largest = *costs.iter().max().unwrap();
+    for n in [2usize, 3, 4] {
+        let shards: Vec<Vec<usize>> = (1..=n).map(|k| p.shard_points(Shard { index: k, count: n })).collect();
+        let mut all: Vec<usize> = shards.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..p.points.len()).collect::<Vec<_>>(), "{n} shards do not partition the points");
+        let modulo: Vec<Vec<usize>> =
+            (0..n).map(|k| (0..p.points.len()).filter(|i| i % n == k).collect()).collect();
+        let (balanced, before) = (spread(&shards), spread(&modulo));
+        eprintln!("{n} shards: max/min estimated cost {balanced:.2} (i % N: {before:.2})");
+        // Within 10% of an even split, or as even as the single largest point allows.
+        let max_load = *loads(&shards).iter().max().unwrap() as f64;
+        let bound = (total as f64 / n as f64 * 1.1).max(largest as f64);
+        assert!(max_load <= bound, "{n} shards: loads {:?}, bound {bound}", loads(&shards));
+        assert!(balanced < before / 2.0, "{n} shards: max/min cost {balanced:.2} (i % N: {before:.2})");
+        assert!(before > 1.5, "{n} shards: i % N was already balanced ({before:.2})? the estimate is blind");
+        // Same file, same split.
+        let again = load_plan(&root().join("scenarios/allreduce-algos.toml")).unwrap();
+        assert_eq!(again.shard_points(Shard { index: 1, count: n }), shards[0]);
+    }
+    // NVLSTree points cost more than ring points of the same size.
+    let cost_of = |algo: &str, nodes: i64| {
+        let i = p
+            .points
+            .iter()
+            .position(|x| {
+                x.label.contains(&format!("workload.algo={algo}")) && x.params[0] == ParamValue::Int(nodes)
+            })
+            .unwrap();
+        costs[i]
+    };
+    assert!(cost_of("nvlstree", 128) > 100 * cost_of("ring", 128));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -601,6 +792,15 @@ fn sweep_shard_and_merge_through_the_binary() {
     let o = fabricsim(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(results(&merged), results(&whole));
+    // One shard missing: status 2 naming it, unless --partial.
+    let part = dir.join("part");
+    let o = fabricsim(&["merge", &shard_dirs[0], "-o", part.to_str().unwrap()]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("shard 2/2 is not given") && e.contains("--partial"), "{e}");
+    let o = fabricsim(&["merge", &shard_dirs[0], "-o", part.to_str().unwrap(), "--partial"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && e.contains("warning (--partial): shard 2/2 not given"), "{e}");
     // --list shows the points without running them; a bad --shard is refused.
     let o = fabricsim(&["sweep", s, "--list"]);
     let listed = String::from_utf8_lossy(&o.stdout);

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use crate::fabric::file::line_col;
+use super::file::line_col;
 
 /// A calibration profile that cannot be used.
 pub type ProfileError = crate::fabric::file::FileError;
