@@ -377,7 +377,10 @@ fn check_connectivity(spec: &TopologySpec, f: &Fabric) -> Result<(), TopologyErr
         let (a, b) = (f.devices[l.src.idx()].node, f.devices[l.dst.idx()].node);
         a.is_some() && a == b
     };
-    let duplex = f.links.iter().filter(|l| !in_node(l)).all(|l| f.link_between(l.dst, l.src).is_some());
+    let mut ends: Vec<(u32, u32)> =
+        f.links.iter().filter(|l| !in_node(l)).map(|l| (l.src.0, l.dst.0)).collect();
+    ends.sort_unstable();
+    let duplex = ends.iter().all(|&(a, b)| ends.binary_search(&(b, a)).is_ok());
     let last = f.nodes.len() - 1;
     for (k, hn) in f.nodes.iter().enumerate().skip(1) {
         let r = hn.ranks.start;
