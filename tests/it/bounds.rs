@@ -210,3 +210,25 @@ fn event_mode_refuses_calls_it_cannot_finish() {
     let e = run_bench(&f, &cfg).unwrap_err().to_string();
     assert!(e.contains("--fidelity analytical") && e.contains(&MAX_EVENT_BYTES.to_string()), "{e}");
 }
+
+/// Issue 13: a calibration profile with a typo was reported against the topology with no
+/// line; inside a scenario every point became "rejected by the model" and the run exited 0.
+/// Now loading the scenario fails and names the profile's file and line.
+#[test]
+fn calibration_typos_fail_the_scenario_at_the_profile_line() {
+    let dir = crate::temp_dir("calibration-typo");
+    let profile = dir.join("profile.toml");
+    std::fs::write(&profile, "# tuned\n[params.link.net]\nefficency = 0.8\n").unwrap();
+    let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("topologies/dgx-h100.toml");
+    let scenario = format!(
+        "calibration = \"profile.toml\"\n[topology]\nfile = {:?}\n[workload]\nkind = \"collective\"\n\
+         collective = \"allreduce\"\nsize = \"1M\"\n",
+        topo.display().to_string()
+    );
+    let path = dir.join("s.toml");
+    let e = fabricsim::scenario::file::parse_plan(&scenario, &path).unwrap_err().to_string();
+    assert!(e.contains(&format!("{}:3:1:", profile.display())) && e.contains("efficency"), "{e}");
+    std::fs::write(&profile, "[params.link.net]\nefficiency = 0.8\n").unwrap();
+    fabricsim::scenario::file::parse_plan(&scenario, &path).unwrap();
+    crate::cleanup(&dir);
+}

@@ -74,8 +74,8 @@ fn profiles() -> &'static Seeds {
     S.get_or_init(|| {
         vec![(
             PathBuf::from("profile.toml"),
-            "# a calibration profile\n[params.link.network]\nefficiency = 0.9\nlatency = \"600ns\"\n\n\
-             [params.protocol.simple]\nstep_latency = { nvlink = \"12us\", network = \"14us\" }\n"
+            "# a calibration profile\n[params.link.net]\nefficiency = 0.9\nlatency = \"600ns\"\n\n\
+             [params.protocol.simple]\nstep_latency = { nvlink = \"12us\", net = \"14us\" }\n"
                 .to_string(),
         )]
     })
