@@ -232,3 +232,26 @@ fn calibration_typos_fail_the_scenario_at_the_profile_line() {
     fabricsim::scenario::file::parse_plan(&scenario, &path).unwrap();
     crate::cleanup(&dir);
 }
+
+/// Issue 13: a scenario sweeping `topology.gpus = [9]` on an 8-GPU node exited 0 (the point
+/// was "rejected by the model"). Asking for GPUs or nodes a fabric cannot have is an input
+/// error, reported at its line when the scenario is loaded.
+#[test]
+fn scenario_gpus_and_nodes_beyond_the_fabric_are_input_errors() {
+    let dir = crate::temp_dir("scenario-gpus");
+    let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("topologies/dgx-h100.toml");
+    let head = format!(
+        "[topology]\nfile = {:?}\n[workload]\nkind = \"collective\"\ncollective = \"allreduce\"\nsize = \"1M\"\n",
+        topo.display().to_string()
+    );
+    let path = dir.join("s.toml");
+    let swept = format!("{head}[sweep]\n\"topology.gpus\" = [4, 9]\n");
+    let e = fabricsim::scenario::file::parse_plan(&swept, &path).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}:8:", path.display())) && e.contains("valid: 1..=8"), "{e}");
+    let huge = format!("{head}[sweep]\n\"topology.nodes\" = [2, 100000]\n");
+    let e = fabricsim::scenario::file::parse_plan(&huge, &path).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("{}:8:", path.display())) && e.contains("524288"), "{e}");
+    let fine = format!("{head}[sweep]\n\"topology.gpus\" = [4, 8]\n");
+    assert_eq!(fabricsim::scenario::file::parse_plan(&fine, &path).unwrap().points.len(), 2);
+    crate::cleanup(&dir);
+}
