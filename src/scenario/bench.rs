@@ -369,6 +369,13 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
                     match tuner::pick(&tin, cfg.coll, nbytes, &nccl_algos, &protos) {
                         Some((a, pp, _)) => (a, pp),
                         None => {
+                            let modelled =
+                                collective::algorithms_for(cfg.coll).iter().any(|a| Algo::NCCL.contains(a));
+                            if modelled && (!cfg.env.algos.is_empty() || !cfg.env.protos.is_empty()) {
+                                // NCCL fails the call ("no algorithm/protocol available")
+                                // rather than run something that was not allowed.
+                                return Err(no_candidate(&comm, cfg));
+                            }
                             let a = collective::algorithms_for(cfg.coll)[0];
                             (a, p.unwrap_or(Proto::Simple))
                         }
@@ -450,6 +457,25 @@ impl BenchRow {
             self.proto.name()
         )
     }
+}
+
+/// The error when NCCL_ALGO / NCCL_PROTO leave nothing that runs the collective here.
+fn no_candidate(comm: &Comm, cfg: &BenchConfig) -> BenchError {
+    let names = |v: Vec<&str>| if v.is_empty() { "all".to_string() } else { v.join(",") };
+    let runs: Vec<String> = collective::algorithms_for(cfg.coll)
+        .iter()
+        .flat_map(|&a| collective::protocols_for(a, cfg.coll).iter().map(move |&p| (a, p)))
+        .filter(|&(a, p)| collective::check_supported(comm, cfg.coll, a, p).is_ok())
+        .map(|(a, p)| format!("{a}/{p}"))
+        .collect();
+    BenchError::Args(format!(
+        "no algorithm and protocol allowed by NCCL_ALGO={} and NCCL_PROTO={} runs {} on this fabric \
+         (NCCL fails such a call with \"no algorithm/protocol available\"); this fabric runs {}",
+        names(cfg.env.algos.iter().map(|a| a.name()).collect()),
+        names(cfg.env.protos.iter().map(|p| p.name()).collect()),
+        cfg.coll,
+        runs.join(", ")
+    ))
 }
 
 /// Names the size whose time overflowed (the other errors do not depend on it).

@@ -206,3 +206,19 @@ fn issue_8_plot_caps_columns() {
     exits_2(&["plot", &p, "--x", "c0", "--y", "c1", "-o", &dir.to_string_lossy()], &["wide.csv:1:", "4096"]);
     crate::cleanup(&dir);
 }
+
+/// NCCL_ALGO / NCCL_PROTO that leave nothing runnable silently ran Ring (NCCL_ALGO=NVLS on
+/// an A100 node gave a Ring row); NCCL fails such a call, and so does fabricsim.
+#[test]
+fn nccl_algo_that_allows_nothing_is_an_error() {
+    exits_2(
+        &["bench", "topologies/dgx-a100.toml", "--nccl", "NCCL_ALGO=NVLS", "-b", "1M", "-e", "1M"],
+        &["NCCL_ALGO=NVLS", "no algorithm/protocol available", "Ring/Simple"],
+    );
+    exits_2(
+        &["bench", H100, "-c", "allgather", "--nccl", "NCCL_ALGO=Tree", "-b", "1M", "-e", "1M"],
+        &["NCCL_ALGO=Tree", "allgather"],
+    );
+    let (ok, out, err) = fabricsim(&["bench", H100, "--nccl", "NCCL_ALGO=Tree", "-b", "1M", "-e", "1M"]);
+    assert!(ok && out.contains(" Tree "), "{out}{err}");
+}
