@@ -7,7 +7,10 @@
 //! - `ring_allreduce_1GiB/{1024,4096}`: a 1 GiB ring all-reduce on 128 and 512 nodes of
 //!   superpod-h100 in the event mode (schedule building included);
 //! - `analytical_sweep_1024`: the `-b 8 -e 8G -f 2` sweep of that all-reduce on 1024 GPUs
-//!   in the analytical mode (NCCL's tuner pick per size, then the closed form).
+//!   in the analytical mode (NCCL's tuner pick per size, then the closed form);
+//! - `topo/{4000,8000}`: what `fabricsim topo --nodes N` computes on superpod-h100 (build
+//!   with its connectivity check, then the summary with three bisection max flows); the
+//!   two should differ by about 2x (linear in the nodes).
 
 use std::hint::black_box;
 use std::path::Path;
@@ -18,6 +21,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fabricsim::collective::Algo;
 use fabricsim::engine::{Engine, EngineApi, Granularity, Handler, PathRef};
 use fabricsim::fabric::build::{build, BuildOpts};
+use fabricsim::fabric::summary::summarize;
 use fabricsim::fabric::{load_topology, Fabric};
 use fabricsim::scenario::bench::{run_bench, sweep_sizes, BenchConfig, Fidelity};
 use fabricsim::units::{Bandwidth, SimTime};
@@ -103,5 +107,19 @@ fn collectives(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, engine, collectives);
+fn topo(c: &mut Criterion) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let spec = load_topology(&root.join("topologies/superpod-h100.toml")).expect("shipped topology");
+    let mut g = c.benchmark_group("topo");
+    g.sample_size(10);
+    for nodes in [4000u32, 8000] {
+        let opts = BuildOpts { nodes: Some(nodes), ..Default::default() };
+        g.bench_function(format!("{nodes}"), |b| {
+            b.iter(|| black_box(summarize(&build(&spec, &opts).expect("builds"))))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, engine, collectives, topo);
 criterion_main!(benches);

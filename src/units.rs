@@ -9,8 +9,23 @@ use std::fmt;
 use std::ops::{Add, AddAssign, Sub};
 
 /// A point in simulated time, or a duration, in integer picoseconds.
+///
+/// `+` and the serialisation times saturate at [`SimTime::MAX`] so that the engine's hot path
+/// needs no branch or panic; [`SimTime::MAX`] therefore means "overflowed", and a backend
+/// that ends at it reports [`TimeOverflow`] instead of a number. Code outside the hot path
+/// uses the checked forms ([`SimTime::checked_add`], [`SimTime::checked_from_us_f64`],
+/// [`Bandwidth::checked_time_for`]).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct SimTime(pub u64);
+
+/// A time beyond what [`SimTime`] holds (2^64 - 1 ps, about 213 days): an error, never a
+/// number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the simulated time overflows: it exceeds the largest time fabricsim represents \
+     (2^64 - 1 ps, about 213 days); use smaller sizes"
+)]
+pub struct TimeOverflow;
 
 impl SimTime {
     /// Time zero.
@@ -29,6 +44,28 @@ impl SimTime {
     /// From microseconds (rounded to the nearest picosecond).
     pub fn from_us_f64(us: f64) -> SimTime {
         SimTime((us * 1e6).round().max(0.0) as u64)
+    }
+    /// From microseconds, or [`TimeOverflow`] when the value is not finite or does not fit
+    /// (negative values are zero, as in [`SimTime::from_us_f64`]).
+    pub fn checked_from_us_f64(us: f64) -> Result<SimTime, TimeOverflow> {
+        let ps = (us * 1e6).round();
+        // u64::MAX as f64 rounds up to 2^64, so `<` keeps every accepted value in range;
+        // u64::MAX itself is the saturation mark and is not a valid result either.
+        if ps.is_nan() || ps >= u64::MAX as f64 {
+            return Err(TimeOverflow);
+        }
+        Ok(SimTime(ps.max(0.0) as u64))
+    }
+    /// `self + other`, or [`TimeOverflow`].
+    pub fn checked_add(self, other: SimTime) -> Result<SimTime, TimeOverflow> {
+        match self.0.checked_add(other.0) {
+            Some(t) if t < u64::MAX => Ok(SimTime(t)),
+            _ => Err(TimeOverflow),
+        }
+    }
+    /// Whether this time is the saturation mark, [`SimTime::MAX`]: a result that overflowed.
+    pub const fn is_saturated(self) -> bool {
+        self.0 == u64::MAX
     }
     /// Picoseconds.
     pub const fn ps(self) -> u64 {
@@ -132,6 +169,22 @@ impl Bandwidth {
         }
         let t = (bytes as u128 * q as u128 + (1u128 << 32) - 1) >> 32;
         SimTime(t.min(u64::MAX as u128) as u64)
+    }
+
+    /// Time to serialise `bytes` at this rate, or [`TimeOverflow`] (a zero rate with bytes to
+    /// send never finishes, which is an overflow too).
+    pub fn checked_time_for(self, bytes: u64) -> Result<SimTime, TimeOverflow> {
+        if bytes == 0 {
+            return Ok(SimTime::ZERO);
+        }
+        if self.0 == 0 {
+            return Err(TimeOverflow);
+        }
+        let ps = (bytes as u128 * 1_000_000_000_000u128).div_ceil(self.0 as u128);
+        if ps >= u64::MAX as u128 {
+            return Err(TimeOverflow);
+        }
+        Ok(SimTime(ps as u64))
     }
 
     /// Time to serialise `bytes` at this rate, rounded up to a whole picosecond.
@@ -269,7 +322,7 @@ pub fn parse_time(s: &str) -> Result<SimTime, UnitError> {
         _ => return Err(err()),
     };
     let ps = v * mult;
-    if !(0.0..=u64::MAX as f64).contains(&ps) {
+    if !(0.0..u64::MAX as f64).contains(&ps) {
         return Err(err());
     }
     Ok(SimTime(ps.round() as u64))
@@ -368,6 +421,26 @@ mod tests {
         // Rounds up.
         assert_eq!(Bandwidth(3).time_for(1), SimTime(333_333_333_334));
         assert_eq!(Bandwidth(0).time_for(1), SimTime::MAX);
+    }
+
+    #[test]
+    fn checked_time_is_an_error_never_a_saturated_number() {
+        assert_eq!(SimTime::checked_from_us_f64(1.5), Ok(SimTime(1_500_000)));
+        assert_eq!(SimTime::checked_from_us_f64(-3.0), Ok(SimTime::ZERO));
+        assert_eq!(SimTime::checked_from_us_f64(2e13), Err(TimeOverflow));
+        assert_eq!(SimTime::checked_from_us_f64(f64::INFINITY), Err(TimeOverflow));
+        assert_eq!(SimTime::checked_from_us_f64(f64::NAN), Err(TimeOverflow));
+        assert_eq!(SimTime(5).checked_add(SimTime(6)), Ok(SimTime(11)));
+        assert_eq!(SimTime(u64::MAX - 1).checked_add(SimTime(1)), Err(TimeOverflow));
+        assert_eq!(SimTime::MAX.checked_add(SimTime::ZERO), Err(TimeOverflow));
+        assert_eq!(Bandwidth(0).checked_time_for(1), Err(TimeOverflow));
+        assert_eq!(Bandwidth(0).checked_time_for(0), Ok(SimTime::ZERO));
+        assert_eq!(Bandwidth(3).checked_time_for(1), Ok(SimTime(333_333_333_334)));
+        // 2^63 bytes at 400 Gb/s: about 213 days plus; does not fit.
+        assert_eq!(Bandwidth::from_gbits(400.0).checked_time_for(1 << 63), Err(TimeOverflow));
+        assert!((SimTime(u64::MAX - 1) + SimTime(7)).is_saturated());
+        assert!(!SimTime(u64::MAX - 1).is_saturated());
+        assert!(parse_time("1e30s").is_err());
     }
 
     #[test]

@@ -204,6 +204,23 @@ impl Comm {
         self.nodes.windows(2).all(|w| w[0].len() == w[1].len())
     }
 
+    /// The GPU counts of the NCCL nodes, run-length encoded for messages: "72 and 4",
+    /// "2 x 8 and 1 x 4".
+    pub fn domain_sizes(&self) -> String {
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for n in &self.nodes {
+            match runs.last_mut() {
+                Some((len, k)) if *len == n.len() => *k += 1,
+                _ => runs.push((n.len(), 1)),
+            }
+        }
+        let words: Vec<String> = runs
+            .iter()
+            .map(|&(len, k)| if k == 1 { len.to_string() } else { format!("{k} x {len}") })
+            .collect();
+        words.join(" and ")
+    }
+
     /// Local order of node `d` for channel `c`: a rotation starting at the GPU that owns the
     /// channel's rail, so the channel enters through that rail; when another GPU shares the
     /// rail's PCIe switch, it is moved last so that the channel also leaves through the rail

@@ -271,6 +271,9 @@ pub enum CollError {
     /// Arguments out of range.
     #[error("{0}")]
     Args(String),
+    /// The call's time (analytical mode) does not fit in simulated time.
+    #[error(transparent)]
+    TimeOverflow(#[from] crate::units::TimeOverflow),
 }
 
 /// Algorithms that implement a collective (in NCCL, or as point-to-point).
@@ -336,6 +339,14 @@ pub fn check_supported(comm: &Comm, coll: Collective, algo: Algo, proto: Proto) 
         }
         Algo::CollNetDirect | Algo::CollNetChain if comm.ppn() > 8 => {
             Some("CollNet supports at most 8 GPUs per node".into())
+        }
+        Algo::Nvls | Algo::NvlsTree | Algo::CollNetDirect | Algo::CollNetChain if !comm.uniform() => {
+            Some(format!(
+                "it needs the same GPU count in every NCCL node (NVLink domain), and this \
+                 communicator's domains hold {} GPUs; use Ring or Tree, or a node count that fills \
+                 every NVLink domain equally",
+                comm.domain_sizes()
+            ))
         }
         Algo::Tree if nodes < 1 => None,
         Algo::Pat if comm.ppn() != 1 => Some("PAT runs with exactly one GPU per node".into()),

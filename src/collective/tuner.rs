@@ -172,6 +172,13 @@ impl TunerInput {
                 });
             }
         }
+        if !comm.uniform() {
+            // NCCL builds NVLS and CollNet only when every node has the same rank count; so
+            // do the schedules (`check_supported`): they have no graph to pick from.
+            for a in [Algo::Nvls, Algo::NvlsTree, Algo::CollNetDirect, Algo::CollNetChain] {
+                graphs[a as usize] = None;
+            }
+        }
         if nnodes == comm.nranks && comm.sm >= 60 && nnodes > 1 {
             graphs[Algo::Pat as usize] = graphs[Algo::Tree as usize];
         }

@@ -192,7 +192,7 @@ impl<'a> Model<'a> {
         let g = gpus_per_thread.clamp(1, n.max(1));
         let t0 = p.launch.as_us() + p.launch_stagger.as_us() * (g - 1) as f64;
         if n == 1 {
-            return Ok(SimTime::from_us_f64(t0));
+            return Ok(SimTime::checked_from_us_f64(t0)?);
         }
         let e = args.dtype.size();
         let nch = choice.nchannels.max(1);
@@ -345,7 +345,7 @@ impl<'a> Model<'a> {
                 rounds as f64 * per_round + slow
             }
         };
-        Ok(SimTime::from_us_f64(t0 + body))
+        Ok(SimTime::checked_from_us_f64(t0 + body)?)
     }
 }
 

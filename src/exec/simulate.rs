@@ -131,6 +131,9 @@ pub enum SimError {
     /// Streams wait for each other forever.
     #[error("deadlock: {0}")]
     Deadlock(String),
+    /// The engine's time saturated (see [`SimTime`]): the answer does not fit.
+    #[error(transparent)]
+    TimeOverflow(#[from] crate::units::TimeOverflow),
 }
 
 /// An observer that records every service interval (for traces and utilisation).
@@ -1119,6 +1122,9 @@ impl<'a> Sim<'a> {
                 "stream of rank {} on channel {} stopped at op {} of {}",
                 st.rank, st.channel, ss.pc, ss.len
             )));
+        }
+        if end.is_saturated() || self.end.is_saturated() {
+            return Err(crate::units::TimeOverflow.into());
         }
         let mut links = Vec::new();
         for (ri, role) in self.roles.iter().enumerate() {

@@ -13,6 +13,19 @@ use super::spec::*;
 use super::*;
 use crate::units::{Bandwidth, SimTime};
 
+/// Most host nodes a fabric may have.
+pub const MAX_NODES: u32 = 1 << 17;
+/// Most GPUs a fabric may have (2^19 = 524,288): more than twice the largest GPU clusters
+/// built so far (about 200k GPUs), and a fabric this size takes about 10 s and 1 GB to build
+/// and summarise (`topo`), growing linearly.
+pub const MAX_GPUS: u32 = 1 << 19;
+/// Most devices (GPUs, NICs, switches, CPUs) the node copies may hold.
+pub const MAX_DEVICES: u64 = 8_000_000;
+/// Why the limits above exist, for error messages.
+const LIMITS_WHY: &str = "the limits (131072 nodes, 524288 GPUs, 8M devices) keep a build within \
+    seconds and about a gigabyte, above any cluster built so far; simulate a representative \
+    part of a larger cluster";
+
 /// Options for building a fabric.
 #[derive(Clone, Debug, Default)]
 pub struct BuildOpts {
@@ -55,16 +68,32 @@ pub fn build(spec: &TopologySpec, opts: &BuildOpts) -> Result<Fabric, TopologyEr
     if nodes == 0 {
         return Err(err(spec, "the number of nodes must be at least 1"));
     }
-    if nodes > 1 << 17 {
-        return Err(err(spec, format!("{nodes} nodes is more than fabricsim supports (131072)")));
+    if nodes > MAX_NODES {
+        return Err(err(
+            spec,
+            format!("{nodes} nodes is more than fabricsim builds ({MAX_NODES}); {LIMITS_WHY}"),
+        ));
     }
     let tmpl = restrict_gpus(spec, opts.gpus_per_node)?;
-    let total = nodes as u64 * tmpl.devices.len() as u64;
-    if total > 8_000_000 {
+    let gpus_total = nodes as u64 * tmpl.gpus.len() as u64;
+    if gpus_total > MAX_GPUS as u64 {
         return Err(err(
             spec,
             format!(
-                "{nodes} nodes of {} devices make {total} devices, more than fabricsim builds (8M)",
+                "{nodes} nodes of {} GPUs make {gpus_total} GPUs, more than fabricsim builds \
+                 ({MAX_GPUS}, at most {} such nodes); {LIMITS_WHY}",
+                tmpl.gpus.len(),
+                MAX_GPUS as usize / tmpl.gpus.len().max(1)
+            ),
+        ));
+    }
+    let total = nodes as u64 * tmpl.devices.len() as u64;
+    if total > MAX_DEVICES {
+        return Err(err(
+            spec,
+            format!(
+                "{nodes} nodes of {} devices make {total} devices, more than fabricsim builds \
+                 ({MAX_DEVICES}); {LIMITS_WHY}",
                 tmpl.devices.len()
             ),
         ));
@@ -337,9 +366,26 @@ fn check_connectivity(spec: &TopologySpec, f: &Fabric) -> Result<(), TopologyErr
             }
         }
     }
-    for hn in f.nodes.iter().skip(1) {
+    // Routing *to* rank 0 shares one distance table (to node 0's leaf); routing *from* it
+    // needs one per destination leaf, which made this check quadratic in the nodes. Every
+    // cable is full duplex (the generators and the node template add both directions), so
+    // a route from node k to node 0 exists exactly when one from node 0 to node k does,
+    // through the same switches and the same template paths in reverse: checking the way
+    // back for the last node covers node 0's outgoing side. The duplex premise is checked
+    // here (linear in the links); without it every node is checked both ways.
+    let in_node = |l: &Link| {
+        let (a, b) = (f.devices[l.src.idx()].node, f.devices[l.dst.idx()].node);
+        a.is_some() && a == b
+    };
+    let mut ends: Vec<(u32, u32)> =
+        f.links.iter().filter(|l| !in_node(l)).map(|l| (l.src.0, l.dst.0)).collect();
+    ends.sort_unstable();
+    let duplex = ends.iter().all(|&(a, b)| ends.binary_search(&(b, a)).is_ok());
+    let last = f.nodes.len() - 1;
+    for (k, hn) in f.nodes.iter().enumerate().skip(1) {
         let r = hn.ranks.start;
-        for (a, b) in [(r, 0), (0, r)] {
+        let pairs: &[(u32, u32)] = if duplex && k != last { &[(r, 0)] } else { &[(r, 0), (0, r)] };
+        for &(a, b) in pairs {
             if router.route(a, b, &RouteOpts::default()).is_none() {
                 return Err(err(
                     spec,

@@ -13,7 +13,8 @@
 //! [cluster]                     # nodes, [cluster.nvlink_domain], [cluster.network]
 //! ```
 //!
-//! `[cluster.network]` keys: `topology` (rail_optimized | fat_tree), `rate`, `latency`,
+//! `[cluster.network]` keys: `topology` (rail_optimized | fat_tree), `rate` (every port's
+//! rate; each NIC's `rate` must equal it), `latency`,
 //! `switch = { model, radix, latency, sharp = { generation, alu_bw, max_trees, dtypes } }`,
 //! `nodes_per_su`, `tiers`, `two_tier_max_leaves` (leaves a two-tier fabric may hold before
 //! a core tier is added; default the radix) and `oversubscription`.
@@ -400,6 +401,9 @@ fn to_spec(m: Merged) -> Result<TopologySpec, TopologyError> {
         Some(n) => Some(to_network(&n.src, &n.value)?),
         None => None,
     };
+    if let (Some(net_l), Some(net)) = (&m.network, &network) {
+        check_nic_rates(&node_l, net_l, net.rate)?;
+    }
     if let Some(p) = &m.params {
         // Validate the overrides now so that a typo is reported against the file.
         super::params::ModelParams::for_generation(gpu.generation)
@@ -770,6 +774,34 @@ fn to_domain(src: &Source, d: &DomainFile) -> Result<DomainSpec, TopologyError> 
         nvls: d.nvls,
         latency: parse_lat(src, &d.latency)?,
     })
+}
+
+/// A NIC's port and the switch port it plugs into run at one rate, and the simulation
+/// cables NICs at the network's rate: a NIC whose `rate` says otherwise would show one figure
+/// in `topo` and be simulated at another, so the two must agree.
+fn check_nic_rates(
+    node_l: &Located<NodeFile>,
+    net_l: &Located<NetworkFile>,
+    net_rate: Bandwidth,
+) -> Result<(), TopologyError> {
+    for d in &node_l.value.devices {
+        let Some(r) = d.rate.as_ref().filter(|_| d.kind.get_ref() == "nic") else { continue };
+        if parse_bw(&node_l.src, r)? != net_rate {
+            let (line, _) = line_col(&net_l.src.text, net_l.value.rate.span().start);
+            return Err(node_l.src.at(
+                r.span(),
+                format!(
+                    "nic `{}` has rate {:?} but [cluster.network] has rate {:?} ({}:{line}); a NIC \
+                     and the switch port it plugs into run at one rate, so the two must be equal",
+                    d.name.get_ref(),
+                    r.get_ref(),
+                    net_l.value.rate.get_ref(),
+                    net_l.src.path.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn to_network(src: &Source, n: &NetworkFile) -> Result<NetworkSpec, TopologyError> {

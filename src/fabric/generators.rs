@@ -37,15 +37,13 @@ impl Net<'_> {
     }
     /// A full-duplex port between two devices; `a_lat` is the latency of a -> b.
     fn cable(&mut self, a: DeviceId, b: DeviceId, a_lat: SimTime, b_lat: SimTime) {
+        self.cable_at(a, b, a_lat, b_lat, self.rate)
+    }
+    /// A full-duplex port at `rate` (a NIC's port runs at the NIC's rate when it is slower
+    /// than the network's, as in an imported NCCL topology with NICs of several speeds).
+    fn cable_at(&mut self, a: DeviceId, b: DeviceId, a_lat: SimTime, b_lat: SimTime, rate: Bandwidth) {
         for (s, t, lat) in [(a, b, a_lat), (b, a, b_lat)] {
-            self.links.push(Link {
-                src: s,
-                dst: t,
-                kind: LinkKind::Net,
-                bw: self.rate,
-                latency: lat,
-                lanes: 1,
-            });
+            self.links.push(Link { src: s, dst: t, kind: LinkKind::Net, bw: rate, latency: lat, lanes: 1 });
         }
     }
 }
@@ -116,7 +114,11 @@ pub(crate) fn build_network(
     for (n, hn) in nodes.iter().enumerate() {
         for (r, &nic) in hn.nics.iter().enumerate() {
             let leaf = leaves[leaf_of(n as u32, r as u32) as usize];
-            net.cable(nic, leaf, nic_lat + net.cable, sw_hop);
+            let rate = match net.devices[nic.idx()].kind {
+                DeviceKind::Nic { rate, .. } => rate.min(net.rate),
+                _ => net.rate,
+            };
+            net.cable_at(nic, leaf, nic_lat + net.cable, sw_hop, rate);
         }
     }
     match tiers {

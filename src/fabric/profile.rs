@@ -1,13 +1,18 @@
 //! Calibration profiles on disk: a TOML file whose `[params]` table overrides model
-//! parameters (the same keys as `src/fabric/params.toml`). This module only reads and checks
-//! the file's shape; the fabric builder applies and validates the parameters themselves.
+//! parameters (the same keys as `src/fabric/params.toml`). This module reads the file and
+//! checks every key and value against the model parameters, with errors at the profile's
+//! line; the fabric builder applies them.
 //!
-//! Architecture invariant: knows TOML and file paths, nothing of scenarios or of how the
-//! parameters are used.
+//! Architecture invariant: knows TOML, file paths and the parameters' names and ranges,
+//! nothing of scenarios or of how the parameters are used.
 
+use std::ops::Range;
 use std::path::Path;
 
+use toml::de::{DeTable, DeValue};
+
 use super::file::line_col;
+use super::{Generation, ModelParams};
 
 /// A calibration profile that cannot be used.
 pub type ProfileError = crate::fabric::file::FileError;
@@ -20,25 +25,95 @@ pub fn load_profile(path: &Path) -> Result<toml::Table, ProfileError> {
     parse_profile(&text, &file)
 }
 
-/// Parses profile text (`file` names it in messages).
+/// Parses profile text (`file` names it in messages). Every key and value is checked here,
+/// against the parameters of `src/fabric/params.toml`, so that a typo is reported at its
+/// line in the profile, not later against a topology or as a point "rejected by the model".
 pub fn parse_profile(text: &str, file: &str) -> Result<toml::Table, ProfileError> {
-    let t: toml::Table = toml::from_str(text).map_err(|e| match e.span() {
-        Some(s) => {
-            let (line, col) = line_col(text, s.start);
-            ProfileError::At { file: file.to_string(), line, col, msg: e.message().to_string() }
-        }
+    let at = |span: Range<usize>, msg: String| {
+        let (line, col) = line_col(text, span.start);
+        ProfileError::At { file: file.to_string(), line, col, msg }
+    };
+    let doc = DeTable::parse(text).map_err(|e| match e.span() {
+        Some(s) => at(s, e.message().to_string()),
         None => ProfileError::Invalid { file: file.to_string(), msg: e.message().to_string() },
     })?;
-    match t.get("params") {
-        Some(toml::Value::Table(p)) => Ok(p.clone()),
-        Some(_) => {
-            Err(ProfileError::Invalid { file: file.to_string(), msg: "`params` must be a table".into() })
-        }
-        None => Err(ProfileError::Invalid {
+    let Some((key, value)) = doc.get_ref().iter().find(|(k, _)| k.get_ref() == "params") else {
+        return Err(ProfileError::Invalid {
             file: file.to_string(),
             msg: "a calibration profile needs a [params] table (same keys as fabric/params.toml)".into(),
-        }),
+        });
+    };
+    let DeValue::Table(user) = value.get_ref() else {
+        return Err(at(key.span(), "`params` must be a table".into()));
+    };
+    if let Some((k, _)) = doc.get_ref().iter().find(|(k, _)| k.get_ref() != "params") {
+        return Err(at(
+            k.span(),
+            format!("unknown key `{}`; a calibration profile holds one [params] table", k.get_ref()),
+        ));
     }
+    // Any generation's defaults name every key; the values are checked on top of them.
+    let defaults = ModelParams::for_generation(Generation::Hopper);
+    let known = toml::Table::try_from(&defaults)
+        .map_err(|e| ProfileError::Invalid { file: file.to_string(), msg: e.to_string() })?;
+    let mut leaves = Vec::new();
+    check_keys(&known, user, "", &mut leaves).map_err(|(span, msg)| at(span, msg))?;
+    let t: toml::Table = toml::from_str(text)
+        .map_err(|e| ProfileError::Invalid { file: file.to_string(), msg: e.message().to_string() })?;
+    let params = match t.get("params") {
+        Some(toml::Value::Table(p)) => p.clone(),
+        _ => return Err(at(key.span(), "`params` must be a table".into())),
+    };
+    if let Err(e) = defaults.overlay(&params) {
+        let msg = format!("[params]: {e}");
+        // Point at the value the message names (the longest key path it mentions).
+        return Err(
+            match leaves.iter().filter(|(path, _)| msg.contains(path.as_str())).max_by_key(|l| l.0.len()) {
+                Some((_, span)) => at(span.clone(), msg),
+                None => ProfileError::Invalid { file: file.to_string(), msg },
+            },
+        );
+    }
+    Ok(params)
+}
+
+/// Finds the first key of `user` that `known` does not have (its span and a message listing
+/// the valid keys there); collects the dotted path and span of every leaf value.
+fn check_keys(
+    known: &toml::Table,
+    user: &DeTable<'_>,
+    prefix: &str,
+    leaves: &mut Vec<(String, Range<usize>)>,
+) -> Result<(), (Range<usize>, String)> {
+    let mut entries: Vec<_> = user.iter().collect();
+    entries.sort_by_key(|(k, _)| k.span().start);
+    for (k, v) in entries {
+        let name = k.get_ref().as_ref();
+        let path = format!("{prefix}{name}");
+        match (known.get(name), v.get_ref()) {
+            (None, _) => {
+                let valid: Vec<&str> = known.keys().map(|k| k.as_str()).collect();
+                let within = if prefix.is_empty() {
+                    "[params]".to_string()
+                } else {
+                    format!("[params.{}]", prefix.trim_end_matches('.'))
+                };
+                return Err((
+                    k.span(),
+                    format!("unknown key `{name}` in {within}; valid: {}", valid.join(", ")),
+                ));
+            }
+            (Some(toml::Value::Table(kt)), DeValue::Table(ut)) => {
+                check_keys(kt, ut, &format!("{path}."), leaves)?;
+            }
+            (Some(toml::Value::Table(kt)), _) => {
+                let valid: Vec<&str> = kt.keys().map(|k| k.as_str()).collect();
+                return Err((v.span(), format!("`{path}` is a table of {}", valid.join(", "))));
+            }
+            _ => leaves.push((path, v.span())),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -47,10 +122,31 @@ mod tests {
 
     #[test]
     fn needs_a_params_table() {
-        assert!(parse_profile("[params]\nx = 1\n", "p.toml").unwrap().contains_key("x"));
+        let p = parse_profile("[params.link.net]\nefficiency = 0.8\n", "p.toml").unwrap();
+        assert!(p.contains_key("link"));
         let e = parse_profile("x = 1\n", "p.toml").unwrap_err().to_string();
         assert!(e.contains("[params]"), "{e}");
         let e = parse_profile("[params\n", "p.toml").unwrap_err().to_string();
         assert!(e.starts_with("p.toml:1:"), "{e}");
+    }
+
+    /// Issue 13: a typo in a profile was reported against the topology file with no line
+    /// (or, in a scenario, made every point "rejected by the model").
+    #[test]
+    fn unknown_keys_and_bad_values_are_located_in_the_profile() {
+        let text = "# profile\n[params.link.net]\nefficency = 0.8\n";
+        let e = parse_profile(text, "p.toml").unwrap_err().to_string();
+        assert!(e.starts_with("p.toml:3:1:") && e.contains("efficency") && e.contains("efficiency"), "{e}");
+        let text = "[params]\nlinks = 1\n";
+        let e = parse_profile(text, "p.toml").unwrap_err().to_string();
+        assert!(e.starts_with("p.toml:2:1:") && e.contains("link"), "{e}");
+        let text = "[params.link.net]\nlatency = \"600ns\"\nefficiency = 2.0\n";
+        let e = parse_profile(text, "p.toml").unwrap_err().to_string();
+        assert!(e.starts_with("p.toml:3:") && e.contains("(0, 1]"), "{e}");
+        let text = "[params]\nlink = 3\n";
+        let e = parse_profile(text, "p.toml").unwrap_err().to_string();
+        assert!(e.starts_with("p.toml:2:") && e.contains("table"), "{e}");
+        let e = parse_profile("[params]\n[other]\n", "p.toml").unwrap_err().to_string();
+        assert!(e.starts_with("p.toml:2:") && e.contains("other"), "{e}");
     }
 }

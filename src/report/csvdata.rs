@@ -11,6 +11,11 @@
 use std::io::Read;
 use std::path::Path;
 
+/// Most columns a CSV may have. fabricsim's results have tens (the result fields and one
+/// per swept key); a header of many thousands is the wrong file, and each column costs a
+/// vector of cells per row.
+pub const MAX_COLUMNS: usize = 4096;
+
 /// Why a CSV could not be read or queried.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
@@ -131,8 +136,20 @@ impl Table {
         if header.is_empty() || (header.len() == 1 && header[0].is_empty()) {
             return Err(DataError::Empty { source_name: source_name.to_string() });
         }
+        if header.len() > MAX_COLUMNS {
+            return Err(DataError::Csv {
+                source_name: source_name.to_string(),
+                line: Some(1),
+                message: format!(
+                    "the header has {} columns; at most {MAX_COLUMNS} are read (a results table has \
+                     tens: one per result field and swept key); is this the right file?",
+                    header.len()
+                ),
+            });
+        }
         let mut columns: Vec<Column> =
             header.iter().map(|h| Column { name: h.to_string(), cells: Vec::new() }).collect();
+        let mut seen = std::collections::BTreeSet::new();
         for (k, c) in columns.iter().enumerate() {
             if c.name.is_empty() {
                 return Err(DataError::Csv {
@@ -141,7 +158,7 @@ impl Table {
                     message: format!("column {} of the header has no name", k + 1),
                 });
             }
-            if columns[..k].iter().any(|o| o.name == c.name) {
+            if !seen.insert(c.name.as_str()) {
                 return Err(DataError::Csv {
                     source_name: source_name.to_string(),
                     line: Some(1),

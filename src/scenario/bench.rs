@@ -195,7 +195,18 @@ pub enum BenchError {
     Sim(#[from] crate::exec::simulate::SimError),
 }
 
-/// Sizes from `-b`, `-e` and `-f` (factor) or `-i` (increment), as nccl-tests sweeps them.
+/// Most sizes one sweep may hold. Every size is a whole collective simulated (or solved)
+/// on its own, so a longer sweep is a mistake (`-i 8` where `-f 2` was meant) that would
+/// run for hours and hold every row in memory; nccl-tests sweeps have tens of sizes.
+pub const MAX_SIZES: u64 = 10_000;
+
+/// Largest call the event mode simulates (4 TiB): its schedules are unrolled chunk by chunk,
+/// so time and memory grow with the bytes (1 TiB on one node takes about half a minute).
+pub const MAX_EVENT_BYTES: u64 = 4 << 40;
+
+/// Sizes from `-b`, `-e` and `-f` (factor) or `-i` (increment), as nccl-tests sweeps them:
+/// from `-b` up to and including `-e`, multiplying by `-f` when it is given, else adding
+/// `-i` (1 MiB by default). At most [`MAX_SIZES`] sizes; never wraps around `u64::MAX`.
 pub fn sweep_sizes(
     min: u64,
     max: u64,
@@ -216,6 +227,7 @@ pub fn sweep_sizes(
             if f < 2 {
                 return Err(BenchError::Args(format!("-f {f}: the factor must be at least 2")));
             }
+            // At most 64 sizes: each step at least doubles a size that stays below 2^64.
             let mut s = min;
             while s <= max {
                 v.push(s);
@@ -230,10 +242,20 @@ pub fn sweep_sizes(
             if i == 0 {
                 return Err(BenchError::Args("-i 0: the increment must be positive".into()));
             }
+            let n = (max - min) / i + 1;
+            if n > MAX_SIZES {
+                return Err(BenchError::Args(format!(
+                    "-b {min} -e {max} -i {i} gives {n} sizes; at most {MAX_SIZES} are allowed (each \
+                     size is a whole collective to simulate); use a larger -i or a geometric sweep (-f 2)"
+                )));
+            }
             let mut s = min;
-            while s <= max {
+            loop {
                 v.push(s);
-                s += i;
+                match s.checked_add(i) {
+                    Some(next) if next <= max => s = next,
+                    _ => break,
+                }
             }
         }
     }
@@ -305,7 +327,16 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
             )));
         }
     }
-    let nccl_algos = allowed(&cfg.env.algos, &Algo::NCCL);
+    // NCCL's pick is made among what the schedule layer builds on this communicator, so
+    // `auto` never picks an algorithm that it then rejects.
+    let nccl_algos: Vec<Algo> = allowed(&cfg.env.algos, &Algo::NCCL)
+        .into_iter()
+        .filter(|&a| {
+            collective::protocols_for(a, cfg.coll)
+                .iter()
+                .any(|&p| collective::check_supported(&comm, cfg.coll, a, p).is_ok())
+        })
+        .collect();
     let nccl_protos = allowed(&cfg.env.protos, &Proto::ALL);
     let mut rows = Vec::new();
     for &size in &cfg.sizes {
@@ -338,6 +369,13 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
                     match tuner::pick(&tin, cfg.coll, nbytes, &nccl_algos, &protos) {
                         Some((a, pp, _)) => (a, pp),
                         None => {
+                            let modelled =
+                                collective::algorithms_for(cfg.coll).iter().any(|a| Algo::NCCL.contains(a));
+                            if modelled && (!cfg.env.algos.is_empty() || !cfg.env.protos.is_empty()) {
+                                // NCCL fails the call ("no algorithm/protocol available")
+                                // rather than run something that was not allowed.
+                                return Err(no_candidate(&comm, cfg));
+                            }
                             let a = collective::algorithms_for(cfg.coll)[0];
                             (a, p.unwrap_or(Proto::Simple))
                         }
@@ -345,7 +383,8 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
                 }
             },
         };
-        let (time_us, channels, events) = time_one(f, &router, &comm, &model, &tin, cfg, &args, algo, proto)?;
+        let (time_us, channels, events) = time_one(f, &router, &comm, &model, &tin, cfg, &args, algo, proto)
+            .map_err(|e| at_size(e, size))?;
         let best = if cfg.compare {
             let mut best: Option<(Algo, Proto, f64)> = None;
             for &a in collective::algorithms_for(cfg.coll) {
@@ -362,7 +401,9 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
                     let t = if (a, p) == (algo, proto) {
                         time_us
                     } else {
-                        time_one(f, &router, &comm, &model, &tin, cfg, &args, a, p)?.0
+                        time_one(f, &router, &comm, &model, &tin, cfg, &args, a, p)
+                            .map_err(|e| at_size(e, size))?
+                            .0
                     };
                     if best.is_none_or(|b| t < b.2) {
                         best = Some((a, p, t));
@@ -399,6 +440,35 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
     Ok(rows)
 }
 
+/// The error when NCCL_ALGO / NCCL_PROTO leave nothing that runs the collective here.
+fn no_candidate(comm: &Comm, cfg: &BenchConfig) -> BenchError {
+    let names = |v: Vec<&str>| if v.is_empty() { "all".to_string() } else { v.join(",") };
+    let runs: Vec<String> = collective::algorithms_for(cfg.coll)
+        .iter()
+        .flat_map(|&a| collective::protocols_for(a, cfg.coll).iter().map(move |&p| (a, p)))
+        .filter(|&(a, p)| collective::check_supported(comm, cfg.coll, a, p).is_ok())
+        .map(|(a, p)| format!("{a}/{p}"))
+        .collect();
+    BenchError::Args(format!(
+        "no algorithm and protocol allowed by NCCL_ALGO={} and NCCL_PROTO={} runs {} on this fabric \
+         (NCCL fails such a call with \"no algorithm/protocol available\"); this fabric runs {}",
+        names(cfg.env.algos.iter().map(|a| a.name()).collect()),
+        names(cfg.env.protos.iter().map(|p| p.name()).collect()),
+        cfg.coll,
+        runs.join(", ")
+    ))
+}
+
+/// Names the size whose time overflowed (the other errors do not depend on it).
+fn at_size(e: BenchError, size: u64) -> BenchError {
+    use crate::exec::simulate::SimError;
+    match e {
+        BenchError::Coll(collective::CollError::TimeOverflow(o))
+        | BenchError::Sim(SimError::TimeOverflow(o)) => BenchError::Args(format!("size {size} B: {o}")),
+        e => e,
+    }
+}
+
 /// The byte count NCCL's model uses: the full buffer for all-gather/reduce-scatter.
 fn model_bytes(args: &CollArgs, n: u32) -> u64 {
     args.model_bytes(n)
@@ -431,6 +501,14 @@ fn time_one(
             Ok((t.as_us(), choice.nchannels, 0))
         }
         Fidelity::Event => {
+            let size = args.size_bytes(n);
+            if size > MAX_EVENT_BYTES {
+                return Err(BenchError::Args(format!(
+                    "size {size} B: the event mode simulates every chunk of a call, and calls above \
+                     {MAX_EVENT_BYTES} B (4 TiB) would take hours and exhaust memory; use \
+                     --fidelity analytical (fidelity = \"analytical\" in a scenario) for them"
+                )));
+            }
             let s = collective::build_schedule(comm, args, &choice, &cfg.env.knobs)?;
             let r = simulate(f, router, &s, &cfg.sim_opts())?;
             Ok((r.time.as_us(), choice.nchannels, r.events))

@@ -449,3 +449,95 @@ fn a_closed_stdout_is_not_a_panic() {
         assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
     }
 }
+
+/// Runs fabricsim and asserts exit status 2 (a reported error, not a panic) with every one of
+/// `needles` in the message; returns the message.
+fn exits_2(args: &[&str], needles: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim")).args(args).current_dir(root()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: {n:?} not in {err}");
+    }
+    err
+}
+
+/// Issue 13: `--algo auto` picked NVLSTree on 19 GB200 nodes (NVLink domains of 72 and 4
+/// GPUs) and then failed with "NVLS needs the same GPU count in every node".
+#[test]
+fn issue_13_auto_runs_on_unequal_nvlink_domains() {
+    for topo in ["topologies/gb200-nvl72.toml", "topologies/gb200-nvl72-multirack.toml"] {
+        let (ok, out, err) =
+            fabricsim(&["bench", topo, "--nodes", "19", "-b", "1M", "-e", "1M", "--compare"]);
+        assert!(ok, "{topo}: {err}");
+        assert!(out.contains("1048576"), "{out}");
+    }
+    // Forcing it says why, naming the domains.
+    exits_2(
+        &["bench", "topologies/gb200-nvl72.toml", "--nodes", "19", "--algo", "nvlstree"],
+        &["NVLSTree", "NVLink domain", "72 and 4"],
+    );
+}
+
+/// Issues 13 and 8: sizes and times that overflow, and sweeps that never end, are errors.
+#[test]
+fn issue_8_13_sizes_and_times_are_bounded() {
+    let big = "9223372036854775808";
+    exits_2(&["bench", H100, "-b", big, "-e", big, "--fidelity", "analytical"], &["overflow", big]);
+    exits_2(&["bench", H100, "-b", big, "-e", big], &["--fidelity analytical", "4 TiB"]);
+    let top = "18446744073709551615";
+    exits_2(
+        &[
+            "bench",
+            H100,
+            "-d",
+            "int8",
+            "-b",
+            "18446744073709551614",
+            "-e",
+            top,
+            "-i",
+            "1",
+            "--fidelity",
+            "analytical",
+        ],
+        &["overflow"],
+    );
+    exits_2(&["bench", H100, "-b", "8", "-e", "16G", "-i", "8"], &["2147483648 sizes", "10000", "-f 2"]);
+}
+
+/// Issue 8: `topo --nodes 100000` ran for minutes; the limits say what they are and why.
+#[test]
+fn issue_8_node_and_gpu_limits() {
+    exits_2(&["topo", "topologies/superpod-h100.toml", "--nodes", "100000"], &["524288", "GPUs", "65536"]);
+    exits_2(&["topo", "topologies/dgx-h100.toml", "--nodes", "200000"], &["131072"]);
+}
+
+/// Issue 8: `plot` on a CSV of 100,000 columns was quadratic in the columns.
+#[test]
+fn issue_8_plot_caps_columns() {
+    let dir = crate::temp_dir("wide-csv");
+    let p = dir.join("wide.csv");
+    let header: Vec<String> = (0..100_000).map(|i| format!("c{i}")).collect();
+    std::fs::write(&p, format!("{}\n", header.join(","))).unwrap();
+    let p = p.to_string_lossy().into_owned();
+    exits_2(&["plot", &p, "--x", "c0", "--y", "c1", "-o", &dir.to_string_lossy()], &["wide.csv:1:", "4096"]);
+    crate::cleanup(&dir);
+}
+
+/// NCCL_ALGO / NCCL_PROTO that leave nothing runnable silently ran Ring (NCCL_ALGO=NVLS on
+/// an A100 node gave a Ring row); NCCL fails such a call, and so does fabricsim.
+#[test]
+fn nccl_algo_that_allows_nothing_is_an_error() {
+    exits_2(
+        &["bench", "topologies/dgx-a100.toml", "--nccl", "NCCL_ALGO=NVLS", "-b", "1M", "-e", "1M"],
+        &["NCCL_ALGO=NVLS", "no algorithm/protocol available", "Ring/Simple"],
+    );
+    exits_2(
+        &["bench", H100, "-c", "allgather", "--nccl", "NCCL_ALGO=Tree", "-b", "1M", "-e", "1M"],
+        &["NCCL_ALGO=Tree", "allgather"],
+    );
+    let (ok, out, err) = fabricsim(&["bench", H100, "--nccl", "NCCL_ALGO=Tree", "-b", "1M", "-e", "1M"]);
+    assert!(ok && out.contains(" Tree "), "{out}{err}");
+}

@@ -1,9 +1,11 @@
 //! Integration tests: one binary, one module per area.
 
 mod accuracy;
+mod bounds;
 mod cli;
 mod docs;
 mod exec_cpu;
+mod fuzz;
 mod layers;
 mod plot;
 mod report;
