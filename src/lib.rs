@@ -20,6 +20,8 @@
 //! - [`calibrate`]: published nccl-tests measurements, scoring against them, calibration profiles.
 //! - [`scenario`]: the collective benchmark workload, scenario files, NCCL knobs, sweeps.
 //! - [`report`]: tables, CSV/JSON, traces and plots.
+//! - [`workload`]: training models and parallelism plans: FLOPs, memory, pipeline schedules,
+//!   an analytical step time.
 
 #![warn(missing_docs)]
 
@@ -32,3 +34,4 @@ pub mod report;
 pub mod scenario;
 pub mod schedule;
 pub mod units;
+pub mod workload;

@@ -9,6 +9,7 @@ mod report;
 mod scenario;
 mod simulate;
 mod topo;
+mod training;
 
 use std::path::{Path, PathBuf};
 
