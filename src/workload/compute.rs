@@ -23,8 +23,11 @@ const PARAMS: &str = include_str!("gpu_params.toml");
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuParams {
-    /// Fraction of the dense peak a large GEMM sustains.
+    /// Fraction of the dense BF16 peak a large BF16 GEMM sustains.
     pub gemm_eff: f64,
+    /// Fraction of the dense FP8 peak a large FP8 GEMM sustains (scaling and casts
+    /// included).
+    pub gemm_eff_fp8: f64,
     /// Dimension at which a GEMM loses half its efficiency along that axis.
     pub gemm_half_dim: f64,
     /// Fraction of the dense peak causal FlashAttention sustains.
@@ -63,6 +66,8 @@ impl GpuParams {
 pub struct Roofline {
     /// Dense peak FLOP/s of the plan's dtype.
     pub peak_flops: f64,
+    /// Fraction of `peak_flops` a large GEMM sustains in the plan's dtype.
+    pub gemm_eff: f64,
     /// Peak BF16 FLOP/s (element-wise and attention work runs in BF16).
     pub bf16_flops: f64,
     /// HBM bytes per second.
@@ -74,15 +79,16 @@ pub struct Roofline {
 impl Roofline {
     /// The roofline of `gpu` for GEMMs in `dtype`.
     pub fn new(gpu: &GpuSpec, dtype: Dtype, params: GpuParams) -> Result<Roofline, String> {
-        let peak = match dtype {
-            Dtype::Bf16 => gpu.flops.bf16,
-            Dtype::Fp8 => gpu.flops.fp8,
+        let (peak, gemm_eff) = match dtype {
+            Dtype::Bf16 => (gpu.flops.bf16, params.gemm_eff),
+            Dtype::Fp8 => (gpu.flops.fp8, params.gemm_eff_fp8),
         };
         if peak <= 0.0 || gpu.flops.bf16 <= 0.0 {
             return Err(format!("{} has no dense {dtype:?} FLOP/s in its topology's [gpu] table", gpu.model));
         }
         Ok(Roofline {
             peak_flops: peak,
+            gemm_eff,
             bf16_flops: gpu.flops.bf16,
             hbm_bytes_per_s: gpu.hbm_bw.bytes_per_sec() as f64,
             params,
@@ -93,7 +99,7 @@ impl Roofline {
     pub fn gemm_eff(&self, m: u64, n: u64, k: u64) -> f64 {
         let d = self.params.gemm_half_dim;
         let f = |x: u64| x as f64 / (x as f64 + d);
-        self.params.gemm_eff * f(m) * f(n) * f(k)
+        self.gemm_eff * f(m) * f(n) * f(k)
     }
 
     /// Time of `count` GEMMs of `m x k` by `k x n` with 2-byte operands.
@@ -250,6 +256,7 @@ mod tests {
         for g in [Generation::Volta, Generation::Ampere, Generation::Hopper, Generation::Blackwell] {
             let p = GpuParams::for_generation(g).unwrap();
             assert!(p.gemm_eff > 0.3 && p.gemm_eff <= 1.0, "{g:?}");
+            assert!(p.gemm_eff_fp8 > 0.2 && p.gemm_eff_fp8 <= 1.0, "{g:?}");
             assert!(p.attention_eff > 0.2 && p.attention_eff <= 1.0, "{g:?}");
         }
     }

@@ -530,3 +530,82 @@ fn analytic_moe_cp_and_fsdp_paths() {
     let slow = run("gpt3-175b", &no_prefetch, "dgx-a100.toml", &simple_comm);
     assert!(slow.breakdown.dp > e.breakdown.dp + 1.0, "{:?} vs {:?}", slow.breakdown, e.breakdown);
 }
+
+/// Line-rate bandwidth model of an A100 node: 300 GB/s NVLink at NCCL's ~0.8 payload
+/// share, 200 Gb/s HDR per GPU between nodes at 0.9.
+fn a100_comm(kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+    let n = ranks.len() as f64;
+    let one_node = ranks.iter().all(|r| r / 8 == ranks[0] / 8);
+    let bw = if one_node { 300e9 * 0.8 } else { 25e9 * 0.9 };
+    let factor = match kind {
+        CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => (n - 1.0) / n,
+        CollectiveKind::SendRecv => 1.0,
+    };
+    10e-6 + factor * bytes as f64 / bw
+}
+
+#[test]
+fn fitted_runs_reproduce_their_published_numbers() {
+    use fabricsim::workload::plan::Dtype;
+    // The three runs src/workload/gpu_params.toml was fitted on; the MFU is a check of the
+    // FLOP count, which played no part in the fit.
+    let plan =
+        Plan { tp: 8, dp: 1, mbs: 4, gbs: 4, sp: true, recompute: Recompute::Selective, ..Plan::default() };
+    let e = run("megatron-gpt-22b", &plan, "dgx-a100.toml", &a100_comm);
+    assert!(rel_err(e.step_time_s, 1.10) < 0.02, "22B: {} s", e.step_time_s);
+    assert!((e.mfu - 0.415).abs() < 0.01, "22B MFU {}", e.mfu);
+    let plan = Plan { tp: 8, dp: 96, gbs: 384, sp: true, sharding: Sharding::Zero(1), ..Plan::default() };
+    let e = run("nemotron4-15b", &plan, "dgx-h100.toml", &simple_comm);
+    assert!(rel_err(e.step_time_s, 0.57) < 0.02, "15B: {} s", e.step_time_s);
+    assert!((e.mfu - 0.343).abs() < 0.01, "15B MFU {}", e.mfu);
+    let plan = Plan { dp: 8, gbs: 128, sharding: Sharding::Zero(1), dtype: Dtype::Fp8, ..Plan::default() };
+    let e = run("llama2-7b", &plan, "dgx-h100.toml", &simple_comm);
+    assert!(rel_err(e.model_tflops_per_gpu, 780.0) < 0.02, "7B FP8: {} TFLOP/s", e.model_tflops_per_gpu);
+}
+
+#[test]
+fn runs_not_fitted_on_are_within_15_percent() {
+    use fabricsim::workload::plan::Dtype;
+    // Published runs that played no part in the fit (TRAINING_BENCH.md Sec. 1 and 5.1), with
+    // the 15% bound of issue 9. The analytical model with a line-rate bandwidth model, not
+    // fabricsim's collective simulator; errors when written: -4.5% to +6%, and -11% for the
+    // Megatron 145.6B row. Korthikanti's 175B and 530B runs (Table 5) are not here: the
+    // estimate is 17% and 36% slow on them (see the lead's report).
+    let mut cases: Vec<(&str, f64, f64)> = Vec::new();
+    // Narayanan et al. Table 1: hardware TFLOP/s with full recomputation (MBS not stated;
+    // taken as 1).
+    for (name, tp, pp, gpus, gbs, published) in [
+        ("megatron-gpt-1.7b", 1, 1, 32, 512, 137.0),
+        ("megatron-gpt-7.5b", 4, 1, 128, 512, 142.0),
+        ("megatron-gpt-39.1b", 8, 2, 512, 1536, 138.0),
+        ("megatron-gpt-145.6b", 8, 8, 1536, 2304, 148.0),
+    ] {
+        let plan = Plan { tp, pp, dp: gpus / (tp * pp), gbs, recompute: Recompute::Full, ..Plan::default() };
+        cases.push((name, run(name, &plan, "dgx-a100.toml", &a100_comm).hardware_tflops_per_gpu, published));
+    }
+    // NeMo 24.07, H100 FP8: model TFLOP/s per GPU.
+    let fp8 = |tp, pp, cp, vpp, dp, gbs| Plan {
+        tp,
+        pp,
+        cp,
+        vpp,
+        dp,
+        gbs,
+        sp: tp > 1,
+        sharding: Sharding::Zero(1),
+        dtype: Dtype::Fp8,
+        ..Plan::default()
+    };
+    for (name, plan, published) in [
+        ("llama3-8b", fp8(1, 1, 2, 1, 4, 128), 711.0),
+        ("llama3-70b", fp8(4, 4, 2, 5, 2, 128), 734.0),
+        ("gpt3-175b", fp8(4, 8, 1, 6, 4, 256), 771.0),
+        ("nemotron4-340b", fp8(8, 8, 1, 12, 2, 32), 686.0),
+    ] {
+        cases.push((name, run(name, &plan, "dgx-h100.toml", &simple_comm).model_tflops_per_gpu, published));
+    }
+    for (name, got, published) in cases {
+        assert!(rel_err(got, published) < 0.15, "{name}: {got:.0} TFLOP/s vs published {published}");
+    }
+}
