@@ -45,6 +45,7 @@ fn parameter_counts_match_the_published_ones() {
         ("mixtral-8x7b", 46.7e9, Some(12.9e9)),
         ("mixtral-8x22b", 141.0e9, Some(39.0e9)),
         ("nemotron4-340b", 340.0e9, None),
+        ("nemotron4-15b", 15.7e9, None),
         ("deepseek-v3", 671.0e9, Some(37.0e9)),
     ];
     for (name, total, active) in cases {
