@@ -168,17 +168,6 @@ pub fn local_shape(g: &Gemm, plan: &Plan) -> (u64, u64, u64, u64) {
     }
 }
 
-fn gemms_cost(r: &Roofline, gemms: &[Gemm], plan: &Plan) -> (f64, f64, f64) {
-    let (mut fwd, mut dgrad, mut wgrad) = (0.0, 0.0, 0.0);
-    for g in gemms {
-        let (m, n, k, c) = local_shape(g, plan);
-        fwd += r.gemm_time(m, n, k, c);
-        dgrad += r.gemm_time(m, k, n, c);
-        wgrad += r.gemm_time(k, n, m, c);
-    }
-    (fwd, dgrad, wgrad)
-}
-
 /// Bytes element-wise kernels of a layer move in the forward on one GPU (norms, residual
 /// adds, the activation function, RoPE), for `t` local tokens.
 fn elementwise_bytes(model: &Model, plan: &Plan, layer: u64, t: u64) -> f64 {
@@ -198,44 +187,152 @@ fn elementwise_bytes(model: &Model, plan: &Plan, layer: u64, t: u64) -> f64 {
     norms_and_adds + act + rope
 }
 
-/// The cost of one micro-batch through chunk `chunk` of `stage` on one GPU.
-pub fn chunk_cost(model: &Model, plan: &Plan, r: &Roofline, stage: u64, chunk: u64) -> ChunkCost {
+/// What an op is, for the lowering to the schedule IR and for reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// A GEMM (tensor cores).
+    Gemm,
+    /// The attention core (FlashAttention).
+    Attention,
+    /// Memory-bound element-wise work (norms, residual adds, activation, RoPE, embedding
+    /// lookup, softmax cross-entropy).
+    Elementwise,
+}
+
+/// One compute op of one micro-batch on one GPU, with its work and its times.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpCost {
+    /// Which op ("qkv", "attention", "mlp_down", "elementwise", "logits", ...).
+    pub name: &'static str,
+    /// Its kind.
+    pub kind: OpKind,
+    /// Forward FLOPs this GPU executes.
+    pub flops: f64,
+    /// Forward HBM bytes this GPU moves.
+    pub bytes: f64,
+    /// Forward time.
+    pub fwd: f64,
+    /// Input-gradient time.
+    pub bwd_input: f64,
+    /// Weight-gradient time.
+    pub bwd_weight: f64,
+}
+
+/// The compute ops of layer `layer` for one micro-batch on one GPU, in forward order
+/// (projections, attention, output projection and MLP GEMMs, then the layer's element-wise
+/// work as one op).
+pub fn layer_ops(model: &Model, plan: &Plan, r: &Roofline, layer: u64) -> Vec<OpCost> {
     let s = plan.seq(model);
     let t = plan.mbs * s / plan.cp;
+    let mut ops: Vec<OpCost> = layer_gemms(model, layer, t).iter().map(|g| gemm_op(r, g, plan)).collect();
+    // Causal attention of the local queries against the whole sequence, split over TP heads
+    // and balanced over CP; it reads Q, K, V and writes its output.
+    let flops = attention(model, plan.mbs, s).flops_causal() / (plan.tp * plan.cp) as f64;
+    let io =
+        2.0 * t as f64 * (model.q_dim() + 2 * model.kv_dim() + model.attn_out_dim()) as f64 / plan.tp as f64;
+    let att = r.attention_time(flops).max(r.memory_time(io));
+    let at = ops.iter().position(|o| o.name == "attn_out").unwrap_or(ops.len());
+    ops.insert(
+        at,
+        OpCost {
+            name: "attention",
+            kind: OpKind::Attention,
+            flops,
+            bytes: io,
+            fwd: att,
+            bwd_input: 2.5 * att,
+            bwd_weight: 0.0,
+        },
+    );
+    let bytes = elementwise_bytes(model, plan, layer, t);
+    let ew = r.memory_time(bytes);
+    ops.push(OpCost {
+        name: "elementwise",
+        kind: OpKind::Elementwise,
+        flops: 0.0,
+        bytes,
+        fwd: ew,
+        bwd_input: 2.0 * ew,
+        bwd_weight: 0.0,
+    });
+    ops
+}
+
+fn gemm_op(r: &Roofline, g: &Gemm, plan: &Plan) -> OpCost {
+    let (m, n, k, c) = local_shape(g, plan);
+    OpCost {
+        name: g.name,
+        kind: OpKind::Gemm,
+        flops: 2.0 * m as f64 * n as f64 * k as f64 * c as f64,
+        bytes: 2.0 * (m * k + k * n + m * n) as f64 * c as f64,
+        fwd: r.gemm_time(m, n, k, c),
+        bwd_input: r.gemm_time(m, k, n, c),
+        bwd_weight: r.gemm_time(k, n, m, c),
+    }
+}
+
+/// The ops outside the layers on virtual stage `vstage`: the embedding lookup on the first,
+/// the logit GEMM and the softmax cross-entropy over FP32 logits on the last.
+pub fn edge_ops(model: &Model, plan: &Plan, r: &Roofline, vstage: u64) -> Vec<OpCost> {
+    let t = plan.mbs * plan.seq(model) / plan.cp;
+    let mut ops = Vec::new();
+    if vstage == 0 {
+        let bytes = 4.0 * (t * model.hidden) as f64;
+        let fwd = r.memory_time(bytes);
+        ops.push(OpCost {
+            name: "embedding",
+            kind: OpKind::Elementwise,
+            flops: 0.0,
+            bytes,
+            fwd,
+            bwd_input: 0.0,
+            bwd_weight: 0.0,
+        });
+    }
+    if vstage == plan.pp * plan.vpp - 1 {
+        ops.push(gemm_op(r, &logits_gemm(model, t), plan));
+        let bytes = 16.0 * (t * model.vocab) as f64 / plan.tp as f64;
+        let ce = r.memory_time(bytes);
+        ops.push(OpCost {
+            name: "cross_entropy",
+            kind: OpKind::Elementwise,
+            flops: 0.0,
+            bytes,
+            fwd: ce,
+            bwd_input: ce,
+            bwd_weight: 0.0,
+        });
+    }
+    ops
+}
+
+/// The cost of one micro-batch through chunk `chunk` of `stage` on one GPU: the sums of
+/// [`layer_ops`] and [`edge_ops`], with what recomputation reruns added to the backward.
+pub fn chunk_cost(model: &Model, plan: &Plan, r: &Roofline, stage: u64, chunk: u64) -> ChunkCost {
     let chunk_layers = model.layers / (plan.pp * plan.vpp);
     let vs = chunk * plan.pp + stage;
     let mut c = ChunkCost::default();
-    let mut recompute = 0.0;
+    let add = |o: &OpCost, c: &mut ChunkCost| {
+        c.fwd += o.fwd;
+        c.bwd_input += o.bwd_input;
+        c.bwd_weight += o.bwd_weight;
+        match o.kind {
+            OpKind::Gemm => c.gemm_fwd += o.fwd,
+            OpKind::Attention => c.attention_fwd += o.fwd,
+            OpKind::Elementwise => {}
+        }
+    };
     for l in vs * chunk_layers..(vs + 1) * chunk_layers {
-        let gemms = layer_gemms(model, l, t);
-        let (f, dg, wg) = gemms_cost(r, &gemms, plan);
-        // Causal attention of the local queries against the whole sequence, split over TP
-        // heads and balanced over CP.
-        let att = r.attention_time(attention(model, plan.mbs, s).flops_causal() / (plan.tp * plan.cp) as f64);
-        let ew = r.memory_time(elementwise_bytes(model, plan, l, t));
-        c.fwd += f + att + ew;
-        c.gemm_fwd += f;
-        c.attention_fwd += att;
-        c.bwd_input += dg + 2.5 * att + 2.0 * ew;
-        c.bwd_weight += wg;
-        recompute += match plan.recompute {
-            Recompute::None => 0.0,
-            Recompute::Selective => att,
-            Recompute::Full => f + att + ew,
-        };
+        for o in layer_ops(model, plan, r, l) {
+            add(&o, &mut c);
+            c.bwd_input += match (plan.recompute, o.kind) {
+                (Recompute::Full, _) | (Recompute::Selective, OpKind::Attention) => o.fwd,
+                _ => 0.0,
+            };
+        }
     }
-    c.bwd_input += recompute;
-    if vs == 0 {
-        c.fwd += r.memory_time(4.0 * (t * model.hidden) as f64);
-    }
-    if vs == plan.pp * plan.vpp - 1 {
-        let (f, dg, wg) = gemms_cost(r, &[logits_gemm(model, t)], plan);
-        // Softmax cross-entropy over FP32 logits: read and write once each way.
-        let ce = r.memory_time(16.0 * (t * model.vocab) as f64 / plan.tp as f64);
-        c.fwd += f + ce;
-        c.gemm_fwd += f;
-        c.bwd_input += dg + ce;
-        c.bwd_weight += wg;
+    for o in edge_ops(model, plan, r, vs) {
+        add(&o, &mut c);
     }
     c
 }

@@ -448,6 +448,30 @@ fn run(
 }
 
 #[test]
+fn layer_ops_split_the_layer_over_tp_and_cp() {
+    use fabricsim::workload::compute::{layer_ops, OpKind, Roofline};
+    use fabricsim::workload::flops::{attention, layer_gemms, Gemm};
+    use fabricsim::workload::plan::Dtype;
+    let m = model("llama3-70b");
+    let plan = Plan { cp: 2, dp: 2, ..llama70_plan() };
+    plan.check(&m, 128).unwrap();
+    let g = gpu("dgx-h100.toml");
+    let r = Roofline::new(&g, Dtype::Bf16, GpuParams::for_generation(g.generation).unwrap()).unwrap();
+    let ops = layer_ops(&m, &plan, &r, 0);
+    let names: Vec<&str> = ops.iter().map(|o| o.name).collect();
+    assert_eq!(names, ["qkv", "attention", "attn_out", "mlp_up", "mlp_down", "elementwise"]);
+    let gemm: f64 = ops.iter().filter(|o| o.kind == OpKind::Gemm).map(|o| o.flops).sum();
+    let whole: f64 = layer_gemms(&m, 0, 8192 / 2).iter().map(Gemm::flops).sum();
+    assert!(rel_err(gemm * 8.0, whole) < 1e-12);
+    let att = ops.iter().find(|o| o.kind == OpKind::Attention).unwrap();
+    assert!(rel_err(att.flops * 16.0, attention(&m, 1, 8192).flops_causal()) < 1e-12);
+    for o in &ops {
+        assert!(o.fwd > 0.0 && o.bwd_input > 0.0, "{o:?}");
+        assert_eq!(o.bwd_weight > 0.0, o.kind == OpKind::Gemm, "{o:?}");
+    }
+}
+
+#[test]
 fn analytic_breakdown_adds_up() {
     let plan =
         Plan { vpp: 5, recompute: Recompute::Selective, sharding: Sharding::Zero(1), ..llama70_plan() };
