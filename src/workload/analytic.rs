@@ -20,10 +20,10 @@
 //!   backward and reduce-scatters its gradients, hidden behind the chunk's compute when
 //!   prefetching.
 //!
-//! Message sizes follow nccl-tests' convention: all-reduce and all-to-all the per-rank
-//! buffer, all-gather the gathered output, reduce-scatter the input, send/recv the bytes
-//! sent.
+//! What is sent, on which communicator and how large, comes from [`super::comm`].
 
+pub use super::comm::CollectiveKind;
+use super::comm::{chunk_gather_bytes, grad_reduces, layer_comms, p2p_bytes, shard_group_kind, HiddenBehind};
 use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::flops::step_flops;
 use super::memory::{memory_by_stage, stage_params, Memory};
@@ -31,21 +31,6 @@ use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineSchedule};
 use super::plan::{Coord, GroupKind, Placement, Plan, Sharding};
 use crate::fabric::GpuSpec;
-
-/// A collective a training step issues.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CollectiveKind {
-    /// All-reduce.
-    AllReduce,
-    /// All-gather.
-    AllGather,
-    /// Reduce-scatter.
-    ReduceScatter,
-    /// All-to-all.
-    AllToAll,
-    /// Point-to-point send/recv between two ranks.
-    SendRecv,
-}
 
 /// Where the step time goes, in seconds; the parts add up to the step time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -153,69 +138,61 @@ pub fn estimate(
     let sched = PipelineSchedule::build(plan.schedule(), plan.pp as u32, plan.vpp as u32, m as u32)?;
     let (pp, vpp) = (plan.pp, plan.vpp);
     let rank_of = |s: u64| pl.rank(Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: s });
-    let t = plan.mbs * plan.seq(model) / plan.cp;
-    let h = model.hidden;
-    let act_bytes = 2 * t * h;
     let chunk_layers = model.layers / (pp * vpp);
 
     let costs: Vec<Vec<ChunkCost>> =
         (0..pp).map(|s| (0..vpp).map(|c| chunk_cost(model, plan, &r, s, c)).collect()).collect();
 
-    // Communication per (stage, chunk).
+    // Communication per (stage, chunk), each distinct collective priced once per stage.
     let mut comms = vec![vec![ChunkComm::default(); vpp as usize]; pp as usize];
     for s in 0..pp {
         let rank = rank_of(s);
-        let tp_group = pl.group_of(GroupKind::Tp, rank);
-        let cp_group = pl.group_of(GroupKind::Cp, rank);
-        let ep_group = pl.group_of(GroupKind::Ep, rank);
-        let shard_group = shard_group(&pl, plan, rank);
-        let tp_layer = if plan.tp > 1 {
-            if plan.sp {
-                2.0 * (comm(CollectiveKind::AllGather, act_bytes, &tp_group)
-                    + comm(CollectiveKind::ReduceScatter, act_bytes, &tp_group))
-            } else {
-                2.0 * comm(CollectiveKind::AllReduce, act_bytes, &tp_group)
+        let mut priced: Vec<(CollectiveKind, GroupKind, u64, f64)> = Vec::new();
+        let mut price = |kind: CollectiveKind, group: GroupKind, bytes: u64| -> f64 {
+            if let Some(p) = priced.iter().find(|p| (p.0, p.1, p.2) == (kind, group, bytes)) {
+                return p.3;
             }
-        } else {
-            0.0
+            let ranks = pl.group_of(group, rank);
+            let t = if ranks.len() > 1 { comm(kind, bytes, &ranks) } else { 0.0 };
+            priced.push((kind, group, bytes, t));
+            t
         };
-        let cp_step = if plan.cp > 1 {
-            let kv = 2 * t * (model.kv_dim() + model.attn_out_dim()) / plan.tp;
-            (plan.cp - 1) as f64 * comm(CollectiveKind::SendRecv, kv, &cp_group)
-        } else {
-            0.0
-        };
-        let ep_layer = match &model.moe {
-            Some(moe) if plan.ep > 1 => {
-                let bytes = 2 * t * plan.etp() / plan.tp * moe.top_k * h;
-                2.0 * comm(CollectiveKind::AllToAll, bytes, &ep_group)
-            }
-            _ => 0.0,
-        };
+        let share = r.params.overlap_slowdown;
+        let ov = plan.overlap;
         for c in 0..vpp {
             let cost = &costs[s as usize][c as usize];
             let vs = c * pp + s;
-            let layers = vs * chunk_layers..(vs + 1) * chunk_layers;
-            let moe_layers = layers.clone().filter(|&l| model.is_moe_layer(l)).count() as f64;
-            let n = chunk_layers as f64;
-            let ov = plan.overlap;
-            let share = r.params.overlap_slowdown;
-            let (cp_f, cp_b) = (n * cp_step, 2.0 * n * cp_step);
+            // Per pass: TP exposed, TP hideable behind the GEMMs, CP, EP.
+            let mut sums = [[0.0f64; 4]; 2];
+            for l in vs * chunk_layers..(vs + 1) * chunk_layers {
+                for op in layer_comms(model, plan, l) {
+                    let t = op.count as f64 * price(op.kind, op.group, op.bytes);
+                    let row = &mut sums[usize::from(op.pass != Pass::F)];
+                    match op.group {
+                        GroupKind::Tp if op.hidden_behind == HiddenBehind::Gemms => row[1] += t,
+                        GroupKind::Tp => row[0] += t,
+                        GroupKind::Cp => row[2] += t,
+                        _ => row[3] += t,
+                    }
+                }
+            }
+            let (gemm_f, gemm_b) = (cost.gemm_fwd, 2.0 * cost.gemm_fwd);
             let (att_f, att_b) = (cost.attention_fwd, 2.5 * cost.attention_fwd);
+            let [f, b] = sums;
             let mut cc = ChunkComm {
-                tp_fwd: exposed(n * tp_layer, cost.gemm_fwd, ov.tp_comm),
-                tp_bwd: exposed(n * tp_layer, 2.0 * cost.gemm_fwd, ov.tp_comm),
-                cp_fwd: exposed(cp_f, att_f, true) + share * cp_f.min(att_f),
-                cp_bwd: exposed(cp_b, att_b, true) + share * cp_b.min(att_b),
-                ep_fwd: moe_layers * ep_layer,
-                ep_bwd: moe_layers * ep_layer,
+                tp_fwd: f[0] + exposed(f[1], gemm_f, true),
+                tp_bwd: b[0] + exposed(b[1], gemm_b, true),
+                cp_fwd: exposed(f[2], att_f, true) + share * f[2].min(att_f),
+                cp_bwd: exposed(b[2], att_b, true) + share * b[2].min(att_b),
+                ep_fwd: f[3],
+                ep_bwd: b[3],
                 ..ChunkComm::default()
             };
-            if plan.sharding.shards_params() && shard_group.len() > 1 {
-                let (dense, _) = chunk_params(model, plan, s, c);
-                let bytes = 2 * dense;
-                let ag = comm(CollectiveKind::AllGather, bytes, &shard_group);
-                let rs = comm(CollectiveKind::ReduceScatter, bytes, &shard_group);
+            let bytes = chunk_gather_bytes(model, plan, s, c);
+            if bytes > 0 {
+                let group = shard_group_kind(plan);
+                let ag = price(CollectiveKind::AllGather, group, bytes);
+                let rs = price(CollectiveKind::ReduceScatter, group, bytes);
                 cc.fsdp_fwd = exposed(ag, cost.fwd, ov.param_gather);
                 cc.fsdp_bwd = exposed(ag + rs, cost.bwd(), ov.param_gather);
             }
@@ -238,7 +215,7 @@ pub fn estimate(
             Pass::W => Parts { compute: c.bwd_weight, ..Parts::default() },
         }
     };
-    let p2p_bytes = act_bytes / if plan.sp { plan.tp } else { 1 };
+    let p2p_bytes = p2p_bytes(model, plan);
     let p2p_next: Vec<f64> = (0..pp)
         .map(|s| {
             let (a, b) = (rank_of(s), rank_of((s + 1) % pp));
@@ -286,36 +263,14 @@ pub fn estimate(
     let mut opt = 0.0f64;
     for s in 0..pp {
         let rank = rank_of(s);
-        let (dense, experts) = stage_params(model, plan, s);
-        let dense_group = pl.group_of(GroupKind::DpCp, rank);
-        let expert_group = pl.group_of(GroupKind::ExpertDp, rank);
-        let z = match plan.sharding {
-            Sharding::Zero(z) => z,
-            _ => 3,
-        };
         let mut reduce = 0.0;
         let mut n_buckets = 0u64;
-        for (params, group) in [(dense, &dense_group), (experts, &expert_group)] {
-            if params == 0 || group.len() < 2 {
-                continue;
-            }
-            let bytes = 2 * params;
-            if z >= 3 {
-                if let Sharding::FsdpHybrid { shard } = plan.sharding {
-                    let replicas = replica_group(group, shard, rank);
-                    if replicas.len() > 1 {
-                        reduce += comm(CollectiveKind::AllReduce, bytes / shard, &replicas);
-                        n_buckets += 1;
-                    }
-                }
-                continue;
-            }
-            let n = bytes.div_ceil(plan.bucket_bytes).max(1);
-            let kind = if z == 0 { CollectiveKind::AllReduce } else { CollectiveKind::ReduceScatter };
-            reduce += n as f64 * comm(kind, bytes.div_ceil(n), group);
-            n_buckets += n;
-            if z >= 1 && !plan.overlap.param_gather {
-                ag_after = ag_after.max(comm(CollectiveKind::AllGather, bytes, group));
+        for g in grad_reduces(model, plan, s) {
+            let ranks = pl.group_of(g.group, rank);
+            reduce += g.buckets as f64 * comm(g.kind, g.bytes.div_ceil(g.buckets), &ranks);
+            n_buckets += g.buckets;
+            if g.gather_after && !plan.overlap.param_gather {
+                ag_after = ag_after.max(comm(CollectiveKind::AllGather, g.bytes, &ranks));
             }
         }
         let list = &sched.ops[s as usize];
@@ -341,9 +296,13 @@ pub fn estimate(
             stage_end + reduce
         };
         dp_end = dp_end.max(end);
-        let shard = |p: u64, n: usize| if z >= 1 { p / n.max(1) as u64 } else { p };
-        opt =
-            opt.max(optimizer_time(&r, shard(dense, dense_group.len()) + shard(experts, expert_group.len())));
+        let (dense, experts) = stage_params(model, plan, s);
+        let local = if matches!(plan.sharding, Sharding::Zero(0)) {
+            dense + experts
+        } else {
+            dense / plan.shard_group() + experts / plan.expert_dp()
+        };
+        opt = opt.max(optimizer_time(&r, local));
     }
 
     let step = dp_end + ag_after + opt;
@@ -377,29 +336,4 @@ pub fn estimate(
         memory_by_stage,
         microbatches: m,
     })
-}
-
-/// Dense parameters one GPU holds for chunk `chunk` of `stage` (what ZeRO-3/FSDP gathers).
-fn chunk_params(model: &Model, plan: &Plan, stage: u64, chunk: u64) -> (u64, u64) {
-    let one = Plan { vpp: 1, pp: plan.pp * plan.vpp, ..plan.clone() };
-    stage_params(model, &one, chunk * plan.pp + stage)
-}
-
-/// The group ZeRO-3/FSDP shards weights over, holding `rank`.
-fn shard_group(pl: &Placement, plan: &Plan, rank: u64) -> Vec<u64> {
-    let g = pl.group_of(GroupKind::DpCp, rank);
-    match plan.sharding {
-        Sharding::FsdpHybrid { shard } => {
-            let pos = g.iter().position(|&r| r == rank).unwrap_or(0) as u64;
-            let first = (pos / shard * shard) as usize;
-            g[first..(first + shard as usize).min(g.len())].to_vec()
-        }
-        _ => g,
-    }
-}
-
-/// The ranks of `group` that hold the same FSDP hybrid shard as `rank`.
-fn replica_group(group: &[u64], shard: u64, rank: u64) -> Vec<u64> {
-    let pos = group.iter().position(|&r| r == rank).unwrap_or(0) as u64;
-    group.iter().enumerate().filter(|(i, _)| *i as u64 % shard == pos % shard).map(|(_, &r)| r).collect()
 }

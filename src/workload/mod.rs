@@ -7,6 +7,7 @@
 //! - [`memory`]: memory per GPU by category and stage; the out-of-memory verdict.
 //! - [`pipeline`]: pipeline schedules as per-stage op orders, their timing and in-flight
 //!   micro-batches.
+//! - [`comm`]: the collectives a step issues: kind, communicator, size, pass.
 //! - [`compute`]: the GPU roofline per generation and what a micro-batch costs per chunk.
 //! - [`analytic`]: the analytical step time, with communication priced by the caller.
 //!
@@ -15,6 +16,7 @@
 //! collective algorithms. Communication costs come in through caller-supplied functions.
 
 pub mod analytic;
+pub mod comm;
 pub mod compute;
 pub mod flops;
 pub mod memory;

@@ -512,6 +512,11 @@ pub enum GroupKind {
     ExpertDp,
     /// Pipeline stages of one model replica.
     Pp,
+    /// ZeRO-3/FSDP sharding group: the whole `DpCp` group, or under FSDP hybrid sharding
+    /// consecutive runs of `shard` of its ranks.
+    FsdpShard,
+    /// FSDP hybrid sharding: the ranks of a `DpCp` group that hold the same shard.
+    FsdpReplica,
 }
 
 /// Where each rank sits in the plan's grid.
@@ -520,6 +525,7 @@ pub struct Placement {
     order: [Dim; 5],
     sizes: [u64; 5],
     etp: u64,
+    shard: u64,
 }
 
 impl Placement {
@@ -532,7 +538,12 @@ impl Placement {
             Dim::Dp => plan.dp / plan.ep,
             Dim::Pp => plan.pp,
         };
-        Placement { order: plan.order, sizes: plan.order.map(size), etp: plan.etp() }
+        Placement {
+            order: plan.order,
+            sizes: plan.order.map(size),
+            etp: plan.etp(),
+            shard: plan.shard_group(),
+        }
     }
     /// Ranks in all.
     pub fn world(&self) -> u64 {
@@ -558,6 +569,21 @@ impl Placement {
     }
     /// The groups of one kind, each a list of ranks in increasing order, sorted by first rank.
     pub fn groups(&self, kind: GroupKind) -> Vec<Vec<u64>> {
+        if matches!(kind, GroupKind::FsdpShard | GroupKind::FsdpReplica) {
+            let mut out = Vec::new();
+            for g in self.groups(GroupKind::DpCp) {
+                let shard = (self.shard as usize).clamp(1, g.len());
+                if kind == GroupKind::FsdpShard {
+                    out.extend(g.chunks(shard).map(<[u64]>::to_vec));
+                } else {
+                    out.extend(
+                        (0..shard).map(|i| g.iter().skip(i).step_by(shard).copied().collect::<Vec<u64>>()),
+                    );
+                }
+            }
+            out.sort();
+            return out;
+        }
         let mut by_key: BTreeMap<Vec<u64>, Vec<u64>> = BTreeMap::new();
         for r in 0..self.world() {
             let c = self.coord(r);
@@ -569,6 +595,7 @@ impl Placement {
                 GroupKind::DpCp => vec![c.tp, c.pp],
                 GroupKind::ExpertDp => vec![c.tp % self.etp, c.ep, c.pp],
                 GroupKind::Pp => vec![c.tp, c.cp, c.ep, c.dp],
+                GroupKind::FsdpShard | GroupKind::FsdpReplica => Vec::new(),
             };
             by_key.entry(key).or_default().push(r);
         }

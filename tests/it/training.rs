@@ -179,6 +179,10 @@ fn placement_follows_megatron_order() {
         all.sort();
         assert_eq!(all, (0..128).collect::<Vec<u64>>(), "{kind:?}");
     }
+    // FSDP hybrid sharding over 2 of the 4 DP ranks: shard groups and replica groups.
+    let pl = Placement::new(&Plan { sharding: Sharding::FsdpHybrid { shard: 2 }, ..llama70_plan() });
+    assert_eq!(pl.group_of(GroupKind::FsdpShard, 19), vec![19, 27]);
+    assert_eq!(pl.group_of(GroupKind::FsdpReplica, 19), vec![3, 19]);
     // Mixtral TP1 EP8 PP4 on 64 GPUs (the MCore README mapping): EP groups are the 8 GPUs of
     // a node, the expert gradient group strides by 8 and DP (dense) holds the EP group.
     let plan = Plan { tp: 1, ep: 8, pp: 4, dp: 16, vpp: 8, gbs: 256, ..Plan::default() };
@@ -469,6 +473,48 @@ fn layer_ops_split_the_layer_over_tp_and_cp() {
         assert!(o.fwd > 0.0 && o.bwd_input > 0.0, "{o:?}");
         assert_eq!(o.bwd_weight > 0.0, o.kind == OpKind::Gemm, "{o:?}");
     }
+}
+
+#[test]
+fn a_layer_issues_megatron_communication_volumes() {
+    use fabricsim::workload::comm::{grad_reduces, layer_comms, p2p_bytes, CollectiveKind};
+    use fabricsim::workload::pipeline::Pass;
+    // TP with SP: two all-gathers and two reduce-scatters of b s h (BF16) each way.
+    let m = model("llama3-70b");
+    let plan = llama70_plan();
+    let ops = layer_comms(&m, &plan, 0);
+    let bsh = 2 * 8192 * 8192;
+    assert_eq!(ops.len(), 4);
+    for op in &ops {
+        assert_eq!((op.group, op.bytes, op.count), (GroupKind::Tp, bsh, 2), "{op:?}");
+    }
+    assert_eq!(ops.iter().filter(|o| o.pass == Pass::B && o.kind == CollectiveKind::AllGather).count(), 1);
+    // Scatter/gather: a stage sends b s h / t.
+    assert_eq!(p2p_bytes(&m, &plan), bsh / 8);
+    // Without SP: all-reduces; with CP 2: K and V of the local tokens go once around.
+    let plan = Plan { sp: false, cp: 2, dp: 2, ..llama70_plan() };
+    let ops = layer_comms(&m, &plan, 0);
+    assert!(ops.iter().all(|o| o.kind != CollectiveKind::AllGather));
+    let kv = ops.iter().find(|o| o.group == GroupKind::Cp && o.pass == Pass::F).unwrap();
+    assert_eq!((kv.bytes, kv.count), (2 * 4096 * (1024 + 8192) / 8, 1));
+    // Mixtral with EP 8: dispatch and combine of top-2 tokens each way.
+    let mix = model("mixtral-8x7b");
+    let plan = Plan { ep: 8, pp: 4, dp: 16, vpp: 8, gbs: 256, ..Plan::default() };
+    let a2a: Vec<_> =
+        layer_comms(&mix, &plan, 5).into_iter().filter(|o| o.kind == CollectiveKind::AllToAll).collect();
+    assert_eq!(a2a.len(), 4);
+    assert!(a2a.iter().all(|o| o.bytes == 2 * 4096 * 2 * 4096 && o.group == GroupKind::Ep));
+    // ZeRO-1: reduce-scatter of the stage's BF16 gradients in 80 MB buckets, then a gather.
+    let plan = Plan { sharding: Sharding::Zero(1), ..llama70_plan() };
+    let g = grad_reduces(&m, &plan, 1);
+    assert_eq!(g.len(), 1);
+    assert_eq!(
+        (g[0].kind, g[0].group, g[0].gather_after),
+        (CollectiveKind::ReduceScatter, GroupKind::DpCp, true)
+    );
+    let layer: u64 = 8192 * 10240 + 8192 * 8192 + 3 * 8192 * 28672;
+    assert_eq!(g[0].bytes, 2 * (20 * layer / 8 + 20 * 2 * 8192));
+    assert_eq!(g[0].buckets, g[0].bytes.div_ceil(80_000_000));
 }
 
 #[test]
