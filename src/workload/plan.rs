@@ -603,9 +603,53 @@ impl Placement {
         groups.sort();
         groups
     }
-    /// The group of one kind that holds `rank`.
+    /// The group of one kind that holds `rank`, in increasing order (computed from the
+    /// rank's coordinates, without listing the other groups).
     pub fn group_of(&self, kind: GroupKind, rank: u64) -> Vec<u64> {
-        self.groups(kind).into_iter().find(|g| g.contains(&rank)).unwrap_or_default()
+        let c = self.coord(rank);
+        let size = |d: Dim| self.sizes[self.order.iter().position(|&o| o == d).unwrap_or(0)];
+        let all = |d: Dim| (0..size(d)).collect::<Vec<u64>>();
+        let vary: Vec<(Dim, Vec<u64>)> = match kind {
+            GroupKind::FsdpShard | GroupKind::FsdpReplica => {
+                let g = self.group_of(GroupKind::DpCp, rank);
+                let shard = (self.shard as usize).clamp(1, g.len().max(1));
+                let pos = g.iter().position(|&r| r == rank).unwrap_or(0);
+                return if kind == GroupKind::FsdpShard {
+                    g[pos / shard * shard..((pos / shard + 1) * shard).min(g.len())].to_vec()
+                } else {
+                    g.iter().skip(pos % shard).step_by(shard).copied().collect()
+                };
+            }
+            GroupKind::Tp => vec![(Dim::Tp, all(Dim::Tp))],
+            GroupKind::Cp => vec![(Dim::Cp, all(Dim::Cp))],
+            GroupKind::Ep => vec![(Dim::Ep, all(Dim::Ep))],
+            GroupKind::Dp => vec![(Dim::Ep, all(Dim::Ep)), (Dim::Dp, all(Dim::Dp))],
+            GroupKind::DpCp => {
+                vec![(Dim::Cp, all(Dim::Cp)), (Dim::Ep, all(Dim::Ep)), (Dim::Dp, all(Dim::Dp))]
+            }
+            GroupKind::Pp => vec![(Dim::Pp, all(Dim::Pp))],
+            GroupKind::ExpertDp => vec![
+                (Dim::Tp, (c.tp % self.etp..size(Dim::Tp)).step_by(self.etp.max(1) as usize).collect()),
+                (Dim::Cp, all(Dim::Cp)),
+                (Dim::Dp, all(Dim::Dp)),
+            ],
+        };
+        let mut ranks = vec![c];
+        for (d, values) in &vary {
+            ranks = ranks
+                .iter()
+                .flat_map(|base| {
+                    values.iter().map(move |&v| {
+                        let mut x = *base;
+                        x.set(*d, v);
+                        x
+                    })
+                })
+                .collect();
+        }
+        let mut out: Vec<u64> = ranks.into_iter().map(|x| self.rank(x)).collect();
+        out.sort_unstable();
+        out
     }
     /// One line per dimension, innermost first ("tp 8 (stride 1)").
     pub fn describe(&self) -> String {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use fabricsim::workload::model::{load_model, parse_model, Model};
 use fabricsim::workload::plan::{
-    parse_plan, Coord, GroupKind, Placement, Plan, Recompute, Schedule, Sharding,
+    parse_order, parse_plan, Coord, GroupKind, Placement, Plan, Recompute, Schedule, Sharding,
 };
 
 fn root() -> PathBuf {
@@ -178,6 +178,36 @@ fn placement_follows_megatron_order() {
         let mut all: Vec<u64> = pl.groups(kind).into_iter().flatten().collect();
         all.sort();
         assert_eq!(all, (0..128).collect::<Vec<u64>>(), "{kind:?}");
+        for g in pl.groups(kind) {
+            for &r in &g {
+                assert_eq!(pl.group_of(kind, r), g, "{kind:?} of {r}");
+            }
+        }
+    }
+    // Every dimension at once, expert-TP below TP, another order: group_of agrees with groups.
+    let plan = Plan {
+        tp: 4,
+        cp: 2,
+        ep: 2,
+        dp: 4,
+        pp: 2,
+        etp: Some(2),
+        order: parse_order("tp-dp-cp-ep-pp").unwrap(),
+        ..Plan::default()
+    };
+    let pl = Placement::new(&plan);
+    for kind in [
+        GroupKind::Tp,
+        GroupKind::Cp,
+        GroupKind::Ep,
+        GroupKind::Dp,
+        GroupKind::DpCp,
+        GroupKind::ExpertDp,
+        GroupKind::Pp,
+    ] {
+        for g in pl.groups(kind) {
+            assert_eq!(pl.group_of(kind, g[g.len() - 1]), g, "{kind:?}");
+        }
     }
     // FSDP hybrid sharding over 2 of the 4 DP ranks: shard groups and replica groups.
     let pl = Placement::new(&Plan { sharding: Sharding::FsdpHybrid { shard: 2 }, ..llama70_plan() });
