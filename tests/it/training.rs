@@ -647,6 +647,15 @@ fn a100_comm(kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
 }
 
 #[test]
+fn fp8_on_a_gpu_without_it_names_the_dtype() {
+    let plan = Plan { tp: 8, gbs: 1, dtype: fabricsim::workload::plan::Dtype::Fp8, ..Plan::default() };
+    let g = gpu("dgx-a100.toml");
+    let params = GpuParams::for_generation(g.generation).unwrap();
+    let e = estimate(&model("llama3-8b"), &plan, &g, params, &simple_comm).unwrap_err();
+    assert!(e.contains("`dtype`") && e.contains("valid: bf16"), "{e}");
+}
+
+#[test]
 fn fitted_runs_reproduce_their_published_numbers() {
     use fabricsim::workload::plan::Dtype;
     // The three runs src/workload/gpu_params.toml was fitted on; the MFU is a check of the
