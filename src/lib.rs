@@ -21,6 +21,9 @@
 //! - [`scenario`]: the collective benchmark workload, scenario files, NCCL knobs, sweeps.
 //! - [`report`]: tables, CSV/JSON, traces and plots.
 //! - [`suggest`]: the one "did you mean" helper (strsim), used by every such hint.
+//! - [`workload`]: training models and parallelism plans (FLOPs, memory, pipeline schedules,
+//!   an analytical step time), and several collectives and compute streams placed on the
+//!   fabric and run together.
 
 #![warn(missing_docs)]
 

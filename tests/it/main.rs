@@ -12,6 +12,7 @@ mod report;
 mod scenario;
 mod simulate;
 mod topo;
+mod training;
 mod workload;
 
 use std::path::{Path, PathBuf};

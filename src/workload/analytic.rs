@@ -1,0 +1,339 @@
+//! The analytical step-time estimate: compute per stage and micro-batch ([`super::compute`]),
+//! the pipeline's op order timed by its dependencies ([`super::pipeline`]), and
+//! communication per group priced by a caller-supplied function, so that fabricsim's
+//! collective models (or anything else) can be plugged in.
+//!
+//! What is exposed and what is hidden:
+//! - TP: per layer two all-reduces in forward and two in backward, or with sequence
+//!   parallelism two all-gathers and two reduce-scatters each way (Narayanan et al. Sec.
+//!   3.2; Korthikanti et al.); exposed, unless `tp_comm` overlap hides it behind the GEMMs.
+//! - CP: ring attention passes the local K and V around the CP ring, `cp - 1` steps per layer
+//!   (twice that in backward), overlapped with the attention core; what exceeds it is
+//!   exposed, and the attention it runs beside slows by the generation's overlap share.
+//! - EP: dispatch and combine all-to-all per MoE layer each way; exposed.
+//! - PP: one send/recv per micro-batch and stage boundary (`bsh/t` with SP); it delays the
+//!   dependent op on the next stage; without `pp_comm` overlap it also blocks the sender.
+//! - DP: gradients reduced bucket by bucket while the last micro-batch's backward produces
+//!   them (`grad_reduce` overlap), all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, then an
+//!   all-gather of the updated weights, hidden under the next step's forward with
+//!   `param_gather`); ZeRO-3/FSDP gathers each chunk's weights before its forward and
+//!   backward and reduce-scatters its gradients, hidden behind the chunk's compute when
+//!   prefetching.
+//!
+//! What is sent, on which communicator and how large, comes from [`super::comm`].
+
+pub use super::comm::CollectiveKind;
+use super::comm::{chunk_gather_bytes, grad_reduces, layer_comms, p2p_bytes, shard_group_kind, HiddenBehind};
+use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
+use super::flops::step_flops;
+use super::memory::{memory_by_stage, stage_params, Memory};
+use super::model::Model;
+use super::pipeline::{Pass, PipeOp, PipelineSchedule};
+use super::plan::{Coord, GroupKind, Placement, Plan, Sharding};
+use crate::fabric::GpuSpec;
+
+/// Where the step time goes, in seconds; the parts add up to the step time.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Breakdown {
+    /// Compute of the busiest stage (forward, backward, recomputation).
+    pub compute: f64,
+    /// Exposed TP communication.
+    pub tp: f64,
+    /// Exposed CP communication (and the slowdown of the attention it overlaps).
+    pub cp: f64,
+    /// Exposed EP all-to-all.
+    pub ep: f64,
+    /// What point-to-point transfers add to the pipeline.
+    pub pp: f64,
+    /// Exposed data-parallel communication (gradient tail, weight gathers).
+    pub dp: f64,
+    /// Pipeline bubble: the busiest stage's idle time.
+    pub bubble: f64,
+    /// Optimizer step.
+    pub optimizer: f64,
+}
+
+impl Breakdown {
+    /// The parts added up.
+    pub fn total(&self) -> f64 {
+        self.compute + self.tp + self.cp + self.ep + self.pp + self.dp + self.bubble + self.optimizer
+    }
+}
+
+/// The estimate of one training step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepEstimate {
+    /// Step time.
+    pub step_time_s: f64,
+    /// Tokens per second, the whole cluster.
+    pub tokens_per_s: f64,
+    /// Model TFLOP/s per GPU (no recomputation counted).
+    pub model_tflops_per_gpu: f64,
+    /// Hardware TFLOP/s per GPU (recomputation counted).
+    pub hardware_tflops_per_gpu: f64,
+    /// Model FLOP/s over the peak of the plan's dtype.
+    pub mfu: f64,
+    /// Where the time goes.
+    pub breakdown: Breakdown,
+    /// The stage that needs the most memory.
+    pub memory: Memory,
+    /// Memory of every stage.
+    pub memory_by_stage: Vec<Memory>,
+    /// Micro-batches per pipeline.
+    pub microbatches: u64,
+}
+
+/// Communication times of one micro-batch through one chunk on one GPU, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct ChunkComm {
+    tp_fwd: f64,
+    tp_bwd: f64,
+    cp_fwd: f64,
+    cp_bwd: f64,
+    ep_fwd: f64,
+    ep_bwd: f64,
+    fsdp_fwd: f64,
+    fsdp_bwd: f64,
+}
+
+/// Per-op duration parts.
+#[derive(Clone, Copy, Debug, Default)]
+struct Parts {
+    compute: f64,
+    tp: f64,
+    cp: f64,
+    ep: f64,
+    fsdp: f64,
+}
+
+impl Parts {
+    fn sum(&self) -> f64 {
+        self.compute + self.tp + self.cp + self.ep + self.fsdp
+    }
+}
+
+fn exposed(comm: f64, under: f64, overlap: bool) -> f64 {
+    if overlap {
+        (comm - under).max(0.0)
+    } else {
+        comm
+    }
+}
+
+/// Estimates one training step of `model` under `plan` on GPUs like `gpu`, pricing each
+/// collective with `comm(kind, bytes, ranks)` in seconds. The plan must have passed
+/// [`Plan::check`].
+pub fn estimate(
+    model: &Model,
+    plan: &Plan,
+    gpu: &GpuSpec,
+    params: GpuParams,
+    comm: &dyn Fn(CollectiveKind, u64, &[u64]) -> f64,
+) -> Result<StepEstimate, String> {
+    plan.check(model, plan.world()).map_err(|e| e.to_string())?;
+    plan.check_gpu(gpu).map_err(|e| e.to_string())?;
+    let r = Roofline::new(gpu, plan.dtype, params)?;
+    let pl = Placement::new(plan);
+    let m = plan.microbatches();
+    let sched = PipelineSchedule::build(plan.schedule(), plan.pp as u32, plan.vpp as u32, m as u32)?;
+    let (pp, vpp) = (plan.pp, plan.vpp);
+    let rank_of = |s: u64| pl.rank(Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: s });
+    let chunk_layers = model.layers / (pp * vpp);
+
+    let costs: Vec<Vec<ChunkCost>> =
+        (0..pp).map(|s| (0..vpp).map(|c| chunk_cost(model, plan, &r, s, c)).collect()).collect();
+
+    // Communication per (stage, chunk), each distinct collective priced once per stage.
+    let mut comms = vec![vec![ChunkComm::default(); vpp as usize]; pp as usize];
+    for s in 0..pp {
+        let rank = rank_of(s);
+        let mut priced: Vec<(CollectiveKind, GroupKind, u64, f64)> = Vec::new();
+        let mut price = |kind: CollectiveKind, group: GroupKind, bytes: u64| -> f64 {
+            if let Some(p) = priced.iter().find(|p| (p.0, p.1, p.2) == (kind, group, bytes)) {
+                return p.3;
+            }
+            let ranks = pl.group_of(group, rank);
+            let t = if ranks.len() > 1 { comm(kind, bytes, &ranks) } else { 0.0 };
+            priced.push((kind, group, bytes, t));
+            t
+        };
+        let share = r.params.overlap_slowdown;
+        let ov = plan.overlap;
+        for c in 0..vpp {
+            let cost = &costs[s as usize][c as usize];
+            let vs = c * pp + s;
+            // Per pass: TP exposed, TP hideable behind the GEMMs, CP, EP.
+            let mut sums = [[0.0f64; 4]; 2];
+            for l in vs * chunk_layers..(vs + 1) * chunk_layers {
+                for op in layer_comms(model, plan, l) {
+                    let t = op.count as f64 * price(op.kind, op.group, op.bytes);
+                    let row = &mut sums[usize::from(op.pass != Pass::F)];
+                    match op.group {
+                        GroupKind::Tp if op.hidden_behind == HiddenBehind::Gemms => row[1] += t,
+                        GroupKind::Tp => row[0] += t,
+                        GroupKind::Cp => row[2] += t,
+                        _ => row[3] += t,
+                    }
+                }
+            }
+            let (gemm_f, gemm_b) = (cost.gemm_fwd, 2.0 * cost.gemm_fwd);
+            let (att_f, att_b) = (cost.attention_fwd, 2.5 * cost.attention_fwd);
+            let [f, b] = sums;
+            let mut cc = ChunkComm {
+                tp_fwd: f[0] + exposed(f[1], gemm_f, true),
+                tp_bwd: b[0] + exposed(b[1], gemm_b, true),
+                cp_fwd: exposed(f[2], att_f, true) + share * f[2].min(att_f),
+                cp_bwd: exposed(b[2], att_b, true) + share * b[2].min(att_b),
+                ep_fwd: f[3],
+                ep_bwd: b[3],
+                ..ChunkComm::default()
+            };
+            let bytes = chunk_gather_bytes(model, plan, s, c);
+            if bytes > 0 {
+                let group = shard_group_kind(plan);
+                let ag = price(CollectiveKind::AllGather, group, bytes);
+                let rs = price(CollectiveKind::ReduceScatter, group, bytes);
+                cc.fsdp_fwd = exposed(ag, cost.fwd, ov.param_gather);
+                cc.fsdp_bwd = exposed(ag + rs, cost.bwd(), ov.param_gather);
+            }
+            comms[s as usize][c as usize] = cc;
+        }
+    }
+
+    let split = sched.splits_backward();
+    let parts = |s: u32, o: &PipeOp| -> Parts {
+        let (c, k) = (&costs[s as usize][o.chunk as usize], &comms[s as usize][o.chunk as usize]);
+        match o.pass {
+            Pass::F => Parts { compute: c.fwd, tp: k.tp_fwd, cp: k.cp_fwd, ep: k.ep_fwd, fsdp: k.fsdp_fwd },
+            Pass::B => Parts {
+                compute: if split { c.bwd_input } else { c.bwd() },
+                tp: k.tp_bwd,
+                cp: k.cp_bwd,
+                ep: k.ep_bwd,
+                fsdp: k.fsdp_bwd,
+            },
+            Pass::W => Parts { compute: c.bwd_weight, ..Parts::default() },
+        }
+    };
+    let p2p_bytes = p2p_bytes(model, plan);
+    let p2p_next: Vec<f64> = (0..pp)
+        .map(|s| {
+            let (a, b) = (rank_of(s), rank_of((s + 1) % pp));
+            if a == b {
+                0.0
+            } else {
+                comm(CollectiveKind::SendRecv, p2p_bytes, &[a, b])
+            }
+        })
+        .collect();
+    let p2p = |from: u32, to: u32| {
+        let lo = if (from + 1) % pp as u32 == to { from } else { to };
+        p2p_next[lo as usize]
+    };
+    let last_vs = (pp * vpp - 1) as u32;
+    let blocking = |s: u32, o: &PipeOp| -> f64 {
+        if plan.overlap.pp_comm || pp == 1 {
+            return 0.0;
+        }
+        let vs = o.chunk * pp as u32 + s;
+        match o.pass {
+            Pass::F if vs < last_vs => p2p(s, (s + 1) % pp as u32),
+            Pass::B if vs > 0 => p2p((s + pp as u32 - 1) % pp as u32, s),
+            _ => 0.0,
+        }
+    };
+    let ideal = sched.time(|s, o| parts(s, o).sum(), |_, _| 0.0)?;
+    let timing = sched.time(|s, o| parts(s, o).sum() + blocking(s, o), p2p)?;
+
+    // The busiest stage, its parts.
+    let busiest = (0..pp as usize).fold(0, |a, b| if ideal.busy[b] > ideal.busy[a] { b } else { a });
+    let mut sum = Parts::default();
+    for o in &sched.ops[busiest] {
+        let p = parts(busiest as u32, o);
+        sum.compute += p.compute;
+        sum.tp += p.tp;
+        sum.cp += p.cp;
+        sum.ep += p.ep;
+        sum.fsdp += p.fsdp;
+    }
+
+    // Data-parallel gradient reduction, bucket by bucket, behind the last backward.
+    let mut dp_end = timing.makespan;
+    let mut ag_after = 0.0f64;
+    let mut opt = 0.0f64;
+    for s in 0..pp {
+        let rank = rank_of(s);
+        let mut reduce = 0.0;
+        let mut n_buckets = 0u64;
+        for g in grad_reduces(model, plan, s) {
+            let ranks = pl.group_of(g.group, rank);
+            reduce += g.buckets as f64 * comm(g.kind, g.bytes.div_ceil(g.buckets), &ranks);
+            n_buckets += g.buckets;
+            if g.gather_after && !plan.overlap.param_gather {
+                ag_after = ag_after.max(comm(CollectiveKind::AllGather, g.bytes, &ranks));
+            }
+        }
+        let list = &sched.ops[s as usize];
+        let stage_end = timing.end[s as usize].iter().cloned().fold(0.0, f64::max);
+        let last_mb = m as u32 - 1;
+        let window: f64 = list
+            .iter()
+            .filter(|o| o.mb == last_mb && o.pass != Pass::F)
+            .map(|o| parts(s as u32, o).compute)
+            .sum();
+        let end = if n_buckets == 0 {
+            stage_end
+        } else if plan.overlap.grad_reduce {
+            // Buckets become ready evenly over the window and are reduced one after another.
+            let per = reduce / n_buckets as f64;
+            let mut free = stage_end - window;
+            for i in 0..n_buckets {
+                let ready = stage_end - window + window * (i + 1) as f64 / n_buckets as f64;
+                free = free.max(ready) + per;
+            }
+            free
+        } else {
+            stage_end + reduce
+        };
+        dp_end = dp_end.max(end);
+        let (dense, experts) = stage_params(model, plan, s);
+        let local = if matches!(plan.sharding, Sharding::Zero(0)) {
+            dense + experts
+        } else {
+            dense / plan.shard_group() + experts / plan.expert_dp()
+        };
+        opt = opt.max(optimizer_time(&r, local));
+    }
+
+    let step = dp_end + ag_after + opt;
+    let breakdown = Breakdown {
+        compute: sum.compute,
+        tp: sum.tp,
+        cp: sum.cp,
+        ep: sum.ep,
+        pp: timing.makespan - ideal.makespan,
+        dp: sum.fsdp + (dp_end - timing.makespan) + ag_after,
+        bubble: ideal.makespan - ideal.busy[busiest],
+        optimizer: opt,
+    };
+    let flops = step_flops(model, plan);
+    let gpus = plan.world() as f64;
+    let memory_by_stage = memory_by_stage(model, plan)?;
+    let memory = memory_by_stage
+        .iter()
+        .copied()
+        .max_by_key(|m| (m.total(), std::cmp::Reverse(m.stage)))
+        .ok_or_else(|| "no stage".to_string())?;
+    let model_flops_per_gpu = flops.model / (step * gpus);
+    Ok(StepEstimate {
+        step_time_s: step,
+        tokens_per_s: (plan.gbs * plan.seq(model)) as f64 / step,
+        model_tflops_per_gpu: model_flops_per_gpu / 1e12,
+        hardware_tflops_per_gpu: flops.hardware / (step * gpus) / 1e12,
+        mfu: model_flops_per_gpu / r.peak_flops,
+        breakdown,
+        memory,
+        memory_by_stage,
+        microbatches: m,
+    })
+}

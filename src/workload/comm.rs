@@ -1,0 +1,202 @@
+//! The communication a training step issues, as data: for each layer and micro-batch the
+//! TP, CP and EP collectives with their group kind, size and the pass they belong to; the
+//! pipeline's point-to-point size; the ZeRO-3/FSDP weight gathers of a chunk; and the data
+//! parallel gradient reduction of a stage. The analytical estimate prices these with a
+//! caller's cost function; the lowering to the schedule IR emits them as collectives on the
+//! plan's sub-communicators ([`super::plan::Placement::groups`]).
+//!
+//! Sizes follow nccl-tests' convention: all-reduce and all-to-all the per-rank buffer,
+//! all-gather the gathered output, reduce-scatter the input, send/recv the bytes sent.
+//! Volumes follow Narayanan et al. Sec. 3.2 and Korthikanti et al. (as collected in
+//! `shared/reference/training/TRAINING_BENCH.md` Sec. 9): TP moves `b s h` per collective,
+//! two per layer each way; PP `b s h`, or `b s h / t` with scatter/gather under SP.
+
+use super::memory::stage_params;
+use super::model::Model;
+use super::pipeline::Pass;
+use super::plan::{GroupKind, Plan, Sharding};
+
+/// A collective a training step issues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CollectiveKind {
+    /// All-reduce.
+    AllReduce,
+    /// All-gather.
+    AllGather,
+    /// Reduce-scatter.
+    ReduceScatter,
+    /// All-to-all.
+    AllToAll,
+    /// Point-to-point send/recv between two ranks.
+    SendRecv,
+}
+
+/// What compute a communication can hide behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HiddenBehind {
+    /// Nothing: it is on the critical path.
+    Nothing,
+    /// The layer's GEMMs (TP overlap).
+    Gemms,
+    /// The attention core (ring attention).
+    Attention,
+}
+
+/// One collective of one layer for one micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommOp {
+    /// Which exchange ("tp_allgather", "cp_kv", "ep_dispatch", ...).
+    pub name: &'static str,
+    /// The collective.
+    pub kind: CollectiveKind,
+    /// The communicator it runs on.
+    pub group: GroupKind,
+    /// Bytes (nccl-tests' convention).
+    pub bytes: u64,
+    /// How many times per layer and pass.
+    pub count: u64,
+    /// The pass it belongs to (F or B).
+    pub pass: Pass,
+    /// What it may overlap.
+    pub hidden_behind: HiddenBehind,
+}
+
+/// Tokens one GPU holds of a micro-batch (before TP's sequence split).
+fn local_tokens(model: &Model, plan: &Plan) -> u64 {
+    plan.mbs * plan.seq(model) / plan.cp
+}
+
+/// The collectives of layer `layer` for one micro-batch, forward then backward.
+pub fn layer_comms(model: &Model, plan: &Plan, layer: u64) -> Vec<CommOp> {
+    let t = local_tokens(model, plan);
+    let h = model.hidden;
+    let act = 2 * t * h;
+    let hide_tp = if plan.overlap.tp_comm { HiddenBehind::Gemms } else { HiddenBehind::Nothing };
+    let mut ops = Vec::new();
+    for pass in [Pass::F, Pass::B] {
+        if plan.tp > 1 {
+            let op = |name, kind| CommOp {
+                name,
+                kind,
+                group: GroupKind::Tp,
+                bytes: act,
+                count: 2,
+                pass,
+                hidden_behind: hide_tp,
+            };
+            if plan.sp {
+                ops.push(op("tp_allgather", CollectiveKind::AllGather));
+                ops.push(op("tp_reducescatter", CollectiveKind::ReduceScatter));
+            } else {
+                ops.push(op("tp_allreduce", CollectiveKind::AllReduce));
+            }
+        }
+        if plan.cp > 1 {
+            // Ring attention: the local K and V go around the ring, cp - 1 steps; backward
+            // sends them again with their gradients.
+            let kv = 2 * t * (model.kv_dim() + model.attn_out_dim()) / plan.tp;
+            let steps = if pass == Pass::F { plan.cp - 1 } else { 2 * (plan.cp - 1) };
+            ops.push(CommOp {
+                name: "cp_kv",
+                kind: CollectiveKind::SendRecv,
+                group: GroupKind::Cp,
+                bytes: kv,
+                count: steps,
+                pass,
+                hidden_behind: HiddenBehind::Attention,
+            });
+        }
+        if let Some(moe) = &model.moe {
+            if plan.ep > 1 && model.is_moe_layer(layer) {
+                let bytes = 2 * t * plan.etp() / plan.tp * moe.top_k * h;
+                for name in ["ep_dispatch", "ep_combine"] {
+                    ops.push(CommOp {
+                        name,
+                        kind: CollectiveKind::AllToAll,
+                        group: GroupKind::Ep,
+                        bytes,
+                        count: 1,
+                        pass,
+                        hidden_behind: HiddenBehind::Nothing,
+                    });
+                }
+            }
+        }
+    }
+    ops
+}
+
+/// Bytes a stage sends the next per micro-batch (scatter/gather over TP under SP).
+pub fn p2p_bytes(model: &Model, plan: &Plan) -> u64 {
+    2 * local_tokens(model, plan) * model.hidden / if plan.sp { plan.tp } else { 1 }
+}
+
+/// Bytes of the dense weights of chunk `chunk` of `stage` that ZeRO-3/FSDP gathers before
+/// each forward and backward (and reduce-scatters as gradients after the backward); 0 when
+/// weights are not sharded.
+pub fn chunk_gather_bytes(model: &Model, plan: &Plan, stage: u64, chunk: u64) -> u64 {
+    if !plan.sharding.shards_params() {
+        return 0;
+    }
+    let one = Plan { vpp: 1, pp: plan.pp * plan.vpp, ..plan.clone() };
+    2 * stage_params(model, &one, chunk * plan.pp + stage).0
+}
+
+/// The communicator ZeRO-3/FSDP gathers weights over.
+pub fn shard_group_kind(plan: &Plan) -> GroupKind {
+    match plan.sharding {
+        Sharding::FsdpHybrid { .. } => GroupKind::FsdpShard,
+        _ => GroupKind::DpCp,
+    }
+}
+
+/// One gradient reduction of a stage, split into buckets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GradReduce {
+    /// The collective of each bucket.
+    pub kind: CollectiveKind,
+    /// The communicator.
+    pub group: GroupKind,
+    /// All bytes.
+    pub bytes: u64,
+    /// Buckets.
+    pub buckets: u64,
+    /// An all-gather of the updated weights follows the optimizer (ZeRO-1/2).
+    pub gather_after: bool,
+}
+
+/// The gradient reductions one GPU of `stage` runs at the end of a step: dense gradients
+/// over data x context parallel ranks, expert gradients over the expert data-parallel
+/// ranks; all-reduce for ZeRO-0, reduce-scatter (then an all-gather of the weights) for
+/// ZeRO-1/2; under FSDP hybrid sharding an all-reduce of the shard across replicas. ZeRO-3
+/// and full FSDP reduce per chunk instead ([`chunk_gather_bytes`]).
+pub fn grad_reduces(model: &Model, plan: &Plan, stage: u64) -> Vec<GradReduce> {
+    let (dense, experts) = stage_params(model, plan, stage);
+    let mut out = Vec::new();
+    for (params, group, ranks) in
+        [(dense, GroupKind::DpCp, plan.dp * plan.cp), (experts, GroupKind::ExpertDp, plan.expert_dp())]
+    {
+        if params == 0 || ranks < 2 {
+            continue;
+        }
+        let bytes = 2 * params;
+        match plan.sharding {
+            Sharding::Zero(z @ 0..=2) => out.push(GradReduce {
+                kind: if z == 0 { CollectiveKind::AllReduce } else { CollectiveKind::ReduceScatter },
+                group,
+                bytes,
+                buckets: bytes.div_ceil(plan.bucket_bytes).max(1),
+                gather_after: z >= 1,
+            }),
+            Sharding::FsdpHybrid { shard } if ranks > shard => out.push(GradReduce {
+                kind: CollectiveKind::AllReduce,
+                group: if group == GroupKind::DpCp { GroupKind::FsdpReplica } else { group },
+                bytes: bytes / shard,
+                buckets: 1,
+                gather_after: false,
+            }),
+            _ => {}
+        }
+    }
+    out
+}

@@ -1,0 +1,360 @@
+//! The GPU roofline and what one micro-batch costs on one GPU: each op's time is
+//! `max(flops / (peak x efficiency), bytes / (HBM bandwidth x efficiency))`, with a GEMM
+//! efficiency that falls for thin shapes; peak FLOP/s per dtype and HBM bandwidth come from
+//! the fabric's [`GpuSpec`], the efficiencies from `gpu_params.toml` (one block per
+//! generation). On top of it: the forward, input-gradient, weight-gradient and
+//! recomputation times of a model chunk for one micro-batch under a plan, and the optimizer
+//! step.
+//!
+//! Backward conventions: a GEMM's input and weight gradients are GEMMs of the transposed
+//! shapes; the FlashAttention-2 backward runs five matmuls to the forward's two (Dao 2023,
+//! Sec. 3), so it costs 2.5 forwards; element-wise kernels move twice their forward bytes.
+
+use serde::Deserialize;
+
+use super::flops::{attention, layer_gemms, logits_gemm, Gemm, Split};
+use super::model::Model;
+use super::plan::{Dtype, Plan, Recompute};
+use crate::fabric::{Generation, GpuSpec};
+
+const PARAMS: &str = include_str!("gpu_params.toml");
+
+/// Compute-model constants of one GPU generation (see `gpu_params.toml`).
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuParams {
+    /// Fraction of the dense BF16 peak a large BF16 GEMM sustains.
+    pub gemm_eff: f64,
+    /// Fraction of the dense FP8 peak a large FP8 GEMM sustains (scaling and casts
+    /// included).
+    pub gemm_eff_fp8: f64,
+    /// Dimension at which a GEMM loses half its efficiency along that axis.
+    pub gemm_half_dim: f64,
+    /// Fraction of the dense peak causal FlashAttention sustains.
+    pub attention_eff: f64,
+    /// Fraction of HBM bandwidth memory-bound kernels sustain.
+    pub hbm_eff: f64,
+    /// Slowdown of compute that runs beside a communication kernel.
+    pub overlap_slowdown: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParamsFile {
+    volta: GpuParams,
+    ampere: GpuParams,
+    hopper: GpuParams,
+    blackwell: GpuParams,
+}
+
+impl GpuParams {
+    /// The shipped constants of a generation.
+    pub fn for_generation(generation: Generation) -> Result<GpuParams, String> {
+        let f: ParamsFile =
+            toml::from_str(PARAMS).map_err(|e| format!("src/workload/gpu_params.toml: {}", e.message()))?;
+        Ok(match generation {
+            Generation::Volta => f.volta,
+            Generation::Ampere => f.ampere,
+            Generation::Hopper => f.hopper,
+            Generation::Blackwell => f.blackwell,
+        })
+    }
+}
+
+/// A GPU as the compute model sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Roofline {
+    /// Dense peak FLOP/s of the plan's dtype.
+    pub peak_flops: f64,
+    /// Fraction of `peak_flops` a large GEMM sustains in the plan's dtype.
+    pub gemm_eff: f64,
+    /// Peak BF16 FLOP/s (element-wise and attention work runs in BF16).
+    pub bf16_flops: f64,
+    /// HBM bytes per second.
+    pub hbm_bytes_per_s: f64,
+    /// Efficiencies.
+    pub params: GpuParams,
+}
+
+impl Roofline {
+    /// The roofline of `gpu` for GEMMs in `dtype`.
+    pub fn new(gpu: &GpuSpec, dtype: Dtype, params: GpuParams) -> Result<Roofline, String> {
+        let (peak, gemm_eff) = match dtype {
+            Dtype::Bf16 => (gpu.flops.bf16, params.gemm_eff),
+            Dtype::Fp8 => (gpu.flops.fp8, params.gemm_eff_fp8),
+        };
+        if peak <= 0.0 || gpu.flops.bf16 <= 0.0 {
+            return Err(format!("{} has no dense {dtype:?} FLOP/s in its topology's [gpu] table", gpu.model));
+        }
+        Ok(Roofline {
+            peak_flops: peak,
+            gemm_eff,
+            bf16_flops: gpu.flops.bf16,
+            hbm_bytes_per_s: gpu.hbm_bw.bytes_per_sec() as f64,
+            params,
+        })
+    }
+
+    /// GEMM efficiency for an `m x k` by `k x n` product.
+    pub fn gemm_eff(&self, m: u64, n: u64, k: u64) -> f64 {
+        let d = self.params.gemm_half_dim;
+        let f = |x: u64| x as f64 / (x as f64 + d);
+        self.gemm_eff * f(m) * f(n) * f(k)
+    }
+
+    /// Time of `count` GEMMs of `m x k` by `k x n` with 2-byte operands.
+    pub fn gemm_time(&self, m: u64, n: u64, k: u64, count: u64) -> f64 {
+        if m == 0 || n == 0 || k == 0 || count == 0 {
+            return 0.0;
+        }
+        let flops = 2.0 * m as f64 * n as f64 * k as f64;
+        let bytes = 2.0 * (m * k + k * n + m * n) as f64;
+        let t = (flops / (self.peak_flops * self.gemm_eff(m, n, k))).max(bytes / self.hbm_bytes_per_s);
+        t * count as f64
+    }
+
+    /// Time of attention work of `flops` (BF16, FlashAttention efficiency).
+    pub fn attention_time(&self, flops: f64) -> f64 {
+        flops / (self.bf16_flops * self.params.attention_eff)
+    }
+
+    /// Time to move `bytes` through HBM.
+    pub fn memory_time(&self, bytes: f64) -> f64 {
+        bytes / (self.hbm_bytes_per_s * self.params.hbm_eff)
+    }
+}
+
+/// What one micro-batch costs on one GPU in one model chunk, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ChunkCost {
+    /// Forward.
+    pub fwd: f64,
+    /// Backward: input gradients (with what recomputation reruns).
+    pub bwd_input: f64,
+    /// Backward: weight gradients.
+    pub bwd_weight: f64,
+    /// Of `fwd`, the attention core (what CP traffic can hide behind).
+    pub attention_fwd: f64,
+    /// Of `fwd`, the GEMMs (what TP overlap can hide behind).
+    pub gemm_fwd: f64,
+}
+
+impl ChunkCost {
+    /// The whole backward.
+    pub fn bwd(&self) -> f64 {
+        self.bwd_input + self.bwd_weight
+    }
+}
+
+/// One GEMM as one GPU runs it under the plan: (m, n, k, count).
+pub fn local_shape(g: &Gemm, plan: &Plan) -> (u64, u64, u64, u64) {
+    let (tp, etp) = (plan.tp, plan.etp());
+    if g.expert {
+        // Routed experts: E/ep experts per GPU, each with its balanced share of the rows
+        // the GPU's EP group routes (a GPU routes `etp/tp` of the tokens), split by
+        // expert-TP.
+        let local_experts = g.count / plan.ep;
+        let m = (g.m * etp * plan.ep).div_ceil(tp * g.count).max(1);
+        return match g.split {
+            Split::Column => (m, g.n / etp, g.k, local_experts),
+            Split::Row => (m, g.n, g.k / etp, local_experts),
+            Split::Replicated => (m, g.n, g.k, local_experts),
+        };
+    }
+    match g.split {
+        Split::Column => (g.m, g.n / tp, g.k, g.count),
+        Split::Row => (g.m, g.n, g.k / tp, g.count),
+        Split::Replicated => (g.m, g.n, g.k, g.count),
+    }
+}
+
+/// Bytes element-wise kernels of a layer move in the forward on one GPU (norms, residual
+/// adds, the activation function, RoPE), for `t` local tokens.
+fn elementwise_bytes(model: &Model, plan: &Plan, layer: u64, t: u64) -> f64 {
+    let h = model.hidden as f64;
+    let t = t as f64;
+    let sp = if plan.sp { plan.tp as f64 } else { 1.0 };
+    let tp = plan.tp as f64;
+    let norms_and_adds = (8.0 + 12.0) * t * h / sp;
+    let ffn = match &model.moe {
+        Some(m) if model.is_moe_layer(layer) => {
+            (m.top_k + m.shared_experts) as f64 * m.expert_ffn_hidden as f64
+        }
+        _ => model.ffn_hidden as f64,
+    };
+    let act = if model.activation.gated() { 6.0 } else { 4.0 } * t * ffn / tp;
+    let rope = 4.0 * t * (model.q_dim() + model.kv_dim()) as f64 / tp;
+    norms_and_adds + act + rope
+}
+
+/// What an op is, for the lowering to the schedule IR and for reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// A GEMM (tensor cores).
+    Gemm,
+    /// The attention core (FlashAttention).
+    Attention,
+    /// Memory-bound element-wise work (norms, residual adds, activation, RoPE, embedding
+    /// lookup, softmax cross-entropy).
+    Elementwise,
+}
+
+/// One compute op of one micro-batch on one GPU, with its work and its times.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpCost {
+    /// Which op ("qkv", "attention", "mlp_down", "elementwise", "logits", ...).
+    pub name: &'static str,
+    /// Its kind.
+    pub kind: OpKind,
+    /// Forward FLOPs this GPU executes.
+    pub flops: f64,
+    /// Forward HBM bytes this GPU moves.
+    pub bytes: f64,
+    /// Forward time.
+    pub fwd: f64,
+    /// Input-gradient time.
+    pub bwd_input: f64,
+    /// Weight-gradient time.
+    pub bwd_weight: f64,
+}
+
+/// The compute ops of layer `layer` for one micro-batch on one GPU, in forward order
+/// (projections, attention, output projection and MLP GEMMs, then the layer's element-wise
+/// work as one op).
+pub fn layer_ops(model: &Model, plan: &Plan, r: &Roofline, layer: u64) -> Vec<OpCost> {
+    let s = plan.seq(model);
+    let t = plan.mbs * s / plan.cp;
+    let mut ops: Vec<OpCost> = layer_gemms(model, layer, t).iter().map(|g| gemm_op(r, g, plan)).collect();
+    // Causal attention of the local queries against the whole sequence, split over TP heads
+    // and balanced over CP; it reads Q, K, V and writes its output.
+    let flops = attention(model, plan.mbs, s).flops_causal() / (plan.tp * plan.cp) as f64;
+    let io =
+        2.0 * t as f64 * (model.q_dim() + 2 * model.kv_dim() + model.attn_out_dim()) as f64 / plan.tp as f64;
+    let att = r.attention_time(flops).max(r.memory_time(io));
+    let at = ops.iter().position(|o| o.name == "attn_out").unwrap_or(ops.len());
+    ops.insert(
+        at,
+        OpCost {
+            name: "attention",
+            kind: OpKind::Attention,
+            flops,
+            bytes: io,
+            fwd: att,
+            bwd_input: 2.5 * att,
+            bwd_weight: 0.0,
+        },
+    );
+    let bytes = elementwise_bytes(model, plan, layer, t);
+    let ew = r.memory_time(bytes);
+    ops.push(OpCost {
+        name: "elementwise",
+        kind: OpKind::Elementwise,
+        flops: 0.0,
+        bytes,
+        fwd: ew,
+        bwd_input: 2.0 * ew,
+        bwd_weight: 0.0,
+    });
+    ops
+}
+
+fn gemm_op(r: &Roofline, g: &Gemm, plan: &Plan) -> OpCost {
+    let (m, n, k, c) = local_shape(g, plan);
+    OpCost {
+        name: g.name,
+        kind: OpKind::Gemm,
+        flops: 2.0 * m as f64 * n as f64 * k as f64 * c as f64,
+        bytes: 2.0 * (m * k + k * n + m * n) as f64 * c as f64,
+        fwd: r.gemm_time(m, n, k, c),
+        bwd_input: r.gemm_time(m, k, n, c),
+        bwd_weight: r.gemm_time(k, n, m, c),
+    }
+}
+
+/// The ops outside the layers on virtual stage `vstage`: the embedding lookup on the first,
+/// the logit GEMM and the softmax cross-entropy over FP32 logits on the last.
+pub fn edge_ops(model: &Model, plan: &Plan, r: &Roofline, vstage: u64) -> Vec<OpCost> {
+    let t = plan.mbs * plan.seq(model) / plan.cp;
+    let mut ops = Vec::new();
+    if vstage == 0 {
+        let bytes = 4.0 * (t * model.hidden) as f64;
+        let fwd = r.memory_time(bytes);
+        ops.push(OpCost {
+            name: "embedding",
+            kind: OpKind::Elementwise,
+            flops: 0.0,
+            bytes,
+            fwd,
+            bwd_input: 0.0,
+            bwd_weight: 0.0,
+        });
+    }
+    if vstage == plan.pp * plan.vpp - 1 {
+        ops.push(gemm_op(r, &logits_gemm(model, t), plan));
+        let bytes = 16.0 * (t * model.vocab) as f64 / plan.tp as f64;
+        let ce = r.memory_time(bytes);
+        ops.push(OpCost {
+            name: "cross_entropy",
+            kind: OpKind::Elementwise,
+            flops: 0.0,
+            bytes,
+            fwd: ce,
+            bwd_input: ce,
+            bwd_weight: 0.0,
+        });
+    }
+    ops
+}
+
+/// The cost of one micro-batch through chunk `chunk` of `stage` on one GPU: the sums of
+/// [`layer_ops`] and [`edge_ops`], with what recomputation reruns added to the backward.
+pub fn chunk_cost(model: &Model, plan: &Plan, r: &Roofline, stage: u64, chunk: u64) -> ChunkCost {
+    let chunk_layers = model.layers / (plan.pp * plan.vpp);
+    let vs = chunk * plan.pp + stage;
+    let mut c = ChunkCost::default();
+    let add = |o: &OpCost, c: &mut ChunkCost| {
+        c.fwd += o.fwd;
+        c.bwd_input += o.bwd_input;
+        c.bwd_weight += o.bwd_weight;
+        match o.kind {
+            OpKind::Gemm => c.gemm_fwd += o.fwd,
+            OpKind::Attention => c.attention_fwd += o.fwd,
+            OpKind::Elementwise => {}
+        }
+    };
+    for l in vs * chunk_layers..(vs + 1) * chunk_layers {
+        for o in layer_ops(model, plan, r, l) {
+            add(&o, &mut c);
+            c.bwd_input += match (plan.recompute, o.kind) {
+                (Recompute::Full, _) | (Recompute::Selective, OpKind::Attention) => o.fwd,
+                _ => 0.0,
+            };
+        }
+    }
+    for o in edge_ops(model, plan, r, vs) {
+        add(&o, &mut c);
+    }
+    c
+}
+
+/// Time of the optimizer step over `params` local parameters: mixed-precision Adam reads
+/// and writes the FP32 master copy, momentum and variance, reads the BF16 gradient and
+/// writes the BF16 weight (28 bytes per parameter).
+pub fn optimizer_time(r: &Roofline, params: u64) -> f64 {
+    r.memory_time(28.0 * params as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_generation_has_constants() {
+        for g in [Generation::Volta, Generation::Ampere, Generation::Hopper, Generation::Blackwell] {
+            let p = GpuParams::for_generation(g).unwrap();
+            assert!(p.gemm_eff > 0.3 && p.gemm_eff <= 1.0, "{g:?}");
+            assert!(p.gemm_eff_fp8 > 0.2 && p.gemm_eff_fp8 <= 1.0, "{g:?}");
+            assert!(p.attention_eff > 0.2 && p.attention_eff <= 1.0, "{g:?}");
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! Memory per GPU: parameters, gradients and optimizer states by ZeRO stage or FSDP,
+//! activations by recomputation, sequence and context parallelism and the micro-batches the
+//! pipeline schedule keeps in flight, and communication buffers; the stage that needs the
+//! most; and the out-of-memory verdict (by how much, and the largest category).
+//!
+//! Sources (as collected in `shared/reference/training/TRAINING_BENCH.md`):
+//! - Model states: ZeRO (Rajbhandari et al. SC20, Sec. 3.1 and 5): BF16 weights 2 bytes and
+//!   gradients 2 bytes per parameter, mixed-precision Adam 12 (FP32 master copy, momentum,
+//!   variance); ZeRO-1 shards the 12, ZeRO-2 also the gradients, ZeRO-3 and FSDP everything.
+//! - Activations: Korthikanti et al. (arXiv:2205.05198) Sec. 4, generalised from their GPT
+//!   layer to any widths: per layer the norm inputs (4sbh), the QKV input (2sbh), Q, K, V,
+//!   the attention output (the projection's input), the MLP input, its up-projection and
+//!   activation outputs, and 1-byte dropout masks where the model has dropout. For a GPT
+//!   layer this is their `34 sbh`; without sequence parallelism the norm inputs, block
+//!   inputs and dropout masks (`10 sbh`) are not split by TP. Attention scores are never
+//!   stored: attention runs as FlashAttention, so the `5as/h` term does not appear and
+//!   selective recomputation stores what no recomputation stores. Full recomputation keeps
+//!   each layer's input (2sbh, split by TP under SP). The last stage also holds the FP32
+//!   logits of one micro-batch (`4sbv/t`).
+//! - In flight: the chunks whose forward ran and backward has not, at the peak of each
+//!   stage's op order ([`super::pipeline::PipelineSchedule::max_in_flight`]): `p` on the
+//!   first stage of 1F1B, `m` for GPipe, Korthikanti's `(1 + (p-1)/(p v))` multiplier for
+//!   interleaving.
+//! - Communication buffers are this model's estimate, not a published figure: two gradient
+//!   buckets in flight, the all-gathered input of a TP layer under SP, and with sharded
+//!   parameters the gathered weights of the current and the next layer.
+
+use std::fmt;
+
+use super::flops::{layer_gemms, Split};
+use super::model::Model;
+use super::pipeline::PipelineSchedule;
+use super::plan::{Plan, Recompute, Sharding};
+
+/// A memory category.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Category {
+    /// Weights.
+    Params,
+    /// Gradients.
+    Grads,
+    /// Optimizer states.
+    Optimizer,
+    /// Activations kept for backward.
+    Activations,
+    /// Communication buffers.
+    Comm,
+}
+
+impl Category {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Params => "parameters",
+            Category::Grads => "gradients",
+            Category::Optimizer => "optimizer states",
+            Category::Activations => "activations",
+            Category::Comm => "communication buffers",
+        }
+    }
+}
+
+/// Bytes per GPU by category.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Memory {
+    /// Pipeline stage this is for.
+    pub stage: u64,
+    /// Weights.
+    pub params: u64,
+    /// Gradients.
+    pub grads: u64,
+    /// Optimizer states.
+    pub optimizer: u64,
+    /// Activations at the peak.
+    pub activations: u64,
+    /// Communication buffers.
+    pub comm: u64,
+}
+
+/// A plan that does not fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Oom {
+    /// Bytes needed per GPU.
+    pub need: u64,
+    /// HBM per GPU.
+    pub hbm: u64,
+    /// The largest category and its bytes.
+    pub largest: (Category, u64),
+    /// The stage that needs the most.
+    pub stage: u64,
+}
+
+impl fmt::Display for Oom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        write!(
+            f,
+            "pipeline stage {} needs {:.1} GiB per GPU, {:.1} GiB more than the {:.1} GiB of HBM; the largest part is {} ({:.1} GiB)",
+            self.stage,
+            gib(self.need),
+            gib(self.need - self.hbm),
+            gib(self.hbm),
+            self.largest.0.name(),
+            gib(self.largest.1)
+        )
+    }
+}
+
+impl Memory {
+    /// Every byte.
+    pub fn total(&self) -> u64 {
+        self.params + self.grads + self.optimizer + self.activations + self.comm
+    }
+    /// Categories with their bytes.
+    pub fn parts(&self) -> [(Category, u64); 5] {
+        [
+            (Category::Params, self.params),
+            (Category::Grads, self.grads),
+            (Category::Optimizer, self.optimizer),
+            (Category::Activations, self.activations),
+            (Category::Comm, self.comm),
+        ]
+    }
+    /// The largest category.
+    pub fn largest(&self) -> (Category, u64) {
+        self.parts().into_iter().fold((Category::Params, 0), |a, b| if b.1 > a.1 { b } else { a })
+    }
+    /// Ok when the total fits in `hbm` bytes, else by how much it does not.
+    pub fn fits(&self, hbm: u64) -> Result<(), Oom> {
+        let need = self.total();
+        if need <= hbm {
+            Ok(())
+        } else {
+            Err(Oom { need, hbm, largest: self.largest(), stage: self.stage })
+        }
+    }
+}
+
+/// Parameters one GPU of `stage` holds: (dense, routed-expert).
+pub fn stage_params(model: &Model, plan: &Plan, stage: u64) -> (u64, u64) {
+    let chunk_layers = model.layers / (plan.pp * plan.vpp);
+    let last_vstage = plan.pp * plan.vpp - 1;
+    let (mut dense, mut experts) = (0u64, 0u64);
+    for c in 0..plan.vpp {
+        let vs = c * plan.pp + stage;
+        for l in vs * chunk_layers..(vs + 1) * chunk_layers {
+            let p = model.layer_params(l);
+            let replicated: u64 = p.norms
+                + layer_gemms(model, l, 1)
+                    .iter()
+                    .filter(|g| g.split == Split::Replicated)
+                    .map(|g| g.weights())
+                    .sum::<u64>();
+            dense += (p.dense() - replicated) / plan.tp + replicated;
+            experts += p.expert * p.routed_experts / (plan.ep * plan.etp());
+        }
+        if vs == 0 {
+            dense += model.embedding_params() / plan.tp;
+        }
+        if vs == last_vstage {
+            // With pp > 1 a tied output layer is a copy on the last stage.
+            let tied_copy = if model.tied_embeddings && plan.pp > 1 { model.vocab * model.hidden } else { 0 };
+            let norm =
+                model.output_params() - if model.tied_embeddings { 0 } else { model.vocab * model.hidden };
+            dense += (model.output_params() - norm + tied_copy) / plan.tp + norm;
+        }
+    }
+    (dense, experts)
+}
+
+/// Activation bytes one GPU keeps for one micro-batch through layer `layer`.
+pub fn layer_activation_bytes(model: &Model, plan: &Plan, layer: u64) -> u64 {
+    let (tp, cp) = (plan.tp, plan.cp);
+    let t = plan.mbs * plan.seq(model) / cp;
+    let h = model.hidden;
+    let sp_div = if plan.sp { tp } else { 1 };
+    if plan.recompute == Recompute::Full {
+        return 2 * t * h / sp_div;
+    }
+    let mask = if model.dropout { t * h } else { 0 };
+    // Not split by TP unless SP: both norm inputs, the attention and MLP inputs, the masks.
+    let replicated = 4 * t * h + 2 * t * h + 2 * t * h + 2 * mask;
+    let qkv = 2 * t * (model.q_dim() + model.kv_dim() + v_dim(model));
+    let attn_out = 2 * t * model.attn_out_dim();
+    let up_factor = if model.activation.gated() { 2 } else { 1 };
+    let mlp = |ffn: u64| 2 * t * up_factor * ffn + 2 * t * ffn;
+    let ffn_part = match &model.moe {
+        Some(moe) if model.is_moe_layer(layer) => {
+            let pairs = t * moe.top_k;
+            // Routed tokens (permuted input) and expert intermediates, balanced over EP.
+            let routed = 2 * pairs * h + mlp(moe.expert_ffn_hidden) * moe.top_k;
+            let shared = mlp(moe.expert_ffn_hidden) * moe.shared_experts;
+            routed + shared + 4 * t * moe.experts
+        }
+        _ => mlp(model.ffn_hidden),
+    };
+    replicated / sp_div + (qkv + attn_out + ffn_part) / tp
+}
+
+fn v_dim(model: &Model) -> u64 {
+    match &model.mla {
+        Some(m) => model.heads * m.v_head_dim,
+        None => model.kv_dim(),
+    }
+}
+
+/// Memory of one GPU of `stage`, given the chunks in flight at the stage's peak.
+pub fn stage_memory(model: &Model, plan: &Plan, stage: u64, in_flight_chunks: u64) -> Memory {
+    let (dense, experts) = stage_params(model, plan, stage);
+    let n_dense = plan.shard_group();
+    let n_expert = match plan.sharding {
+        Sharding::FsdpHybrid { shard } => (plan.expert_dp() * shard / (plan.dp * plan.cp)).max(1),
+        _ => plan.expert_dp(),
+    };
+    let shard = |params: u64, n: u64, bytes: u64, sharded: bool| {
+        if sharded {
+            params * bytes / n
+        } else {
+            params * bytes
+        }
+    };
+    let z = match plan.sharding {
+        Sharding::Zero(z) => z,
+        Sharding::FsdpFull | Sharding::FsdpHybrid { .. } => 3,
+    };
+    let states = |p: u64, n: u64| (shard(p, n, 2, z >= 3), shard(p, n, 2, z >= 2), shard(p, n, 12, z >= 1));
+    let (wd, gd, od) = states(dense, n_dense);
+    let (we, ge, oe) = states(experts, n_expert);
+
+    let chunk_layers = model.layers / (plan.pp * plan.vpp);
+    let stage_layers: Vec<u64> = (0..plan.vpp)
+        .flat_map(|c| {
+            let vs = c * plan.pp + stage;
+            vs * chunk_layers..(vs + 1) * chunk_layers
+        })
+        .collect();
+    let per_layer: u64 =
+        stage_layers.iter().map(|&l| layer_activation_bytes(model, plan, l)).max().unwrap_or(0);
+    let mut activations = in_flight_chunks * chunk_layers * per_layer;
+    let t = plan.mbs * plan.seq(model) / plan.cp;
+    if stage == plan.pp - 1 {
+        activations += 4 * t * model.vocab / plan.tp;
+    }
+
+    let grads_total = gd + ge;
+    let mut comm = (2 * plan.bucket_bytes).min(grads_total);
+    if plan.tp > 1 && plan.sp {
+        comm += 2 * t * model.hidden;
+    }
+    if plan.sharding.shards_params() {
+        let biggest = stage_layers.iter().map(|&l| model.layer_params(l).total()).max().unwrap_or(0);
+        comm += 2 * 2 * biggest / plan.tp;
+    }
+    Memory { stage, params: wd + we, grads: grads_total, optimizer: od + oe, activations, comm }
+}
+
+/// Memory of every stage of `plan` under its pipeline schedule.
+pub fn memory_by_stage(model: &Model, plan: &Plan) -> Result<Vec<Memory>, String> {
+    let sched = PipelineSchedule::build(
+        plan.schedule(),
+        plan.pp as u32,
+        plan.vpp as u32,
+        plan.microbatches() as u32,
+    )?;
+    let in_flight = sched.max_in_flight();
+    Ok((0..plan.pp).map(|s| stage_memory(model, plan, s, in_flight[s as usize] as u64)).collect())
+}
+
+/// The stage that needs the most memory.
+pub fn peak_memory(model: &Model, plan: &Plan) -> Result<Memory, String> {
+    let all = memory_by_stage(model, plan)?;
+    all.into_iter()
+        .max_by_key(|m| (m.total(), std::cmp::Reverse(m.stage)))
+        .ok_or_else(|| "no stage".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oom_says_by_how_much_and_what() {
+        let m = Memory {
+            stage: 2,
+            params: 10 << 30,
+            grads: 10 << 30,
+            optimizer: 30 << 30,
+            activations: 40 << 30,
+            comm: 0,
+        };
+        assert!(m.fits(100 << 30).is_ok());
+        let e = m.fits(80 << 30).unwrap_err();
+        assert_eq!(e.largest, (Category::Activations, 40 << 30));
+        let s = e.to_string();
+        assert!(
+            s.contains("90.0 GiB") && s.contains("10.0 GiB more") && s.contains("activations (40.0 GiB)"),
+            "{s}"
+        );
+    }
+}

@@ -1,0 +1,823 @@
+//! Parallelism plans: the dimensions (tp, pp, vpp, dp, cp, ep, expert-tp), sequence
+//! parallelism, ZeRO stages and FSDP, batch sizes, recomputation, dtype, pipeline schedule,
+//! gradient buckets and overlap switches; their validation against a model and a GPU count
+//! (issue 9's "Bad input" rules, each error naming the field and the valid choices); the plan
+//! file schema; and rank placement in Megatron's order with the communicator groups of each
+//! kind.
+//!
+//! Placement: ranks are numbered by the coordinates `(tp, cp, ep, dp, pp)` with `tp`
+//! innermost (Megatron's `tp-cp-ep-dp-pp`), where `ep` is carved out of the data-parallel
+//! dimension: the plan's `dp` is Megatron's data-parallel size (`gpus / (tp·pp·cp)`) and the
+//! `dp` coordinate runs over `dp / ep`. Another order may be given as a permutation.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::model::Model;
+use crate::fabric::file::{toml_error, FileError, Source};
+use crate::fabric::GpuSpec;
+use crate::units;
+
+/// How weights, gradients and optimizer states are sharded across data parallelism.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharding {
+    /// ZeRO stage 0 (plain DDP) to 3: 1 shards optimizer states, 2 also gradients, 3 also
+    /// parameters (Rajbhandari et al. SC20).
+    Zero(u8),
+    /// FSDP full shard: like ZeRO-3 over the whole data-parallel group.
+    FsdpFull,
+    /// FSDP hybrid shard: ZeRO-3 inside groups of `shard` ranks, replicated across them.
+    FsdpHybrid {
+        /// Ranks in one sharding group.
+        shard: u64,
+    },
+}
+
+impl Sharding {
+    /// Whether parameters are sharded (gathered before use).
+    pub fn shards_params(self) -> bool {
+        !matches!(self, Sharding::Zero(0..=2))
+    }
+}
+
+/// Activation recomputation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recompute {
+    /// Keep every activation.
+    None,
+    /// Recompute the attention core (Korthikanti et al.).
+    Selective,
+    /// Keep only each layer's input; rerun the forward in backward.
+    Full,
+}
+
+/// Compute dtype of the GEMMs (weights and activations are stored in BF16 either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    /// BF16 tensor cores.
+    Bf16,
+    /// FP8 tensor cores (Hopper and later).
+    Fp8,
+}
+
+/// Pipeline schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// All forwards, then all backwards.
+    GPipe,
+    /// One forward, one backward (PipeDream-Flush).
+    OneFOneB,
+    /// Megatron's interleaved 1F1B with `vpp` chunks per stage.
+    Interleaved,
+    /// Zero-bubble ZB-H1 (Qi et al. 2023): backward split into B (inputs) and W (weights).
+    ZbH1,
+}
+
+impl Schedule {
+    /// Name in plan files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::GPipe => "gpipe",
+            Schedule::OneFOneB => "1f1b",
+            Schedule::Interleaved => "interleaved",
+            Schedule::ZbH1 => "zb-h1",
+        }
+    }
+    const CHOICES: &'static str = "gpipe, 1f1b, interleaved, zb-h1";
+    fn parse(s: &str) -> Option<Schedule> {
+        [Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZbH1]
+            .into_iter()
+            .find(|x| x.name() == s)
+    }
+}
+
+/// Which communication runs under compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Overlap {
+    /// DP gradient reduction bucket by bucket during backward.
+    pub grad_reduce: bool,
+    /// ZeRO/FSDP parameter all-gather ahead of use (FSDP prefetch, Megatron's
+    /// `overlap_param_gather`).
+    pub param_gather: bool,
+    /// TP communication under the GEMMs (userbuffers-style overlap).
+    pub tp_comm: bool,
+    /// PP send/recv under compute.
+    pub pp_comm: bool,
+}
+
+impl Default for Overlap {
+    fn default() -> Self {
+        Overlap { grad_reduce: true, param_gather: true, tp_comm: false, pp_comm: true }
+    }
+}
+
+/// A parallelism plan. Build one (or read a plan file), then [`Plan::check`] it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// Tensor parallelism.
+    pub tp: u64,
+    /// Pipeline stages.
+    pub pp: u64,
+    /// Model chunks per stage (interleaving; 1 = none).
+    pub vpp: u64,
+    /// Data parallelism (Megatron's: GPUs / (tp·pp·cp); expert parallelism is carved from it).
+    pub dp: u64,
+    /// Context parallelism.
+    pub cp: u64,
+    /// Expert parallelism.
+    pub ep: u64,
+    /// Expert tensor parallelism (None: equal to `tp`).
+    pub etp: Option<u64>,
+    /// Megatron sequence parallelism.
+    pub sp: bool,
+    /// ZeRO stage or FSDP.
+    pub sharding: Sharding,
+    /// Micro-batch size in sequences.
+    pub mbs: u64,
+    /// Global batch size in sequences.
+    pub gbs: u64,
+    /// Sequence length (None: the model's).
+    pub seq: Option<u64>,
+    /// Activation recomputation.
+    pub recompute: Recompute,
+    /// GEMM dtype.
+    pub dtype: Dtype,
+    /// Pipeline schedule (None: interleaved when `vpp` > 1, else 1F1B).
+    pub schedule: Option<Schedule>,
+    /// Gradient bucket size in bytes.
+    pub bucket_bytes: u64,
+    /// Overlap switches.
+    pub overlap: Overlap,
+    /// Placement order, innermost first: a permutation of tp, cp, ep, dp, pp.
+    pub order: [Dim; 5],
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            tp: 1,
+            pp: 1,
+            vpp: 1,
+            dp: 1,
+            cp: 1,
+            ep: 1,
+            etp: None,
+            sp: false,
+            sharding: Sharding::Zero(0),
+            mbs: 1,
+            gbs: 1,
+            seq: None,
+            recompute: Recompute::None,
+            dtype: Dtype::Bf16,
+            schedule: None,
+            // Megatron-core DDP's default bucket: 40M parameters of BF16 gradients.
+            bucket_bytes: 80_000_000,
+            overlap: Overlap::default(),
+            order: MEGATRON_ORDER,
+        }
+    }
+}
+
+/// A plan that breaks a rule: the field to fix and why, with what would be valid.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{field}`: {msg}")]
+pub struct PlanError {
+    /// The plan field (as spelled in plan files).
+    pub field: &'static str,
+    /// What is wrong and what would be valid.
+    pub msg: String,
+}
+
+fn err(field: &'static str, msg: String) -> Result<(), PlanError> {
+    Err(PlanError { field, msg })
+}
+
+/// The divisors of `n`, for "valid:" lists.
+fn divisors(n: u64) -> String {
+    let d: Vec<String> = (1..=n).filter(|d| n.is_multiple_of(*d)).map(|d| d.to_string()).collect();
+    d.join(", ")
+}
+
+impl Plan {
+    /// Expert tensor parallelism.
+    pub fn etp(&self) -> u64 {
+        self.etp.unwrap_or(self.tp)
+    }
+    /// Sequence length.
+    pub fn seq(&self, model: &Model) -> u64 {
+        self.seq.unwrap_or(model.seq_len)
+    }
+    /// The pipeline schedule.
+    pub fn schedule(&self) -> Schedule {
+        self.schedule.unwrap_or(if self.vpp > 1 { Schedule::Interleaved } else { Schedule::OneFOneB })
+    }
+    /// Micro-batches per pipeline per step.
+    pub fn microbatches(&self) -> u64 {
+        self.gbs / (self.dp * self.mbs)
+    }
+    /// GPUs the plan uses.
+    pub fn world(&self) -> u64 {
+        self.tp * self.pp * self.cp * self.dp
+    }
+    /// Data-parallel ranks that hold one expert shard (gradient group of the experts).
+    pub fn expert_dp(&self) -> u64 {
+        self.tp / self.etp() * self.cp * self.dp / self.ep
+    }
+    /// Ranks over which dense optimizer states (ZeRO) are sharded: dp x cp, or the FSDP
+    /// hybrid shard group.
+    pub fn shard_group(&self) -> u64 {
+        match self.sharding {
+            Sharding::FsdpHybrid { shard } => shard,
+            _ => self.dp * self.cp,
+        }
+    }
+
+    /// Checks the plan against a model and a GPU count.
+    pub fn check(&self, model: &Model, gpus: u64) -> Result<(), PlanError> {
+        for (field, v) in
+            [("tp", self.tp), ("pp", self.pp), ("vpp", self.vpp), ("dp", self.dp), ("cp", self.cp)]
+        {
+            if v == 0 {
+                return err(field, "must be at least 1".into());
+            }
+        }
+        for (field, v) in [("ep", self.ep), ("mbs", self.mbs), ("gbs", self.gbs)] {
+            if v == 0 {
+                return err(field, "must be at least 1".into());
+            }
+        }
+        if self.world() != gpus {
+            return err(
+                "dp",
+                format!(
+                    "tp × pp × cp × dp = {} × {} × {} × {} = {} but the cluster has {gpus} GPUs",
+                    self.tp,
+                    self.pp,
+                    self.cp,
+                    self.dp,
+                    self.world()
+                ),
+            );
+        }
+        if !model.heads.is_multiple_of(self.tp) {
+            return err(
+                "tp",
+                format!(
+                    "tp = {} does not divide the {} attention heads; valid: {}",
+                    self.tp,
+                    model.heads,
+                    divisors(model.heads)
+                ),
+            );
+        }
+        if !model.kv_heads.is_multiple_of(self.tp) {
+            return err(
+                "tp",
+                format!(
+                    "tp = {} does not divide the {} KV groups; valid: {}",
+                    self.tp,
+                    model.kv_heads,
+                    divisors(model.kv_heads)
+                ),
+            );
+        }
+        let chunks = self.pp * self.vpp;
+        if !model.layers.is_multiple_of(chunks) {
+            let field = if self.vpp > 1 { "vpp" } else { "pp" };
+            return err(
+                field,
+                format!(
+                    "{} layers are not divisible by pp × vpp = {} × {} = {chunks}; valid pp × vpp: {}",
+                    model.layers,
+                    self.pp,
+                    self.vpp,
+                    divisors(model.layers)
+                ),
+            );
+        }
+        match &model.moe {
+            None if self.ep > 1 => {
+                return err("ep", format!("ep = {} but {} has no experts", self.ep, model.name))
+            }
+            Some(moe) if moe.experts % self.ep != 0 => {
+                return err(
+                    "ep",
+                    format!(
+                        "ep = {} does not divide the {} experts; valid: {}",
+                        self.ep,
+                        moe.experts,
+                        divisors(moe.experts)
+                    ),
+                )
+            }
+            _ => {}
+        }
+        if !self.dp.is_multiple_of(self.ep) {
+            return err(
+                "ep",
+                format!(
+                    "ep = {} must divide dp = {} (experts are spread over data-parallel ranks)",
+                    self.ep, self.dp
+                ),
+            );
+        }
+        if let Some(etp) = self.etp {
+            if etp == 0 || !self.tp.is_multiple_of(etp) {
+                return err(
+                    "etp",
+                    format!("etp = {etp} must divide tp = {}; valid: {}", self.tp, divisors(self.tp)),
+                );
+            }
+        }
+        if !self.gbs.is_multiple_of(self.dp * self.mbs) {
+            return err(
+                "gbs",
+                format!(
+                    "gbs = {} is not divisible by dp × mbs = {} × {} = {}",
+                    self.gbs,
+                    self.dp,
+                    self.mbs,
+                    self.dp * self.mbs
+                ),
+            );
+        }
+        let seq = self.seq(model);
+        let seq_field = if self.seq.is_some() { "seq" } else { "cp" };
+        let need = if self.cp > 1 { 2 * self.cp } else { 1 };
+        if !seq.is_multiple_of(need) {
+            return err(
+                seq_field,
+                format!(
+                    "seq = {seq} is not divisible by 2 × cp = {need} (causal load balancing gives each CP rank two chunks)"
+                ),
+            );
+        }
+        let m = self.microbatches();
+        match self.schedule() {
+            Schedule::Interleaved => {
+                if self.vpp < 2 {
+                    return err("vpp", "the interleaved schedule needs vpp ≥ 2".into());
+                }
+                if !m.is_multiple_of(self.pp) {
+                    return err(
+                        "gbs",
+                        format!(
+                            "the interleaved schedule needs the micro-batches per pipeline (gbs / (dp × mbs) = {m}) to be a multiple of pp = {}",
+                            self.pp
+                        ),
+                    );
+                }
+            }
+            s if self.vpp > 1 => {
+                return err(
+                    "vpp",
+                    format!("vpp = {} needs the interleaved schedule, not {}", self.vpp, s.name()),
+                )
+            }
+            _ => {}
+        }
+        if let Sharding::FsdpHybrid { shard } = self.sharding {
+            if shard == 0 || !(self.dp * self.cp).is_multiple_of(shard) {
+                return err(
+                    "fsdp_shard",
+                    format!(
+                        "the hybrid shard group of {shard} must divide dp × cp = {}; valid: {}",
+                        self.dp * self.cp,
+                        divisors(self.dp * self.cp)
+                    ),
+                );
+            }
+        }
+        if let Sharding::Zero(z) = self.sharding {
+            if z > 3 {
+                return err("zero", format!("zero = {z}; valid: 0, 1, 2, 3"));
+            }
+        }
+        if self.bucket_bytes == 0 {
+            return err("bucket", "must be at least 1 byte".into());
+        }
+        Ok(())
+    }
+
+    /// Checks that the GPU runs the plan's dtype.
+    pub fn check_gpu(&self, gpu: &GpuSpec) -> Result<(), PlanError> {
+        if self.dtype == Dtype::Fp8 && gpu.flops.fp8 <= 0.0 {
+            return err("dtype", format!("{} has no FP8 tensor cores; valid: bf16", gpu.model));
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- placement
+
+/// A dimension of the rank grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Dim {
+    /// Tensor parallel.
+    Tp,
+    /// Context parallel.
+    Cp,
+    /// Expert parallel.
+    Ep,
+    /// Data parallel (within an expert group).
+    Dp,
+    /// Pipeline.
+    Pp,
+}
+
+/// Megatron's order, innermost first.
+pub const MEGATRON_ORDER: [Dim; 5] = [Dim::Tp, Dim::Cp, Dim::Ep, Dim::Dp, Dim::Pp];
+
+impl Dim {
+    fn name(self) -> &'static str {
+        match self {
+            Dim::Tp => "tp",
+            Dim::Cp => "cp",
+            Dim::Ep => "ep",
+            Dim::Dp => "dp",
+            Dim::Pp => "pp",
+        }
+    }
+}
+
+/// Parses an order such as "tp-cp-ep-dp-pp" (innermost first).
+pub fn parse_order(s: &str) -> Option<[Dim; 5]> {
+    let parts: Vec<&str> = s.split('-').collect();
+    if parts.len() != 5 {
+        return None;
+    }
+    let mut out = MEGATRON_ORDER;
+    for (i, p) in parts.iter().enumerate() {
+        out[i] = MEGATRON_ORDER.into_iter().find(|d| d.name() == *p)?;
+    }
+    let mut sorted = out;
+    sorted.sort();
+    (sorted == MEGATRON_ORDER).then_some(out)
+}
+
+/// A rank's coordinates; `dp` runs over `plan.dp / plan.ep`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Coord {
+    /// Tensor-parallel index.
+    pub tp: u64,
+    /// Context-parallel index.
+    pub cp: u64,
+    /// Expert-parallel index.
+    pub ep: u64,
+    /// Data-parallel index within the expert group.
+    pub dp: u64,
+    /// Pipeline stage.
+    pub pp: u64,
+}
+
+impl Coord {
+    fn get(&self, d: Dim) -> u64 {
+        match d {
+            Dim::Tp => self.tp,
+            Dim::Cp => self.cp,
+            Dim::Ep => self.ep,
+            Dim::Dp => self.dp,
+            Dim::Pp => self.pp,
+        }
+    }
+    fn set(&mut self, d: Dim, v: u64) {
+        match d {
+            Dim::Tp => self.tp = v,
+            Dim::Cp => self.cp = v,
+            Dim::Ep => self.ep = v,
+            Dim::Dp => self.dp = v,
+            Dim::Pp => self.pp = v,
+        }
+    }
+}
+
+/// Communicator kinds of a training step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupKind {
+    /// Tensor parallel.
+    Tp,
+    /// Context parallel (the KV ring).
+    Cp,
+    /// Expert parallel (dispatch and combine all-to-all).
+    Ep,
+    /// Dense data parallel: same model shard, different data (varies ep and dp).
+    Dp,
+    /// Dense gradient reduction: data and context parallel together.
+    DpCp,
+    /// Expert gradient reduction: ranks that hold the same expert shard.
+    ExpertDp,
+    /// Pipeline stages of one model replica.
+    Pp,
+    /// ZeRO-3/FSDP sharding group: the whole `DpCp` group, or under FSDP hybrid sharding
+    /// consecutive runs of `shard` of its ranks.
+    FsdpShard,
+    /// FSDP hybrid sharding: the ranks of a `DpCp` group that hold the same shard.
+    FsdpReplica,
+}
+
+/// Where each rank sits in the plan's grid.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    order: [Dim; 5],
+    sizes: [u64; 5],
+    etp: u64,
+    shard: u64,
+}
+
+impl Placement {
+    /// The placement of a checked plan.
+    pub fn new(plan: &Plan) -> Placement {
+        let size = |d: Dim| match d {
+            Dim::Tp => plan.tp,
+            Dim::Cp => plan.cp,
+            Dim::Ep => plan.ep,
+            Dim::Dp => plan.dp / plan.ep,
+            Dim::Pp => plan.pp,
+        };
+        Placement {
+            order: plan.order,
+            sizes: plan.order.map(size),
+            etp: plan.etp(),
+            shard: plan.shard_group(),
+        }
+    }
+    /// Ranks in all.
+    pub fn world(&self) -> u64 {
+        self.sizes.iter().product()
+    }
+    /// Global rank of a coordinate.
+    pub fn rank(&self, c: Coord) -> u64 {
+        let mut r = 0;
+        for i in (0..5).rev() {
+            r = r * self.sizes[i] + c.get(self.order[i]);
+        }
+        r
+    }
+    /// Coordinate of a global rank.
+    pub fn coord(&self, rank: u64) -> Coord {
+        let mut c = Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: 0 };
+        let mut r = rank;
+        for i in 0..5 {
+            c.set(self.order[i], r % self.sizes[i]);
+            r /= self.sizes[i];
+        }
+        c
+    }
+    /// The groups of one kind, each a list of ranks in increasing order, sorted by first rank.
+    pub fn groups(&self, kind: GroupKind) -> Vec<Vec<u64>> {
+        if matches!(kind, GroupKind::FsdpShard | GroupKind::FsdpReplica) {
+            let mut out = Vec::new();
+            for g in self.groups(GroupKind::DpCp) {
+                let shard = (self.shard as usize).clamp(1, g.len());
+                if kind == GroupKind::FsdpShard {
+                    out.extend(g.chunks(shard).map(<[u64]>::to_vec));
+                } else {
+                    out.extend(
+                        (0..shard).map(|i| g.iter().skip(i).step_by(shard).copied().collect::<Vec<u64>>()),
+                    );
+                }
+            }
+            out.sort();
+            return out;
+        }
+        let mut by_key: BTreeMap<Vec<u64>, Vec<u64>> = BTreeMap::new();
+        for r in 0..self.world() {
+            let c = self.coord(r);
+            let key = match kind {
+                GroupKind::Tp => vec![c.cp, c.ep, c.dp, c.pp],
+                GroupKind::Cp => vec![c.tp, c.ep, c.dp, c.pp],
+                GroupKind::Ep => vec![c.tp, c.cp, c.dp, c.pp],
+                GroupKind::Dp => vec![c.tp, c.cp, c.pp],
+                GroupKind::DpCp => vec![c.tp, c.pp],
+                GroupKind::ExpertDp => vec![c.tp % self.etp, c.ep, c.pp],
+                GroupKind::Pp => vec![c.tp, c.cp, c.ep, c.dp],
+                GroupKind::FsdpShard | GroupKind::FsdpReplica => Vec::new(),
+            };
+            by_key.entry(key).or_default().push(r);
+        }
+        let mut groups: Vec<Vec<u64>> = by_key.into_values().collect();
+        groups.sort();
+        groups
+    }
+    /// The group of one kind that holds `rank`, in increasing order (computed from the
+    /// rank's coordinates, without listing the other groups).
+    pub fn group_of(&self, kind: GroupKind, rank: u64) -> Vec<u64> {
+        let c = self.coord(rank);
+        let size = |d: Dim| self.sizes[self.order.iter().position(|&o| o == d).unwrap_or(0)];
+        let all = |d: Dim| (0..size(d)).collect::<Vec<u64>>();
+        let vary: Vec<(Dim, Vec<u64>)> = match kind {
+            GroupKind::FsdpShard | GroupKind::FsdpReplica => {
+                let g = self.group_of(GroupKind::DpCp, rank);
+                let shard = (self.shard as usize).clamp(1, g.len().max(1));
+                let pos = g.iter().position(|&r| r == rank).unwrap_or(0);
+                return if kind == GroupKind::FsdpShard {
+                    g[pos / shard * shard..((pos / shard + 1) * shard).min(g.len())].to_vec()
+                } else {
+                    g.iter().skip(pos % shard).step_by(shard).copied().collect()
+                };
+            }
+            GroupKind::Tp => vec![(Dim::Tp, all(Dim::Tp))],
+            GroupKind::Cp => vec![(Dim::Cp, all(Dim::Cp))],
+            GroupKind::Ep => vec![(Dim::Ep, all(Dim::Ep))],
+            GroupKind::Dp => vec![(Dim::Ep, all(Dim::Ep)), (Dim::Dp, all(Dim::Dp))],
+            GroupKind::DpCp => {
+                vec![(Dim::Cp, all(Dim::Cp)), (Dim::Ep, all(Dim::Ep)), (Dim::Dp, all(Dim::Dp))]
+            }
+            GroupKind::Pp => vec![(Dim::Pp, all(Dim::Pp))],
+            GroupKind::ExpertDp => vec![
+                (Dim::Tp, (c.tp % self.etp..size(Dim::Tp)).step_by(self.etp.max(1) as usize).collect()),
+                (Dim::Cp, all(Dim::Cp)),
+                (Dim::Dp, all(Dim::Dp)),
+            ],
+        };
+        let mut ranks = vec![c];
+        for (d, values) in &vary {
+            ranks = ranks
+                .iter()
+                .flat_map(|base| {
+                    values.iter().map(move |&v| {
+                        let mut x = *base;
+                        x.set(*d, v);
+                        x
+                    })
+                })
+                .collect();
+        }
+        let mut out: Vec<u64> = ranks.into_iter().map(|x| self.rank(x)).collect();
+        out.sort_unstable();
+        out
+    }
+    /// One line per dimension, innermost first ("tp 8 (stride 1)").
+    pub fn describe(&self) -> String {
+        let mut stride = 1;
+        let mut parts = Vec::new();
+        for i in 0..5 {
+            parts.push(format!("{} {} (stride {stride})", self.order[i].name(), self.sizes[i]));
+            stride *= self.sizes[i];
+        }
+        parts.join(", ")
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+// ---------------------------------------------------------------- plan files
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct PlanFile {
+    tp: Option<Spanned<u64>>,
+    pp: Option<Spanned<u64>>,
+    vpp: Option<Spanned<u64>>,
+    dp: Option<Spanned<u64>>,
+    cp: Option<Spanned<u64>>,
+    ep: Option<Spanned<u64>>,
+    etp: Option<Spanned<u64>>,
+    sp: Option<Spanned<bool>>,
+    zero: Option<Spanned<u8>>,
+    fsdp: Option<Spanned<String>>,
+    fsdp_shard: Option<Spanned<u64>>,
+    mbs: Option<Spanned<u64>>,
+    gbs: Option<Spanned<u64>>,
+    seq: Option<Spanned<u64>>,
+    recompute: Option<Spanned<String>>,
+    dtype: Option<Spanned<String>>,
+    schedule: Option<Spanned<String>>,
+    bucket: Option<Spanned<String>>,
+    overlap_grad_reduce: Option<bool>,
+    overlap_param_gather: Option<bool>,
+    tp_comm_overlap: Option<bool>,
+    pp_comm_overlap: Option<bool>,
+    order: Option<Spanned<String>>,
+}
+
+/// Reads a plan table (the keys of [`Plan`] as spelled in errors: tp, pp, vpp, dp, cp, ep,
+/// etp, sp, zero, fsdp = "full"|"hybrid", fsdp_shard, mbs, gbs, seq, recompute, dtype,
+/// schedule, bucket = "80MB", overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
+/// pp_comm_overlap, order = "tp-cp-ep-dp-pp") and checks it against `model` on `gpus`
+/// GPUs. Errors name the file, the line of the offending field and the valid choices.
+pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<Plan, FileError> {
+    let src = Source { path: path.to_path_buf(), text: text.to_string() };
+    let f: PlanFile = toml::from_str(text).map_err(|e| toml_error(&src, &e))?;
+    let mut p = Plan::default();
+    let get = |v: &Option<Spanned<u64>>, d: u64| v.as_ref().map_or(d, |s| *s.get_ref());
+    p.tp = get(&f.tp, 1);
+    p.pp = get(&f.pp, 1);
+    p.vpp = get(&f.vpp, 1);
+    p.cp = get(&f.cp, 1);
+    p.ep = get(&f.ep, 1);
+    p.etp = f.etp.as_ref().map(|s| *s.get_ref());
+    p.dp = get(&f.dp, (gpus / (p.tp * p.pp * p.cp).max(1)).max(1));
+    p.sp = f.sp.as_ref().map_or(p.tp > 1, |s| *s.get_ref());
+    p.mbs = get(&f.mbs, 1);
+    p.gbs = get(&f.gbs, p.dp * p.mbs);
+    p.seq = f.seq.as_ref().map(|s| *s.get_ref());
+    let choice = |v: &Spanned<String>, field: &str, choices: &str| {
+        src.at(v.span(), format!("`{field}` = \"{}\" is not known; valid: {choices}", v.get_ref()))
+    };
+    if let Some(z) = &f.zero {
+        p.sharding = Sharding::Zero(*z.get_ref());
+    }
+    if let Some(fs) = &f.fsdp {
+        if let Some(z) = &f.zero {
+            return Err(src.at(z.span(), "give either `zero` or `fsdp`, not both"));
+        }
+        p.sharding = match fs.get_ref().as_str() {
+            "full" => Sharding::FsdpFull,
+            "hybrid" => Sharding::FsdpHybrid { shard: get(&f.fsdp_shard, 8) },
+            _ => return Err(choice(fs, "fsdp", "full, hybrid")),
+        };
+    }
+    if let Some(r) = &f.recompute {
+        p.recompute = match r.get_ref().as_str() {
+            "none" => Recompute::None,
+            "selective" => Recompute::Selective,
+            "full" => Recompute::Full,
+            _ => return Err(choice(r, "recompute", "none, selective, full")),
+        };
+    }
+    if let Some(d) = &f.dtype {
+        p.dtype = match d.get_ref().as_str() {
+            "bf16" => Dtype::Bf16,
+            "fp8" => Dtype::Fp8,
+            _ => return Err(choice(d, "dtype", "bf16, fp8")),
+        };
+    }
+    if let Some(s) = &f.schedule {
+        p.schedule =
+            Some(Schedule::parse(s.get_ref()).ok_or_else(|| choice(s, "schedule", Schedule::CHOICES))?);
+    }
+    if let Some(b) = &f.bucket {
+        p.bucket_bytes =
+            units::parse_bytes(b.get_ref()).map_err(|e| src.at(b.span(), format!("`bucket`: {e}")))?;
+    }
+    if let Some(o) = &f.order {
+        p.order = parse_order(o.get_ref()).ok_or_else(|| {
+            choice(o, "order", "a permutation of tp, cp, ep, dp, pp joined by '-', innermost first")
+        })?;
+    }
+    let ov = &mut p.overlap;
+    ov.grad_reduce = f.overlap_grad_reduce.unwrap_or(ov.grad_reduce);
+    ov.param_gather = f.overlap_param_gather.unwrap_or(ov.param_gather);
+    ov.tp_comm = f.tp_comm_overlap.unwrap_or(ov.tp_comm);
+    ov.pp_comm = f.pp_comm_overlap.unwrap_or(ov.pp_comm);
+    p.check(model, gpus).map_err(|e| {
+        let span = match e.field {
+            "tp" => f.tp.as_ref().map(|s| s.span()),
+            "pp" => f.pp.as_ref().map(|s| s.span()),
+            "vpp" => f.vpp.as_ref().map(|s| s.span()),
+            "dp" => f.dp.as_ref().map(|s| s.span()),
+            "cp" => f.cp.as_ref().map(|s| s.span()),
+            "ep" => f.ep.as_ref().map(|s| s.span()),
+            "etp" => f.etp.as_ref().map(|s| s.span()),
+            "mbs" => f.mbs.as_ref().map(|s| s.span()),
+            "gbs" => f.gbs.as_ref().map(|s| s.span()),
+            "seq" => f.seq.as_ref().map(|s| s.span()),
+            "zero" => f.zero.as_ref().map(|s| s.span()),
+            "fsdp_shard" => f.fsdp_shard.as_ref().map(|s| s.span()),
+            "bucket" => f.bucket.as_ref().map(|s| s.span()),
+            _ => None,
+        };
+        match span {
+            Some(span) => src.at(span, e.to_string()),
+            None => src.invalid(e.to_string()),
+        }
+    })?;
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn megatron_order_round_trips() {
+        let plan = Plan { tp: 2, cp: 2, ep: 2, dp: 4, pp: 3, ..Plan::default() };
+        let pl = Placement::new(&plan);
+        assert_eq!(pl.world(), 48);
+        for r in 0..48 {
+            assert_eq!(pl.rank(pl.coord(r)), r);
+        }
+        assert_eq!(pl.coord(1), Coord { tp: 1, cp: 0, ep: 0, dp: 0, pp: 0 });
+        assert_eq!(pl.coord(2), Coord { tp: 0, cp: 1, ep: 0, dp: 0, pp: 0 });
+        assert_eq!(pl.coord(4), Coord { tp: 0, cp: 0, ep: 1, dp: 0, pp: 0 });
+        assert_eq!(pl.coord(8), Coord { tp: 0, cp: 0, ep: 0, dp: 1, pp: 0 });
+        assert_eq!(pl.coord(16), Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: 1 });
+    }
+
+    #[test]
+    fn order_parses_permutations_only() {
+        assert_eq!(parse_order("tp-cp-ep-dp-pp"), Some(MEGATRON_ORDER));
+        assert_eq!(parse_order("tp-dp-cp-ep-pp").map(|o| o[1]), Some(Dim::Dp));
+        assert_eq!(parse_order("tp-tp-ep-dp-pp"), None);
+        assert_eq!(parse_order("tp-cp-ep-dp"), None);
+    }
+}

@@ -1,0 +1,721 @@
+//! The training layer's foundation: model files, parameter counts against the published
+//! ones, plan validation (issue 9's bad-input rules), rank placement, FLOPs, memory, pipeline
+//! schedules and the analytical step estimate.
+
+use std::path::{Path, PathBuf};
+
+use fabricsim::workload::model::{load_model, parse_model, Model};
+use fabricsim::workload::plan::{
+    parse_order, parse_plan, Coord, GroupKind, Placement, Plan, Recompute, Schedule, Sharding,
+};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn model(name: &str) -> Model {
+    load_model(&root().join("models").join(format!("{name}.toml"))).unwrap()
+}
+
+fn rel_err(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b
+}
+
+#[test]
+fn every_shipped_model_loads_and_cites_a_source() {
+    let mut n = 0;
+    for e in std::fs::read_dir(root().join("models")).unwrap() {
+        let p = e.unwrap().path();
+        let m = load_model(&p).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(Some(m.name.as_str()), p.file_stem().and_then(|s| s.to_str()), "{}", p.display());
+        assert!(m.source.len() > 10, "{} cites no source", p.display());
+        n += 1;
+    }
+    assert!(n >= 19, "only {n} model files");
+}
+
+#[test]
+fn parameter_counts_match_the_published_ones() {
+    // (model, published total, published active), as cited in each model file.
+    let cases = [
+        ("llama3-8b", 8.0e9, None),
+        ("llama3-70b", 70.0e9, None),
+        ("llama3-405b", 405.0e9, None),
+        ("gpt3-175b", 175.0e9, None),
+        ("mixtral-8x7b", 46.7e9, Some(12.9e9)),
+        ("mixtral-8x22b", 141.0e9, Some(39.0e9)),
+        ("nemotron4-340b", 340.0e9, None),
+        ("nemotron4-15b", 15.7e9, None),
+        ("deepseek-v3", 671.0e9, Some(37.0e9)),
+    ];
+    for (name, total, active) in cases {
+        let m = model(name);
+        let p = m.params();
+        assert_eq!(m.published_params, Some(total), "{name}: file and test disagree");
+        assert!(rel_err(p.total as f64, total) < 0.02, "{name}: {} vs published {total}", p.total);
+        if let Some(a) = active {
+            assert!(rel_err(p.active as f64, a) < 0.02, "{name}: active {} vs published {a}", p.active);
+        } else {
+            assert_eq!(p.active, p.total);
+        }
+    }
+    // GPT-3 with Megatron's padded vocabulary is the 174.6B of Narayanan et al. Table 2.
+    assert!(rel_err(model("gpt3-175b").params().total as f64, 174.6e9) < 0.001);
+}
+
+#[test]
+fn megatron_family_matches_narayanan_eq2() {
+    // P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)), Narayanan et al. SC'21 Eq. (2); ours adds
+    // only the final LayerNorm (2h).
+    for e in std::fs::read_dir(root().join("models")).unwrap() {
+        let p = e.unwrap().path();
+        if !p.file_name().unwrap().to_string_lossy().starts_with("megatron-gpt-") {
+            continue;
+        }
+        let m = load_model(&p).unwrap();
+        let (l, h, v, s) = (m.layers as f64, m.hidden as f64, m.vocab as f64, m.seq_len as f64);
+        let eq2 = 12.0 * l * h * h * (1.0 + 13.0 / (12.0 * h) + (v + s) / (12.0 * l * h));
+        let ours = m.params().total as f64;
+        assert!((ours - eq2 - 2.0 * h).abs() < 1.0, "{}: {ours} vs Eq.2 {eq2}", m.name);
+        // And the table's rounded count, to the digit printed.
+        let published = m.published_params.unwrap();
+        assert!((ours - published).abs() <= 0.05e9 + 0.005 * published, "{}: {ours} vs {published}", m.name);
+    }
+}
+
+#[test]
+fn unknown_model_key_names_file_and_line() {
+    let path = root().join("models/llama3-8b.toml");
+    let text =
+        std::fs::read_to_string(&path).unwrap().replace("vocab = 128256", "vocab = 128256\nvocabulary = 1");
+    let line = text.lines().position(|l| l.starts_with("vocabulary")).unwrap() + 1;
+    let e = parse_model(&text, &path).unwrap_err().to_string();
+    assert!(e.contains(&format!("llama3-8b.toml:{line}:")), "{e}");
+    assert!(e.contains("unknown field `vocabulary`"), "{e}");
+    assert!(e.contains("`vocab`"), "valid keys are listed: {e}");
+    let text = std::fs::read_to_string(&path).unwrap().replace("\"rmsnorm\"", "\"batchnorm\"");
+    let e = parse_model(&text, &path).unwrap_err().to_string();
+    assert!(e.contains("`norm`") && e.contains("rmsnorm, layernorm"), "{e}");
+}
+
+fn llama70_plan() -> Plan {
+    Plan { tp: 8, pp: 4, dp: 4, mbs: 1, gbs: 64, sp: true, ..Plan::default() }
+}
+
+#[test]
+fn bad_plans_name_the_field() {
+    let m = model("llama3-70b");
+    let moe = model("mixtral-8x7b");
+    let ok = llama70_plan();
+    ok.check(&m, 128).unwrap();
+    let cases: Vec<(Plan, &Model, u64, &str, &str)> = vec![
+        (ok.clone(), &m, 256, "dp", "256 GPUs"),
+        (Plan { tp: 3, dp: 8, pp: 4, ..ok.clone() }, &m, 96, "tp", "64 attention heads"),
+        (Plan { tp: 16, dp: 2, ..ok.clone() }, &m, 128, "tp", "8 KV groups"),
+        (Plan { pp: 3, dp: 4, ..ok.clone() }, &m, 96, "pp", "80 layers"),
+        (Plan { vpp: 3, ..ok.clone() }, &m, 128, "vpp", "pp × vpp = 4 × 3"),
+        (Plan { ep: 2, ..ok.clone() }, &m, 128, "ep", "no experts"),
+        (Plan { tp: 1, pp: 1, dp: 6, ep: 3, gbs: 6, ..Plan::default() }, &moe, 6, "ep", "8 experts"),
+        (Plan { tp: 1, pp: 1, dp: 4, ep: 8, gbs: 4, ..Plan::default() }, &moe, 4, "ep", "must divide dp"),
+        (Plan { gbs: 30, ..ok.clone() }, &m, 128, "gbs", "dp × mbs"),
+        (Plan { cp: 3, dp: 1, pp: 4, gbs: 4, seq: Some(8192), ..ok.clone() }, &m, 96, "seq", "2 × cp = 6"),
+        (Plan { vpp: 5, gbs: 24, ..ok.clone() }, &m, 128, "gbs", "multiple of pp"),
+        (Plan { vpp: 2, schedule: Some(Schedule::OneFOneB), ..ok.clone() }, &m, 128, "vpp", "interleaved"),
+        (Plan { sharding: Sharding::FsdpHybrid { shard: 3 }, ..ok.clone() }, &m, 128, "fsdp_shard", "divide"),
+        (Plan { etp: Some(3), ..ok.clone() }, &m, 128, "etp", "divide tp"),
+    ];
+    for (plan, model, gpus, field, text) in cases {
+        let e = plan.check(model, gpus).expect_err(field);
+        assert_eq!(e.field, field, "{e}");
+        assert!(e.to_string().contains(text), "{e} should mention {text}");
+    }
+}
+
+#[test]
+fn plan_file_errors_name_file_line_and_choices() {
+    let m = model("llama3-70b");
+    let path = Path::new("plan.toml");
+    let good = "tp = 8\npp = 4\nvpp = 5\nmbs = 1\ngbs = 64\nrecompute = \"selective\"\nzero = 1\n";
+    let p = parse_plan(good, path, &m, 128).unwrap();
+    assert_eq!(
+        (p.dp, p.schedule(), p.recompute, p.sharding),
+        (4, Schedule::Interleaved, Recompute::Selective, Sharding::Zero(1))
+    );
+    assert!(p.sp, "sp defaults on with tp > 1");
+    let e = parse_plan(&good.replace("tp = 8", "tp = 16"), path, &m, 128).unwrap_err().to_string();
+    assert!(e.starts_with("plan.toml:1:") && e.contains("`tp`") && e.contains("valid: 1, 2, 4, 8"), "{e}");
+    let e = parse_plan(&good.replace("vpp = 5", "vpp = 3"), path, &m, 128).unwrap_err().to_string();
+    assert!(e.starts_with("plan.toml:3:") && e.contains("`vpp`"), "{e}");
+    let e = parse_plan(&format!("{good}dtype = \"fp16\"\n"), path, &m, 128).unwrap_err().to_string();
+    assert!(e.starts_with("plan.toml:8:") && e.contains("bf16, fp8"), "{e}");
+    let e = parse_plan(&format!("{good}schedule = \"dualpipe\"\n"), path, &m, 128).unwrap_err().to_string();
+    assert!(e.contains("gpipe, 1f1b, interleaved, zb-h1"), "{e}");
+    let e = parse_plan(&format!("{good}tensor_parallel = 2\n"), path, &m, 128).unwrap_err().to_string();
+    assert!(e.starts_with("plan.toml:8:") && e.contains("unknown field `tensor_parallel`"), "{e}");
+}
+
+#[test]
+fn placement_follows_megatron_order() {
+    // Llama-3-70B, TP8 PP4 DP4 on 128 GPUs: TP groups are the 8 GPUs of a node, DP strides
+    // by 8, PP by 32.
+    let pl = Placement::new(&llama70_plan());
+    let tp = pl.groups(GroupKind::Tp);
+    assert_eq!(tp.len(), 16);
+    assert_eq!(tp[0], (0..8).collect::<Vec<u64>>());
+    assert_eq!(pl.group_of(GroupKind::Dp, 3), vec![3, 11, 19, 27]);
+    assert_eq!(pl.group_of(GroupKind::Pp, 9), vec![9, 41, 73, 105]);
+    assert_eq!(pl.coord(105), Coord { tp: 1, cp: 0, ep: 0, dp: 1, pp: 3 });
+    // Every kind partitions the ranks.
+    for kind in [
+        GroupKind::Tp,
+        GroupKind::Cp,
+        GroupKind::Ep,
+        GroupKind::Dp,
+        GroupKind::DpCp,
+        GroupKind::ExpertDp,
+        GroupKind::Pp,
+    ] {
+        let mut all: Vec<u64> = pl.groups(kind).into_iter().flatten().collect();
+        all.sort();
+        assert_eq!(all, (0..128).collect::<Vec<u64>>(), "{kind:?}");
+        for g in pl.groups(kind) {
+            for &r in &g {
+                assert_eq!(pl.group_of(kind, r), g, "{kind:?} of {r}");
+            }
+        }
+    }
+    // Every dimension at once, expert-TP below TP, another order: group_of agrees with groups.
+    let plan = Plan {
+        tp: 4,
+        cp: 2,
+        ep: 2,
+        dp: 4,
+        pp: 2,
+        etp: Some(2),
+        order: parse_order("tp-dp-cp-ep-pp").unwrap(),
+        ..Plan::default()
+    };
+    let pl = Placement::new(&plan);
+    for kind in [
+        GroupKind::Tp,
+        GroupKind::Cp,
+        GroupKind::Ep,
+        GroupKind::Dp,
+        GroupKind::DpCp,
+        GroupKind::ExpertDp,
+        GroupKind::Pp,
+    ] {
+        for g in pl.groups(kind) {
+            assert_eq!(pl.group_of(kind, g[g.len() - 1]), g, "{kind:?}");
+        }
+    }
+    // FSDP hybrid sharding over 2 of the 4 DP ranks: shard groups and replica groups.
+    let pl = Placement::new(&Plan { sharding: Sharding::FsdpHybrid { shard: 2 }, ..llama70_plan() });
+    assert_eq!(pl.group_of(GroupKind::FsdpShard, 19), vec![19, 27]);
+    assert_eq!(pl.group_of(GroupKind::FsdpReplica, 19), vec![3, 19]);
+    // Mixtral TP1 EP8 PP4 on 64 GPUs (the MCore README mapping): EP groups are the 8 GPUs of
+    // a node, the expert gradient group strides by 8 and DP (dense) holds the EP group.
+    let plan = Plan { tp: 1, ep: 8, pp: 4, dp: 16, vpp: 8, gbs: 256, ..Plan::default() };
+    plan.check(&model("mixtral-8x7b"), 64).unwrap();
+    let pl = Placement::new(&plan);
+    assert_eq!(pl.group_of(GroupKind::Ep, 0), (0..8).collect::<Vec<u64>>());
+    assert_eq!(pl.group_of(GroupKind::ExpertDp, 1), vec![1, 9]);
+    assert_eq!(pl.group_of(GroupKind::Dp, 0), (0..16).collect::<Vec<u64>>());
+    assert_eq!(pl.group_of(GroupKind::Pp, 0), vec![0, 16, 32, 48]);
+}
+
+// ---------------------------------------------------------------- FLOPs
+
+#[test]
+fn model_flops_match_published_formulas() {
+    use fabricsim::workload::flops::{model_flops_per_sequence, recompute_flops_per_sequence};
+    // NVIDIA dgxc-benchmarking worked values per sequence (TRAINING_BENCH.md Sec. 9).
+    for (name, seq, want) in
+        [("llama3-70b", 8192, 3.94e15), ("llama3-8b", 8192, 4.74e14), ("gpt3-175b", 2048, 2.20e15)]
+    {
+        let got = model_flops_per_sequence(&model(name), seq);
+        assert!(rel_err(got, want) < 0.006, "{name}: {got:.3e} vs {want:.3e}");
+    }
+    // Nemotron-4 340B: the README's non-gated formula s (24 L h^2 + 12 L h s + 48 L h^2 +
+    // 6 V h) = 1.01e16 counts K and V as in MHA; with the model's 8 KV groups the same
+    // count is s (12 L h^2 (1 + G/A + s/h) + 12 L F h + 6 V h).
+    let m = model("nemotron4-340b");
+    let (l, h, f, v, s, g, a) = (96.0, 18432.0, 73728.0, 256000.0, 4096.0, 8.0, 96.0);
+    let mha = s * (24.0 * l * h * h + 12.0 * l * h * s + 48.0 * l * h * h + 6.0 * v * h);
+    assert!(rel_err(mha, 1.01e16) < 0.006);
+    let gqa = s * (12.0 * l * h * h * (1.0 + g / a + s / h) + 12.0 * l * f * h + 6.0 * v * h);
+    assert!(rel_err(model_flops_per_sequence(&m, 4096), gqa) < 1e-12);
+    // Narayanan et al. Eq. (3), full recomputation: 96 B s l h^2 (1 + s/(6h) + V/(16 l h)).
+    let m = model("gpt3-175b");
+    let (s, l, h, v) = (2048.0, 96.0, 12288.0, 51200.0);
+    let eq3 = 96.0 * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h));
+    let ours = model_flops_per_sequence(&m, 2048) + recompute_flops_per_sequence(&m, 2048, Recompute::Full);
+    assert!(rel_err(ours, eq3) < 1e-12, "{ours} vs {eq3}");
+    // Korthikanti Eq. 7 (no recomputation): 72 B L s h^2 (1 + s/(6h) + V/(12 h L)).
+    let eq7 = 72.0 * l * s * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * l));
+    assert!(rel_err(model_flops_per_sequence(&m, 2048), eq7) < 1e-12);
+}
+
+#[test]
+fn moe_flops_count_only_routed_experts() {
+    use fabricsim::workload::flops::model_flops_per_sequence;
+    // 6 x active parameters per token (no attention term at s = 1 beyond 12 L (dq+dv) heads)
+    // for Mixtral: routed experts cost top_k, not all of them.
+    let m = model("mixtral-8x7b");
+    let per_token = model_flops_per_sequence(&m, 1);
+    let p = m.params();
+    let matmul_active = (p.active - p.embedding - m.layers * m.layer_params(0).norms - m.hidden) as f64;
+    let attention = 3.0 * 2.0 * (m.layers * m.heads * 2 * m.head_dim) as f64;
+    assert!(
+        rel_err(per_token, 6.0 * matmul_active + attention) < 1e-9,
+        "{per_token} vs {}",
+        6.0 * matmul_active
+    );
+}
+
+// ---------------------------------------------------------------- pipeline
+
+use fabricsim::workload::pipeline::{Pass, PipelineSchedule};
+
+fn uniform(s: &PipelineSchedule, tf: f64, tb: f64, tw: f64) -> f64 {
+    let v = s.chunks as f64;
+    s.time(
+        |_, o| match o.pass {
+            Pass::F => tf / v,
+            Pass::B => tb / v,
+            Pass::W => tw / v,
+        },
+        |_, _| 0.0,
+    )
+    .unwrap()
+    .bubble_fraction()
+}
+
+#[test]
+fn pipeline_bubbles_match_closed_forms() {
+    for (p, m) in [(2u32, 4u32), (4, 8), (4, 16), (8, 8), (8, 32)] {
+        let want = (p - 1) as f64 / m as f64;
+        for kind in [Schedule::GPipe, Schedule::OneFOneB] {
+            let s = PipelineSchedule::build(kind, p, 1, m).unwrap();
+            let got = uniform(&s, 1.0, 2.0, 0.0);
+            assert!((got - want).abs() < 1e-12, "{kind:?} p={p} m={m}: {got} vs {want}");
+        }
+        for v in [2u32, 3, 4] {
+            let s = PipelineSchedule::build(Schedule::Interleaved, p, v, m).unwrap();
+            let got = uniform(&s, 1.0, 2.0, 0.0);
+            let want = (p - 1) as f64 / (m * v) as f64;
+            assert!((got - want).abs() < 1e-12, "interleaved p={p} v={v} m={m}: {got} vs {want}");
+        }
+        // ZB-H1 with equal F, B and W: the bubble shrinks to (p-1) (T_F + T_B - T_W) (Qi et
+        // al. 2023), a third of 1F1B's.
+        let s = PipelineSchedule::build(Schedule::ZbH1, p, 1, m).unwrap();
+        let got = uniform(&s, 1.0, 1.0, 1.0);
+        let want = (p - 1) as f64 / (3.0 * m as f64);
+        assert!((got - want).abs() < 1e-12, "zb-h1 p={p} m={m}: {got} vs {want}");
+    }
+}
+
+#[test]
+fn pipeline_p2p_delays_only_dependent_ops() {
+    // GPipe, p = 4, m = 8, F = 1, B = 2, p2p = 0.5: the critical path crosses each of the
+    // p - 1 boundaries twice (forward in, backward out), and the stages' work is unchanged.
+    let f_b = |_: u32, o: &fabricsim::workload::pipeline::PipeOp| if o.pass == Pass::F { 1.0 } else { 2.0 };
+    let s = PipelineSchedule::build(Schedule::GPipe, 4, 1, 8).unwrap();
+    let t = s.time(f_b, |_, _| 0.5).unwrap();
+    assert!((t.makespan - ((8.0 + 3.0) * 3.0 + 2.0 * 3.0 * 0.5)).abs() < 1e-12, "{}", t.makespan);
+    assert_eq!(t.busy, vec![24.0; 4]);
+    // 1F1B couples stages in its steady state, so transfers cost at least as much.
+    let s = PipelineSchedule::build(Schedule::OneFOneB, 4, 1, 8).unwrap();
+    let t = s.time(f_b, |_, _| 0.5).unwrap();
+    assert!(t.makespan >= 33.0 + 3.0, "{}", t.makespan);
+    // A schedule that cannot finish is an error, not a hang: B before its own F.
+    let mut bad = PipelineSchedule::build(Schedule::OneFOneB, 1, 1, 2).unwrap();
+    bad.ops[0].swap(0, 1);
+    assert!(bad.time(f_b, |_, _| 0.0).unwrap_err().contains("deadlocks"));
+}
+
+#[test]
+fn micro_batches_in_flight_per_stage() {
+    let s = PipelineSchedule::build(Schedule::OneFOneB, 4, 1, 8).unwrap();
+    assert_eq!(s.max_in_flight(), vec![4, 3, 2, 1]);
+    let s = PipelineSchedule::build(Schedule::OneFOneB, 8, 1, 4).unwrap();
+    assert_eq!(s.max_in_flight()[0], 4, "never more than m");
+    let s = PipelineSchedule::build(Schedule::GPipe, 4, 1, 8).unwrap();
+    assert_eq!(s.max_in_flight(), vec![8; 4]);
+    // Interleaved: Korthikanti's (1 + (p-1)/(p v)) x p micro-batches of L/p layers on the
+    // first stage, i.e. p v + p - 1 chunks of L/(p v) layers.
+    for (p, v) in [(4u32, 2u32), (8, 3), (4, 5)] {
+        let s = PipelineSchedule::build(Schedule::Interleaved, p, v, 4 * p).unwrap();
+        assert_eq!(s.max_in_flight()[0], p * v + p - 1, "p={p} v={v}");
+    }
+}
+
+// ---------------------------------------------------------------- memory
+
+use fabricsim::workload::memory::{memory_by_stage, peak_memory, Category};
+
+#[test]
+fn llama3_70b_tp8_pp4_zero1_memory_by_hand() {
+    let m = model("llama3-70b");
+    let plan = Plan { sharding: Sharding::Zero(1), recompute: Recompute::Selective, ..llama70_plan() };
+    plan.check(&m, 128).unwrap();
+    let stages = memory_by_stage(&m, &plan).unwrap();
+    let s0 = stages[0];
+    // Per layer: q, k, v 8192 x (8192 + 1024 + 1024), out 8192 x 8192, SwiGLU 3 x 8192 x
+    // 28672, two RMSNorms of 8192. Stage 0: 20 layers and the 128256 x 8192 embedding; TP
+    // splits everything but the norms.
+    let layer: u64 = 8192 * 10240 + 8192 * 8192 + 3 * 8192 * 28672;
+    let norms: u64 = 2 * 8192;
+    let params = (20 * layer + 128256 * 8192) / 8 + 20 * norms;
+    assert_eq!(s0.params, 2 * params);
+    assert_eq!(s0.grads, 2 * params);
+    assert_eq!(s0.optimizer, 12 * params / 4, "ZeRO-1 over dp = 4");
+    // Activations per layer and micro-batch (t = 8192 tokens, h = 8192, SP over 8): norm
+    // inputs 4th, QKV input 2th, Q K V 2t(8192+1024+1024), attention output 2th, MLP input
+    // 2th, gate+up 2t(2 x 28672), SwiGLU output 2t x 28672; 1F1B keeps 4 micro-batches of
+    // 20 layers on stage 0.
+    let t: u64 = 8192;
+    let per_layer = (4 * t * 8192
+        + 2 * t * 8192
+        + 2 * t * 10240
+        + 2 * t * 8192
+        + 2 * t * 8192
+        + 2 * t * 57344
+        + 2 * t * 28672)
+        / 8;
+    assert_eq!(s0.activations, 4 * 20 * per_layer);
+    // Two 80 MB gradient buckets and the all-gathered SP input of one layer.
+    assert_eq!(s0.comm, 2 * 80_000_000 + 2 * t * 8192);
+    assert_eq!(s0.total(), 38_670_985_216);
+    assert!(s0.fits(80_000_000_000).is_ok());
+    // The last stage holds 1 micro-batch in flight but the FP32 logits.
+    assert_eq!(stages[3].activations, 20 * per_layer + 4 * t * 128256 / 8);
+    assert_eq!(peak_memory(&m, &plan).unwrap().stage, 0);
+}
+
+#[test]
+fn korthikanti_activation_formulas() {
+    // GPT-3 175B, TP8 PP8, SP + selective: the first stage keeps 34 s b h L / t (Eq. 6);
+    // interleaved with v = 3 multiplies it by (1 + (p-1)/(p v)).
+    let m = model("gpt3-175b");
+    let plan =
+        Plan { tp: 8, pp: 8, dp: 1, sp: true, gbs: 64, recompute: Recompute::Selective, ..Plan::default() };
+    plan.check(&m, 64).unwrap();
+    let (s, h, l, t) = (2048u64, 12288u64, 96u64, 8u64);
+    assert_eq!(memory_by_stage(&m, &plan).unwrap()[0].activations, 34 * s * h * l / t);
+    let plan = Plan { vpp: 3, ..plan };
+    let got = memory_by_stage(&m, &plan).unwrap()[0].activations as f64;
+    let want = (34 * s * h * l / t) as f64 * (1.0 + 7.0 / 24.0);
+    assert!(rel_err(got, want) < 1e-12, "{got} vs {want}");
+    // Without SP: s b h (10 + 24/t) per layer.
+    let plan = Plan { vpp: 1, sp: false, ..plan };
+    assert_eq!(memory_by_stage(&m, &plan).unwrap()[0].activations, s * h * (10 * t + 24) * l / t);
+    // Full recomputation keeps 2 s b h per layer (split by TP under SP).
+    let plan = Plan { sp: true, recompute: Recompute::Full, ..plan };
+    assert_eq!(memory_by_stage(&m, &plan).unwrap()[0].activations, 2 * s * h * l / t);
+}
+
+#[test]
+fn zero_stages_follow_the_zero_paper() {
+    // Psi = 7.5B, N_d = 64: 120 / 31.4 / 16.6 / 1.9 GB (Rajbhandari et al. Sec. 5).
+    let m = model("megatron-gpt-7.5b");
+    let psi = m.params().total as f64;
+    let mut got = Vec::new();
+    for z in 0..=3 {
+        let plan = Plan { dp: 64, gbs: 64, sharding: Sharding::Zero(z), ..Plan::default() };
+        plan.check(&m, 64).unwrap();
+        let mem = memory_by_stage(&m, &plan).unwrap()[0];
+        got.push((mem.params + mem.grads + mem.optimizer) as f64);
+    }
+    let want = [16.0 * psi, 4.0 * psi + 12.0 * psi / 64.0, 2.0 * psi + 14.0 * psi / 64.0, 16.0 * psi / 64.0];
+    for (g, w) in got.iter().zip(want) {
+        assert!(rel_err(*g, w) < 1e-6, "{g} vs {w}");
+    }
+    assert!(rel_err(got[1], 31.4e9 * psi / 7.5e9) < 0.01);
+}
+
+#[test]
+fn oom_names_the_largest_category() {
+    // Llama-3-405B on 8 GPUs with TP8 and nothing else cannot fit 80 GB.
+    let m = model("llama3-405b");
+    let plan = Plan { tp: 8, sp: true, gbs: 1, ..Plan::default() };
+    plan.check(&m, 8).unwrap();
+    let mem = peak_memory(&m, &plan).unwrap();
+    let e = mem.fits(80_000_000_000).unwrap_err();
+    assert_eq!(e.largest.0, Category::Optimizer);
+    assert!(e.need > 80_000_000_000 && e.to_string().contains("optimizer states"), "{e}");
+}
+
+// ---------------------------------------------------------------- analytic estimate
+
+use fabricsim::fabric::{load_topology, GpuSpec};
+use fabricsim::workload::analytic::{estimate, CollectiveKind, StepEstimate};
+use fabricsim::workload::compute::GpuParams;
+
+fn gpu(topology: &str) -> GpuSpec {
+    load_topology(&root().join("topologies").join(topology)).unwrap().gpu
+}
+
+/// A simple bandwidth model: 8 GPUs per node on 450 GB/s NVLink, 50 GB/s per GPU between
+/// nodes, ring bus factors, 10 us per call.
+fn simple_comm(kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+    let n = ranks.len() as f64;
+    let one_node = ranks.iter().all(|r| r / 8 == ranks[0] / 8);
+    let bw = if one_node { 450e9 } else { 50e9 };
+    let factor = match kind {
+        CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => (n - 1.0) / n,
+        CollectiveKind::SendRecv => 1.0,
+    };
+    10e-6 + factor * bytes as f64 / bw
+}
+
+fn run(
+    model_name: &str,
+    plan: &Plan,
+    topology: &str,
+    comm: &dyn Fn(CollectiveKind, u64, &[u64]) -> f64,
+) -> StepEstimate {
+    let g = gpu(topology);
+    let params = GpuParams::for_generation(g.generation).unwrap();
+    estimate(&model(model_name), plan, &g, params, comm).unwrap()
+}
+
+#[test]
+fn layer_ops_split_the_layer_over_tp_and_cp() {
+    use fabricsim::workload::compute::{layer_ops, OpKind, Roofline};
+    use fabricsim::workload::flops::{attention, layer_gemms, Gemm};
+    use fabricsim::workload::plan::Dtype;
+    let m = model("llama3-70b");
+    let plan = Plan { cp: 2, dp: 2, ..llama70_plan() };
+    plan.check(&m, 128).unwrap();
+    let g = gpu("dgx-h100.toml");
+    let r = Roofline::new(&g, Dtype::Bf16, GpuParams::for_generation(g.generation).unwrap()).unwrap();
+    let ops = layer_ops(&m, &plan, &r, 0);
+    let names: Vec<&str> = ops.iter().map(|o| o.name).collect();
+    assert_eq!(names, ["qkv", "attention", "attn_out", "mlp_up", "mlp_down", "elementwise"]);
+    let gemm: f64 = ops.iter().filter(|o| o.kind == OpKind::Gemm).map(|o| o.flops).sum();
+    let whole: f64 = layer_gemms(&m, 0, 8192 / 2).iter().map(Gemm::flops).sum();
+    assert!(rel_err(gemm * 8.0, whole) < 1e-12);
+    let att = ops.iter().find(|o| o.kind == OpKind::Attention).unwrap();
+    assert!(rel_err(att.flops * 16.0, attention(&m, 1, 8192).flops_causal()) < 1e-12);
+    for o in &ops {
+        assert!(o.fwd > 0.0 && o.bwd_input > 0.0, "{o:?}");
+        assert_eq!(o.bwd_weight > 0.0, o.kind == OpKind::Gemm, "{o:?}");
+    }
+}
+
+#[test]
+fn a_layer_issues_megatron_communication_volumes() {
+    use fabricsim::workload::comm::{grad_reduces, layer_comms, p2p_bytes, CollectiveKind};
+    use fabricsim::workload::pipeline::Pass;
+    // TP with SP: two all-gathers and two reduce-scatters of b s h (BF16) each way.
+    let m = model("llama3-70b");
+    let plan = llama70_plan();
+    let ops = layer_comms(&m, &plan, 0);
+    let bsh = 2 * 8192 * 8192;
+    assert_eq!(ops.len(), 4);
+    for op in &ops {
+        assert_eq!((op.group, op.bytes, op.count), (GroupKind::Tp, bsh, 2), "{op:?}");
+    }
+    assert_eq!(ops.iter().filter(|o| o.pass == Pass::B && o.kind == CollectiveKind::AllGather).count(), 1);
+    // Scatter/gather: a stage sends b s h / t.
+    assert_eq!(p2p_bytes(&m, &plan), bsh / 8);
+    // Without SP: all-reduces; with CP 2: K and V of the local tokens go once around.
+    let plan = Plan { sp: false, cp: 2, dp: 2, ..llama70_plan() };
+    let ops = layer_comms(&m, &plan, 0);
+    assert!(ops.iter().all(|o| o.kind != CollectiveKind::AllGather));
+    let kv = ops.iter().find(|o| o.group == GroupKind::Cp && o.pass == Pass::F).unwrap();
+    assert_eq!((kv.bytes, kv.count), (2 * 4096 * (1024 + 8192) / 8, 1));
+    // Mixtral with EP 8: dispatch and combine of top-2 tokens each way.
+    let mix = model("mixtral-8x7b");
+    let plan = Plan { ep: 8, pp: 4, dp: 16, vpp: 8, gbs: 256, ..Plan::default() };
+    let a2a: Vec<_> =
+        layer_comms(&mix, &plan, 5).into_iter().filter(|o| o.kind == CollectiveKind::AllToAll).collect();
+    assert_eq!(a2a.len(), 4);
+    assert!(a2a.iter().all(|o| o.bytes == 2 * 4096 * 2 * 4096 && o.group == GroupKind::Ep));
+    // ZeRO-1: reduce-scatter of the stage's BF16 gradients in 80 MB buckets, then a gather.
+    let plan = Plan { sharding: Sharding::Zero(1), ..llama70_plan() };
+    let g = grad_reduces(&m, &plan, 1);
+    assert_eq!(g.len(), 1);
+    assert_eq!(
+        (g[0].kind, g[0].group, g[0].gather_after),
+        (CollectiveKind::ReduceScatter, GroupKind::DpCp, true)
+    );
+    let layer: u64 = 8192 * 10240 + 8192 * 8192 + 3 * 8192 * 28672;
+    assert_eq!(g[0].bytes, 2 * (20 * layer / 8 + 20 * 2 * 8192));
+    assert_eq!(g[0].buckets, g[0].bytes.div_ceil(80_000_000));
+}
+
+#[test]
+fn analytic_breakdown_adds_up() {
+    let plan =
+        Plan { vpp: 5, recompute: Recompute::Selective, sharding: Sharding::Zero(1), ..llama70_plan() };
+    let e = run("llama3-70b", &plan, "dgx-h100.toml", &simple_comm);
+    let b = e.breakdown;
+    assert!(rel_err(b.total(), e.step_time_s) < 1e-9, "{b:?} vs {}", e.step_time_s);
+    for (what, v) in [
+        ("compute", b.compute),
+        ("tp", b.tp),
+        ("pp", b.pp),
+        ("dp", b.dp),
+        ("bubble", b.bubble),
+        ("opt", b.optimizer),
+    ] {
+        assert!(v > 0.0, "{what} should be positive: {b:?}");
+    }
+    assert_eq!((b.cp, b.ep), (0.0, 0.0));
+    assert!(rel_err(e.tokens_per_s, 64.0 * 8192.0 / e.step_time_s) < 1e-12);
+    assert!(e.mfu > 0.2 && e.mfu < 0.8, "MFU {}", e.mfu);
+    assert!(e.hardware_tflops_per_gpu > e.model_tflops_per_gpu);
+    assert_eq!(e.memory.stage, 0);
+}
+
+#[test]
+fn analytic_without_communication_is_compute_bubble_and_optimizer() {
+    let plan = Plan { recompute: Recompute::Selective, ..llama70_plan() };
+    let free = |_: CollectiveKind, _: u64, _: &[u64]| 0.0;
+    let e = run("llama3-70b", &plan, "dgx-h100.toml", &free);
+    let b = e.breakdown;
+    assert_eq!((b.tp, b.cp, b.ep, b.pp, b.dp), (0.0, 0.0, 0.0, 0.0, 0.0));
+    assert!(rel_err(b.compute + b.bubble + b.optimizer, e.step_time_s) < 1e-9);
+    // With uniform stages the bubble is close to (p-1)/m of the compute; stage 0's embedding
+    // and stage 3's logits make the stages unequal, hence the tolerance.
+    let closed = 3.0 / 16.0;
+    assert!((b.bubble / b.compute - closed).abs() < 0.05, "{} vs {closed}", b.bubble / b.compute);
+}
+
+#[test]
+fn analytic_overlap_switches_matter() {
+    let base = Plan { recompute: Recompute::Selective, ..llama70_plan() };
+    let on = run("llama3-70b", &base, "dgx-h100.toml", &simple_comm);
+    let mut off = base.clone();
+    off.overlap.grad_reduce = false;
+    let off = run("llama3-70b", &off, "dgx-h100.toml", &simple_comm);
+    assert!(off.breakdown.dp > on.breakdown.dp, "{:?} vs {:?}", off.breakdown, on.breakdown);
+    let mut tp = base.clone();
+    tp.overlap.tp_comm = true;
+    let tp = run("llama3-70b", &tp, "dgx-h100.toml", &simple_comm);
+    assert!(tp.breakdown.tp < on.breakdown.tp);
+    // More micro-batches per step: a smaller bubble share.
+    let big = run("llama3-70b", &Plan { gbs: 256, ..base.clone() }, "dgx-h100.toml", &simple_comm);
+    assert!(big.breakdown.bubble / big.step_time_s < on.breakdown.bubble / on.step_time_s);
+}
+
+#[test]
+fn analytic_moe_cp_and_fsdp_paths() {
+    // Mixtral 8x7B, TP1 EP8 PP4 VP8 on 64 H100 (the MCore README mapping): EP all-to-all.
+    let plan = Plan { ep: 8, pp: 4, dp: 16, vpp: 8, gbs: 256, ..Plan::default() };
+    let e = run("mixtral-8x7b", &plan, "dgx-h100.toml", &simple_comm);
+    assert!(e.breakdown.ep > 0.0 && e.breakdown.tp == 0.0, "{:?}", e.breakdown);
+    assert!(rel_err(e.breakdown.total(), e.step_time_s) < 1e-9);
+    // Llama-3-8B with CP2 on 8 GPUs (NeMo's mapping): the KV ring hides behind attention,
+    // the overlap share still costs something.
+    let plan = Plan { cp: 2, dp: 4, gbs: 128, ..Plan::default() };
+    let e = run("llama3-8b", &plan, "dgx-h100.toml", &simple_comm);
+    assert!(e.breakdown.cp > 0.0, "{:?}", e.breakdown);
+    // GPT-3 175B with ZeRO-3 on 384 A100 (Narayanan Table 2 shape): gathers cost time and
+    // the weights are sharded 384 ways.
+    let plan = Plan {
+        dp: 384,
+        mbs: 4,
+        gbs: 1536,
+        sharding: Sharding::Zero(3),
+        recompute: Recompute::Full,
+        ..Plan::default()
+    };
+    let e = run("gpt3-175b", &plan, "dgx-a100.toml", &simple_comm);
+    assert!(e.memory.params < 2 * 175_000_000_000 / 384 + 1_000_000_000);
+    let mut no_prefetch = plan.clone();
+    no_prefetch.overlap.param_gather = false;
+    let slow = run("gpt3-175b", &no_prefetch, "dgx-a100.toml", &simple_comm);
+    assert!(slow.breakdown.dp > e.breakdown.dp + 1.0, "{:?} vs {:?}", slow.breakdown, e.breakdown);
+}
+
+/// Line-rate bandwidth model of an A100 node: 300 GB/s NVLink at NCCL's ~0.8 payload
+/// share, 200 Gb/s HDR per GPU between nodes at 0.9.
+fn a100_comm(kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+    let n = ranks.len() as f64;
+    let one_node = ranks.iter().all(|r| r / 8 == ranks[0] / 8);
+    let bw = if one_node { 300e9 * 0.8 } else { 25e9 * 0.9 };
+    let factor = match kind {
+        CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter | CollectiveKind::AllToAll => (n - 1.0) / n,
+        CollectiveKind::SendRecv => 1.0,
+    };
+    10e-6 + factor * bytes as f64 / bw
+}
+
+#[test]
+fn fp8_on_a_gpu_without_it_names_the_dtype() {
+    let plan = Plan { tp: 8, gbs: 1, dtype: fabricsim::workload::plan::Dtype::Fp8, ..Plan::default() };
+    let g = gpu("dgx-a100.toml");
+    let params = GpuParams::for_generation(g.generation).unwrap();
+    let e = estimate(&model("llama3-8b"), &plan, &g, params, &simple_comm).unwrap_err();
+    assert!(e.contains("`dtype`") && e.contains("valid: bf16"), "{e}");
+}
+
+#[test]
+fn fitted_runs_reproduce_their_published_numbers() {
+    use fabricsim::workload::plan::Dtype;
+    // The three runs src/workload/gpu_params.toml was fitted on; the MFU is a check of the
+    // FLOP count, which played no part in the fit.
+    let plan =
+        Plan { tp: 8, dp: 1, mbs: 4, gbs: 4, sp: true, recompute: Recompute::Selective, ..Plan::default() };
+    let e = run("megatron-gpt-22b", &plan, "dgx-a100.toml", &a100_comm);
+    assert!(rel_err(e.step_time_s, 1.10) < 0.02, "22B: {} s", e.step_time_s);
+    assert!((e.mfu - 0.415).abs() < 0.01, "22B MFU {}", e.mfu);
+    let plan = Plan { tp: 8, dp: 96, gbs: 384, sp: true, sharding: Sharding::Zero(1), ..Plan::default() };
+    let e = run("nemotron4-15b", &plan, "dgx-h100.toml", &simple_comm);
+    assert!(rel_err(e.step_time_s, 0.57) < 0.02, "15B: {} s", e.step_time_s);
+    assert!((e.mfu - 0.343).abs() < 0.01, "15B MFU {}", e.mfu);
+    let plan = Plan { dp: 8, gbs: 128, sharding: Sharding::Zero(1), dtype: Dtype::Fp8, ..Plan::default() };
+    let e = run("llama2-7b", &plan, "dgx-h100.toml", &simple_comm);
+    assert!(rel_err(e.model_tflops_per_gpu, 780.0) < 0.02, "7B FP8: {} TFLOP/s", e.model_tflops_per_gpu);
+}
+
+#[test]
+fn runs_not_fitted_on_are_within_15_percent() {
+    use fabricsim::workload::plan::Dtype;
+    // Published runs that played no part in the fit (TRAINING_BENCH.md Sec. 1 and 5.1), with
+    // the 15% bound of issue 9. The analytical model with a line-rate bandwidth model, not
+    // fabricsim's collective simulator; errors when written: -4.5% to +6%, and -11% for the
+    // Megatron 145.6B row. Korthikanti's 175B and 530B runs (Table 5) are not here: the
+    // estimate is 17% and 36% slow on them (see the lead's report).
+    let mut cases: Vec<(&str, f64, f64)> = Vec::new();
+    // Narayanan et al. Table 1: hardware TFLOP/s with full recomputation (MBS not stated;
+    // taken as 1).
+    for (name, tp, pp, gpus, gbs, published) in [
+        ("megatron-gpt-1.7b", 1, 1, 32, 512, 137.0),
+        ("megatron-gpt-7.5b", 4, 1, 128, 512, 142.0),
+        ("megatron-gpt-39.1b", 8, 2, 512, 1536, 138.0),
+        ("megatron-gpt-145.6b", 8, 8, 1536, 2304, 148.0),
+    ] {
+        let plan = Plan { tp, pp, dp: gpus / (tp * pp), gbs, recompute: Recompute::Full, ..Plan::default() };
+        cases.push((name, run(name, &plan, "dgx-a100.toml", &a100_comm).hardware_tflops_per_gpu, published));
+    }
+    // NeMo 24.07, H100 FP8: model TFLOP/s per GPU.
+    let fp8 = |tp, pp, cp, vpp, dp, gbs| Plan {
+        tp,
+        pp,
+        cp,
+        vpp,
+        dp,
+        gbs,
+        sp: tp > 1,
+        sharding: Sharding::Zero(1),
+        dtype: Dtype::Fp8,
+        ..Plan::default()
+    };
+    for (name, plan, published) in [
+        ("llama3-8b", fp8(1, 1, 2, 1, 4, 128), 711.0),
+        ("llama3-70b", fp8(4, 4, 2, 5, 2, 128), 734.0),
+        ("gpt3-175b", fp8(4, 8, 1, 6, 4, 256), 771.0),
+        ("nemotron4-340b", fp8(8, 8, 1, 12, 2, 32), 686.0),
+    ] {
+        cases.push((name, run(name, &plan, "dgx-h100.toml", &simple_comm).model_tflops_per_gpu, published));
+    }
+    for (name, got, published) in cases {
+        assert!(rel_err(got, published) < 0.15, "{name}: {got:.0} TFLOP/s vs published {published}");
+    }
+}
