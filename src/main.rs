@@ -33,6 +33,8 @@ enum Command {
     Report(cli::report::ReportArgs),
     /// Score the simulator (and NCCL's cost model) against the measured tables in validate/reference/.
     Validate(cli::validate::ValidateArgs),
+    /// One training step of a model under a plan (--tp --pp --vpp --cp --dp --ep --mbs --gbs ...): time, MFU, breakdown, memory.
+    Train(cli::train::TrainArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Merge(a) => cli::merge::run(a),
         Command::Report(a) => cli::report::run(a),
         Command::Validate(a) => cli::validate::run(a),
+        Command::Train(a) => cli::train::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,6 +8,7 @@ pub mod report;
 pub mod run;
 pub mod sweep;
 pub mod topo;
+pub mod train;
 pub mod validate;
 pub mod values;
 

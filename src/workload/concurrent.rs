@@ -301,3 +301,46 @@ pub fn nccl_choice(comm: &Comm, args: &CollArgs) -> Option<Choice> {
     let nchannels = tuner::channels_for(&tin, algo, proto, nbytes).clamp(1, 64);
     Some(Choice { algo, proto, nchannels })
 }
+
+/// The time of one collective on fabric ranks, simulated on the fabric with NCCL's pick for
+/// that group (event mode, default folding): seconds from the call to the last byte. `bytes`
+/// follows nccl-tests' size convention (the whole buffer; for all-gather, reduce-scatter and
+/// all-to-all the buffer of all ranks together). This is how the training layer prices its
+/// collectives on the real placement: a TP group inside one NVLink domain, a DP group across
+/// rails, a PP pair across nodes.
+pub fn collective_time(
+    f: &Fabric,
+    router: &Router,
+    kind: super::comm::CollectiveKind,
+    bytes: u64,
+    ranks: &[u32],
+    dtype: DType,
+) -> Result<f64, WorkloadError> {
+    use super::comm::CollectiveKind as K;
+    use collective::Collective as C;
+    let n = ranks.len().max(1) as u64;
+    let coll = match kind {
+        K::AllReduce => C::AllReduce,
+        K::AllGather => C::AllGather,
+        K::ReduceScatter => C::ReduceScatter,
+        K::AllToAll => C::AllToAll,
+        K::SendRecv => C::SendRecv,
+    };
+    let per_rank = matches!(coll, C::AllGather | C::ReduceScatter | C::AllToAll);
+    let count = if per_rank { bytes / n / dtype.size() } else { bytes / dtype.size() };
+    if count == 0 || ranks.len() < 2 {
+        return Ok(0.0);
+    }
+    let args = CollArgs { coll, count, dtype, redop: RedOp::Sum, root: 0 };
+    let mut w = Concurrent::new(f, router);
+    let job = CollectiveJob {
+        name: format!("{coll} of {bytes} B on {} ranks", ranks.len()),
+        ranks: ranks.to_vec(),
+        args,
+        choice: None,
+        knobs: Knobs::default(),
+    };
+    w.add(job)?;
+    let out = w.run(&SimOpts::default())?;
+    Ok(out.sim.time.as_secs())
+}

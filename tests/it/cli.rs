@@ -541,3 +541,34 @@ fn nccl_algo_that_allows_nothing_is_an_error() {
     let (ok, out, err) = fabricsim(&["bench", H100, "--nccl", "NCCL_ALGO=Tree", "-b", "1M", "-e", "1M"]);
     assert!(ok && out.contains(" Tree "), "{out}{err}");
 }
+
+/// `train`: a step on a real model and plan, its JSON fields, and bad plans that exit 2
+/// naming the flag, and a plan that does not fit in HBM.
+#[test]
+fn train_reports_a_step_and_rejects_bad_plans() {
+    let base = ["train", "--model", "models/llama3-8b.toml", "--topology", H100, "--gbs", "64"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        base.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    let (ok, out, err) = fabricsim(&with(&["--tp", "8", "--mbs", "2", "--format", "json"]));
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for k in ["step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "memory_per_gpu_bytes", "breakdown"] {
+        assert!(!v[k].is_null(), "no {k}: {out}");
+    }
+    let (step, mfu) = (v["step_time_s"].as_f64().unwrap(), v["mfu"].as_f64().unwrap());
+    assert!(step > 0.0 && (0.05..0.8).contains(&mfu), "{out}");
+    // The breakdown adds up to the step.
+    let b = v["breakdown"].as_object().unwrap();
+    let sum: f64 = b.values().map(|x| x.as_f64().unwrap()).sum();
+    assert!((sum / step - 1.0).abs() < 1e-6, "{out}");
+    // TP inside the node is priced on NVLink: exposed TP is a small share of the step.
+    assert!(b["tp_s"].as_f64().unwrap() < 0.25 * step, "{out}");
+    exits_2(&with(&["--tp", "8", "--dp", "2"]), &["command line", "`dp`", "8 GPUs"]);
+    exits_2(&with(&["--tp", "8", "--recompute", "sometimes"]), &["`recompute`", "selective"]);
+    // 8B parameters on 2-way TP without ZeRO: Adam's states alone exceed 80 GB.
+    let e = exits_2(&with(&["--tp", "2"]), &["does not fit", "optimizer states"]);
+    assert!(e.contains("--allow-oom"), "{e}");
+    let (ok, _, err) = fabricsim(&with(&["--tp", "2", "--allow-oom"]));
+    assert!(ok && err.contains("does not fit"), "{err}");
+}

@@ -1,0 +1,328 @@
+//! `fabricsim train`: one training step of a model under a parallelism plan on a fabric —
+//! step time, tokens/s, TFLOP/s per GPU and MFU, where the time goes, the rank placement and
+//! memory per GPU against HBM. The plan comes from flags (Megatron's names) or a plan file;
+//! each collective of the step is priced by simulating it on its real group of fabric ranks.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fabricsim::fabric::{self, build::BuildOpts, Router};
+use fabricsim::schedule::DType;
+use fabricsim::workload::analytic::{estimate, StepEstimate};
+use fabricsim::workload::comm::CollectiveKind;
+use fabricsim::workload::compute::GpuParams;
+use fabricsim::workload::concurrent::collective_time;
+use fabricsim::workload::plan::{parse_plan, Dtype};
+use fabricsim::workload::{load_model, Placement};
+
+use super::bench::{load_any_topology, load_profile};
+
+/// `train` arguments.
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Model file (models/*.toml).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Topology file (topologies/*.toml).
+    #[arg(long)]
+    pub topology: PathBuf,
+    /// Nodes to instantiate with the topology's cluster generator.
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// A plan file (TOML: tp, pp, vpp, dp, cp, ep, etp, sp, zero, fsdp, mbs, gbs, seq,
+    /// recompute, dtype, schedule, bucket, overlap switches, order); flags override it.
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
+    /// Tensor parallelism.
+    #[arg(long)]
+    pub tp: Option<u64>,
+    /// Pipeline stages.
+    #[arg(long)]
+    pub pp: Option<u64>,
+    /// Model chunks per stage (interleaved 1F1B).
+    #[arg(long)]
+    pub vpp: Option<u64>,
+    /// Data parallelism (default: GPUs / (tp x pp x cp)).
+    #[arg(long)]
+    pub dp: Option<u64>,
+    /// Context parallelism.
+    #[arg(long)]
+    pub cp: Option<u64>,
+    /// Expert parallelism.
+    #[arg(long)]
+    pub ep: Option<u64>,
+    /// Micro-batch size (sequences).
+    #[arg(long)]
+    pub mbs: Option<u64>,
+    /// Global batch size (sequences).
+    #[arg(long)]
+    pub gbs: Option<u64>,
+    /// Sequence length (default: the model's).
+    #[arg(long)]
+    pub seq: Option<u64>,
+    /// Activation recomputation: none, selective, full.
+    #[arg(long)]
+    pub recompute: Option<String>,
+    /// GEMM dtype: bf16, fp8.
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// ZeRO stage (0-3).
+    #[arg(long)]
+    pub zero: Option<u8>,
+    /// Pipeline schedule: gpipe, 1f1b, interleaved, zb-h1.
+    #[arg(long)]
+    pub schedule: Option<String>,
+    /// Calibration profile (TOML with [params]).
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// Report a plan that does not fit in HBM instead of failing.
+    #[arg(long)]
+    pub allow_oom: bool,
+    /// Output: table or json.
+    #[arg(long, default_value = "table")]
+    pub format: String,
+}
+
+/// A priced collective: kind, bytes, ranks.
+type PriceKey = (u8, u64, Vec<u64>);
+
+/// The plan as a plan file's text: the file's, then every flag given.
+fn plan_text(a: &TrainArgs) -> Result<String> {
+    let mut text = match &a.plan {
+        Some(p) => std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+        None => String::new(),
+    };
+    let mut set = |key: &str, value: String| {
+        // A flag replaces the file's line for the key.
+        text = text
+            .lines()
+            .filter(|l| l.split('=').next().map(str::trim) != Some(key))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        text.push_str(&format!("{key} = {value}\n"));
+    };
+    for (k, v) in [
+        ("tp", a.tp),
+        ("pp", a.pp),
+        ("vpp", a.vpp),
+        ("dp", a.dp),
+        ("cp", a.cp),
+        ("ep", a.ep),
+        ("mbs", a.mbs),
+        ("gbs", a.gbs),
+        ("seq", a.seq),
+    ] {
+        if let Some(v) = v {
+            set(k, v.to_string());
+        }
+    }
+    if let Some(z) = a.zero {
+        set("zero", z.to_string());
+    }
+    for (k, v) in [("recompute", &a.recompute), ("dtype", &a.dtype), ("schedule", &a.schedule)] {
+        if let Some(v) = v {
+            set(k, format!("{v:?}"));
+        }
+    }
+    Ok(text)
+}
+
+/// Runs `train`.
+pub fn run(a: TrainArgs) -> Result<()> {
+    if !matches!(a.format.as_str(), "table" | "json") {
+        bail!("--format {}: valid: table, json", a.format);
+    }
+    let model = load_model(&a.model)?;
+    let spec = load_any_topology(&a.topology)?;
+    let params = a.calibration.as_deref().map(load_profile).transpose()?;
+    let f = fabric::build::build(&spec, &BuildOpts { nodes: a.nodes, params, ..Default::default() })?;
+    let gpus = f.num_gpus() as u64;
+    let text = plan_text(&a)?;
+    let origin = a.plan.clone().unwrap_or_else(|| PathBuf::from("<command line>"));
+    let plan = parse_plan(&text, &origin, &model, gpus).map_err(|e| {
+        let msg = e.to_string();
+        if a.plan.is_some() {
+            return anyhow::anyhow!(msg);
+        }
+        // Flags only: the location is that of a generated line; name the flag instead.
+        let rest = msg.strip_prefix("<command line>").unwrap_or(&msg);
+        let rest = rest.trim_start_matches(|c: char| c == ':' || c.is_ascii_digit()).trim_start();
+        anyhow::anyhow!("command line: {rest}")
+    })?;
+    if plan.world() != gpus {
+        bail!(
+            "the plan uses {} GPUs (tp {} x cp {} x dp {} x pp {}) but the fabric has {gpus} ({}); \
+             change --dp or --nodes",
+            plan.world(),
+            plan.tp,
+            plan.cp,
+            plan.dp,
+            plan.pp,
+            super::count(f.num_nodes(), "node")
+        );
+    }
+    let router = Router::new(&f, 0);
+    let dtype = DType::BF16;
+    let cache: RefCell<BTreeMap<PriceKey, f64>> = RefCell::new(BTreeMap::new());
+    let failure: RefCell<Option<String>> = RefCell::new(None);
+    let price = |kind: CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
+        let key = (kind as u8, bytes, ranks.to_vec());
+        if let Some(&t) = cache.borrow().get(&key) {
+            return t;
+        }
+        let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
+        let t = match collective_time(&f, &router, kind, bytes, &r, dtype) {
+            Ok(t) => t,
+            Err(e) => {
+                failure.borrow_mut().get_or_insert(e.to_string());
+                0.0
+            }
+        };
+        cache.borrow_mut().insert(key, t);
+        t
+    };
+    let gp = GpuParams::for_generation(f.gpu.generation).map_err(anyhow::Error::msg)?;
+    let est = estimate(&model, &plan, &f.gpu, gp, &price).map_err(anyhow::Error::msg)?;
+    if let Some(e) = failure.into_inner() {
+        bail!("a collective of the step could not be simulated: {e}");
+    }
+    let hbm = f.gpu.hbm_bytes;
+    let oom = est.memory.fits(hbm).err();
+    let placement = Placement::new(&plan);
+    match a.format.as_str() {
+        "json" => print_json(&model.name, &plan_summary(&plan), &placement, &est, hbm, cache.borrow().len())?,
+        _ => print_table(
+            &model.name,
+            &f.name,
+            &plan_summary(&plan),
+            &placement,
+            &est,
+            hbm,
+            cache.borrow().len(),
+        ),
+    }
+    if let Some(o) = oom {
+        let msg = format!(
+            "the plan does not fit: stage {} needs {:.1} GiB per GPU, {:.1} GiB over the {:.1} GiB of HBM; \
+             the largest part is {} ({:.1} GiB)",
+            o.stage,
+            gib(o.need),
+            gib(o.need.saturating_sub(o.hbm)),
+            gib(o.hbm),
+            o.largest.0.name(),
+            gib(o.largest.1)
+        );
+        if a.allow_oom {
+            eprintln!("warning: {msg}");
+        } else {
+            bail!("{msg} (--allow-oom reports it anyway)");
+        }
+    }
+    Ok(())
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+fn plan_summary(p: &fabricsim::workload::Plan) -> String {
+    let dt = match p.dtype {
+        Dtype::Bf16 => "bf16",
+        Dtype::Fp8 => "fp8",
+    };
+    format!(
+        "tp {} pp {} vpp {} cp {} ep {} dp {}, mbs {} gbs {} ({} micro-batches), sp {}, {:?}, recompute {:?}, {dt}, {}",
+        p.tp,
+        p.pp,
+        p.vpp,
+        p.cp,
+        p.ep,
+        p.dp,
+        p.mbs,
+        p.gbs,
+        p.microbatches(),
+        p.sp,
+        p.sharding,
+        p.recompute,
+        p.schedule().name()
+    )
+}
+
+fn print_table(
+    model: &str,
+    fabric: &str,
+    plan: &str,
+    placement: &Placement,
+    e: &StepEstimate,
+    hbm: u64,
+    priced: usize,
+) {
+    println!("# {model} on {fabric}: {plan}");
+    println!("# placement (innermost first): {placement}");
+    println!(
+        "# {priced} distinct collectives simulated on their groups (event mode); step assembled analytically"
+    );
+    println!("step time          {:>10.3} s", e.step_time_s);
+    println!("tokens/s           {:>10.0}", e.tokens_per_s);
+    println!("model TFLOP/s/GPU  {:>10.1}", e.model_tflops_per_gpu);
+    println!("hw TFLOP/s/GPU     {:>10.1}   (with recomputation)", e.hardware_tflops_per_gpu);
+    println!("MFU                {:>10.1} %", e.mfu * 100.0);
+    println!("where the time goes:");
+    let b = &e.breakdown;
+    let total = b.total().max(1e-12);
+    for (name, v) in [
+        ("compute", b.compute),
+        ("exposed TP comm", b.tp),
+        ("exposed CP comm", b.cp),
+        ("exposed EP comm", b.ep),
+        ("exposed PP comm", b.pp),
+        ("exposed DP comm", b.dp),
+        ("pipeline bubble", b.bubble),
+        ("optimizer", b.optimizer),
+    ] {
+        println!("  {name:<18} {:>10.3} s {:>6.1} %", v, 100.0 * v / total);
+    }
+    let m = &e.memory;
+    println!("memory per GPU (stage {}, the largest):", m.stage);
+    for (c, v) in m.parts() {
+        println!("  {:<18} {:>8.2} GiB", c.name(), gib(v));
+    }
+    println!("  {:<18} {:>8.2} GiB of {:.0} GiB HBM", "total", gib(m.total()), gib(hbm));
+}
+
+fn print_json(
+    model: &str,
+    plan: &str,
+    placement: &Placement,
+    e: &StepEstimate,
+    hbm: u64,
+    priced: usize,
+) -> Result<()> {
+    let b = &e.breakdown;
+    let m = &e.memory;
+    let doc = serde_json::json!({
+        "model": model,
+        "plan": plan,
+        "placement": placement.describe(),
+        "step_time_s": e.step_time_s,
+        "tokens_per_s": e.tokens_per_s,
+        "tflops_per_gpu": e.model_tflops_per_gpu,
+        "hardware_tflops_per_gpu": e.hardware_tflops_per_gpu,
+        "mfu": e.mfu,
+        "microbatches": e.microbatches,
+        "memory_per_gpu_bytes": m.total(),
+        "hbm_bytes": hbm,
+        "memory": m.parts().iter().map(|(c, v)| (c.name().to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+        "breakdown": {
+            "compute_s": b.compute, "tp_s": b.tp, "cp_s": b.cp, "ep_s": b.ep, "pp_s": b.pp,
+            "dp_s": b.dp, "bubble_s": b.bubble, "optimizer_s": b.optimizer,
+        },
+        "collectives_simulated": priced,
+        "fidelity": "collectives: event mode on their groups; step: analytical",
+    });
+    println!("{}", serde_json::to_string_pretty(&doc)?);
+    Ok(())
+}
