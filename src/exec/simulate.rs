@@ -136,16 +136,32 @@ pub enum SimError {
     TimeOverflow(#[from] crate::units::TimeOverflow),
 }
 
+/// One interval during which an engine resource (a link, a channel's copy or reduction
+/// engine) served a flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Service {
+    /// The resource: index into [`Traced::roles`].
+    pub resource: u32,
+    /// Start of service.
+    pub start: SimTime,
+    /// End of service.
+    pub end: SimTime,
+    /// Bytes served (payload plus protocol overhead).
+    pub bytes: u64,
+    /// The flow served: [`FlowLog::tag`].
+    pub flow: u64,
+}
+
 /// An observer that records every service interval (for traces and utilisation).
 #[derive(Debug, Default, Clone)]
 pub struct Recorder {
-    /// (resource, start, end, bytes, flow tag).
-    pub services: Vec<(u32, SimTime, SimTime, u64, u64)>,
+    /// Every service, in the order the engine served them.
+    pub services: Vec<Service>,
 }
 
 impl Observer for Recorder {
     fn on_service(&mut self, res: ResourceId, start: SimTime, end: SimTime, bytes: u64, tag: u64) {
-        self.services.push((res.0, start, end, bytes, tag));
+        self.services.push(Service { resource: res.0, start, end, bytes, flow: tag });
     }
 }
 
@@ -207,7 +223,7 @@ pub struct Traced {
     /// The result.
     pub result: SimResult,
     /// Every service interval.
-    pub services: Vec<(u32, SimTime, SimTime, u64, u64)>,
+    pub services: Vec<Service>,
     /// What each engine resource is.
     pub roles: Vec<ResourceRole>,
     /// Every flow.

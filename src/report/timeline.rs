@@ -35,7 +35,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use crate::collective::{self, Choice, CollArgs, Comm};
-use crate::exec::simulate::{simulate_traced, FlowWhat, ResourceRole, SimOpts, Traced};
+use crate::exec::simulate::{simulate_traced, FlowWhat, ResourceRole, Service, SimOpts, Traced};
 use crate::fabric::{Fabric, LinkKind, Router};
 use crate::report::trace::{TraceError, TraceWriter, Track, TrackKind};
 use crate::scenario::bench::{BenchConfig, BenchError, BenchRow};
@@ -211,7 +211,7 @@ pub fn write_timeline<W: Write>(
 
     // Span of every flow over all of its services.
     let mut span = vec![(u64::MAX, 0u64); t.flows.len()];
-    for &(_, start, end, _, tag) in &t.services {
+    for &Service { start, end, flow: tag, .. } in &t.services {
         if let Some(fi) = flow_of(tag) {
             let sp = &mut span[fi as usize];
             sp.0 = sp.0.min(start.ps());
@@ -250,8 +250,11 @@ pub fn write_timeline<W: Write>(
     let link_flow_shown = |tag: u64| flow_of(tag).is_some_and(|fi| links_shown[fi as usize]);
     let flow_starts =
         span.iter().zip(&own_shown).filter(|(sp, &shown)| shown && sp.0 != u64::MAX).map(|(sp, _)| sp.0);
-    let link_starts =
-        t.services.iter().filter(|sv| is_link(sv.0) && link_flow_shown(sv.4)).map(|sv| sv.1.ps());
+    let link_starts = t
+        .services
+        .iter()
+        .filter(|sv| is_link(sv.resource) && link_flow_shown(sv.flow))
+        .map(|sv| sv.start.ps());
     let total = flow_starts.clone().count() + link_starts.clone().count();
     let cut = if total > opts.max_slices {
         const BUCKETS: usize = 4096;
@@ -315,7 +318,7 @@ pub fn write_timeline<W: Write>(
         let track = track_of(key);
         recs.push(Rec { start, dur: stop - start, track, kind: SliceKind::Flow(fi as u32) });
     }
-    for &(res, start, stop, bytes, tag) in &t.services {
+    for &Service { resource: res, start, end: stop, bytes, flow: tag } in &t.services {
         let Some(ResourceRole::Link(l)) = t.roles.get(res as usize) else { continue };
         let Some(fi) = flow_of(tag) else { continue };
         if !links_shown[fi as usize] {

@@ -14,7 +14,7 @@
 //! Unlike the rest of `report`, this module reads the simulator's output types and the
 //! fabric (to name and classify links); it runs nothing itself.
 
-use crate::exec::simulate::{ResourceRole, SimResult, Traced};
+use crate::exec::simulate::{ResourceRole, Service, SimResult, Traced};
 use crate::fabric::{DeviceKind, Fabric, LinkId, LinkKind};
 use crate::report::heatmap::{HeatTrack, Heatmap};
 use crate::report::plot::Bar;
@@ -151,7 +151,7 @@ pub fn link_timeline(t: &Traced, links: &[LinkId], bins: usize) -> LinkTimeline 
         }
     }
     let mut busy = vec![vec![0.0f64; bins]; links.len()];
-    for &(res, start, _end, bytes, _tag) in &t.services {
+    for &Service { resource: res, start, bytes, .. } in &t.services {
         let Some(ResourceRole::Link(l)) = t.roles.get(res as usize) else { continue };
         let Some(&i) = row_of.get(l.idx()).filter(|&&i| i != usize::MAX) else { continue };
         let s0 = start.ps() as f64;

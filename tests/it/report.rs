@@ -118,7 +118,7 @@ fn trace_of_a_tiny_ring_has_ranks_channels_links_and_a_slice_per_transfer() {
     assert!(n_sends > 0);
     assert_eq!(sends.len(), n_sends);
     let link_services =
-        t.services.iter().filter(|sv| matches!(t.roles[sv.0 as usize], ResourceRole::Link(_))).count();
+        t.services.iter().filter(|sv| matches!(t.roles[sv.resource as usize], ResourceRole::Link(_))).count();
     assert_eq!(slices.iter().filter(|e| e["cat"] == "link").count(), link_services);
     for e in &sends {
         let name = e["name"].as_str().unwrap();
