@@ -338,9 +338,8 @@ struct ConnState {
     step_latency: SimTime,
 }
 
-/// Ops a stream may have issued but not completed (a bound on a channel's pipelining far
-/// above what NCCL's FIFOs allow).
-const OPS_IN_FLIGHT: u32 = 64;
+/// Ops a stream may run ahead of its oldest incomplete op: the IR's rule.
+const OPS_IN_FLIGHT: u32 = crate::schedule::MAX_OPS_IN_FLIGHT;
 
 /// Completion state of a stream's recent ops: every op below `done_below` is complete; the
 /// others issued so far keep their outstanding flow count in a small ring.

@@ -12,7 +12,8 @@
 //! - for a [`Step`]: a message is waiting on each connection it receives from, and each
 //!   connection it sends to has fewer than its part's [`Part::window`](super::Part::window)
 //!   messages in flight (sent but not yet received);
-//! - for [`Op::Wait`]: the awaited op of the other stream is complete.
+//! - for [`Op::Wait`]: the awaited op of the other stream is complete;
+//! - it is fewer than [`MAX_OPS_IN_FLIGHT`] ops ahead of the stream's oldest incomplete op.
 //!
 //! Each part has buffers of its own: effects see an op's part in [`OpRef::part`].
 //!
@@ -56,7 +57,7 @@ use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 
 use super::validate::{self, ScheduleError};
-use super::{Binding, Compute, Op, OpId, Schedule, Span, Step, SwitchKind};
+use super::{Binding, Compute, Op, OpId, Schedule, Span, Step, SwitchKind, MAX_OPS_IN_FLIGHT};
 
 /// An op of a stream, as effects and errors name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,7 +184,12 @@ enum Block {
     Recv(u32),
     Credit(u32),
     After(u32),
-    Wait { stream: u32, op: u32 },
+    Wait {
+        stream: u32,
+        op: u32,
+    },
+    /// [`MAX_OPS_IN_FLIGHT`] ops ahead of the oldest incomplete one.
+    Room,
 }
 
 struct Strm {
@@ -194,6 +200,8 @@ struct Strm {
     dep_end: u32,
     /// Ops complete so far.
     ndone: u32,
+    /// Every op below it is complete.
+    done_below: u32,
     lane: u32,
     program: u32,
     pc: u32,
@@ -362,6 +370,7 @@ impl<'a, M> Machine<'a, M> {
                 dep_next: deps.start as u32,
                 dep_end: deps.end as u32,
                 ndone: 0,
+                done_below: 0,
                 rank: st.rank,
                 lane: st.lane,
                 program: st.program,
@@ -512,6 +521,12 @@ impl<'a, M> Machine<'a, M> {
         self.done[i] = true;
         st.ndone += 1;
         let all = st.ndone == st.len;
+        while st.done_below < st.len && self.done[st.done0 + st.done_below as usize] {
+            st.done_below += 1;
+        }
+        if st.block == Block::Room && st.pc - st.done_below < MAX_OPS_IN_FLIGHT {
+            self.wake(k);
+        }
         self.wake_if(k, Block::After(op));
         if !self.waiters[k as usize].is_empty() {
             let mut w = std::mem::take(&mut self.waiters[k as usize]);
@@ -536,6 +551,9 @@ impl<'a, M> Machine<'a, M> {
         let st = &self.streams[k as usize];
         let i = st.pc;
         let ins = &s.programs[st.program as usize].instrs[i as usize];
+        if i - st.done_below >= MAX_OPS_IN_FLIGHT {
+            return Ok(Some(Block::Room));
+        }
         if ins.after > 0 && !self.is_done(k, i - ins.after) {
             return Ok(Some(Block::After(i - ins.after)));
         }
@@ -913,6 +931,10 @@ impl<'a, M> Machine<'a, M> {
             Block::Wait { stream, op } => {
                 format!("{head} waits for op {op} of {}", self.where_is(stream))
             }
+            Block::Room => format!(
+                "{head} is {MAX_OPS_IN_FLIGHT} ops ahead of its oldest incomplete op {}",
+                st.done_below
+            ),
             Block::No => format!("{head} is ready (internal error)"),
         }
     }

@@ -25,6 +25,9 @@
 //!   complete (e.g. a send of data a switch op produces); [`Op::Wait`] waits for an op of
 //!   another stream (CUDA events between a compute stream and a communication stream).
 //!
+//! A stream runs at most [`MAX_OPS_IN_FLIGHT`] ops ahead of its oldest incomplete op (a
+//! channel's work queue is bounded): every backend obeys that rule.
+//!
 //! Architecture invariant: this module knows nothing of fabrics, routing or time. It
 //! depends only on [`crate::units`].
 
@@ -35,6 +38,12 @@ pub mod validate;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
+
+/// How far a stream may issue ahead of its oldest incomplete op: op `i` may issue only
+/// once every op below `i - MAX_OPS_IN_FLIGHT + 1` is complete. A bound on a channel's
+/// pipelining far above what NCCL's FIFOs allow; part of the IR's rules, so the
+/// interpreter and the simulator agree on it.
+pub const MAX_OPS_IN_FLIGHT: u32 = 64;
 
 /// Element type of a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

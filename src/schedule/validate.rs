@@ -348,8 +348,13 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
 /// Runs [`check`], then the schedule symbolically under the interleaving drawn from `seed`
 /// (see the module documentation). Different seeds explore different interleavings.
 pub fn check_dynamic(s: &Schedule, seed: u64) -> Result<(), ScheduleError> {
+    run_symbolic(s, seed).map(|_| ())
+}
+
+/// [`check_dynamic`], returning the run's counters (ops issued, messages, switch ops).
+pub fn run_symbolic(s: &Schedule, seed: u64) -> Result<interp::Stats, ScheduleError> {
     let mut fx = Symbolic::new(s);
-    interp::run(s, &mut fx, seed).map(|_| ())
+    interp::run(s, &mut fx, seed)
 }
 
 /// Static and dynamic validation ([`check`] then [`check_dynamic`]).
