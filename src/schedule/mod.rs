@@ -778,9 +778,11 @@ impl Schedule {
                 *r = m(*r);
             }
         }
+        // A shift of communicator ranks is a shift of schedule ranks only under the identity
+        // onto the same rank count (a ring of ranks 0..16 inside 64 ranks is not invariant
+        // under a shift of the 64).
+        let identity = map.iter().enumerate().all(|(i, &r)| r == i as u32) && nranks == self.nranks;
         self.nranks = nranks;
-        // A shift of communicator ranks is a shift of fabric ranks only under the identity.
-        let identity = map.iter().enumerate().all(|(i, &r)| r == i as u32);
         if !identity {
             for p in &mut self.parts {
                 p.rank_period = None;

@@ -12,7 +12,8 @@ use fabricsim::fabric::{load_topology, Fabric, Router};
 use fabricsim::schedule::compose::{Composer, LocalOp};
 use fabricsim::schedule::{validate, DType, OpId, Proto, RedOp, Schedule};
 use fabricsim::units::SimTime;
-use fabricsim::workload::concurrent::{CollectiveJob, Concurrent, JobTime, Kernel};
+use fabricsim::workload::comm::CollectiveKind;
+use fabricsim::workload::concurrent::{collective_time, CollectiveJob, Concurrent, JobTime, Kernel};
 use proptest::prelude::*;
 
 fn fabric(topo: &str, nodes: Option<u32>) -> Fabric {
@@ -455,4 +456,20 @@ proptest! {
             prop_assert!(me.issue >= on, "dependency not honoured");
         }
     }
+}
+
+#[test]
+fn a_group_that_is_a_prefix_of_a_larger_fabric_runs_as_on_its_own() {
+    // Regression: a ring on ranks 0..16 placed on a 64-GPU fabric kept its 8-rank period
+    // through `relabel` (the identity map) while the rank count grew to 64; rank folding then
+    // mapped peers across the wrong modulus and the simulation deadlocked.
+    let small = fabric("dgx-h100.toml", Some(2));
+    let big = fabric("dgx-h100.toml", Some(8));
+    let ranks: Vec<u32> = (0..16).collect();
+    let time = |f: &Fabric| {
+        let router = Router::new(f, 0);
+        collective_time(f, &router, CollectiveKind::ReduceScatter, 77_824_000, &ranks, DType::BF16).unwrap()
+    };
+    let (a, b) = (time(&small), time(&big));
+    assert!((b / a - 1.0).abs() < 0.01, "2 nodes {a} s, the same ranks of 8 nodes {b} s");
 }
