@@ -791,4 +791,33 @@ fn published_training_runs_out_of_sample() {
         s.median_held_out * 100.0
     );
     assert!(s.median_fitted < 0.02, "median |error| of the fitted runs: {:.1}%", s.median_fitted * 100.0);
+    // The README's table is this one: each run's line ends with today's error and use.
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    for r in &s.rows {
+        let head = format!("| {} |", r.run.run);
+        let line =
+            readme.lines().find(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("README lacks {head}"));
+        let u = if r.run.use_ == Use::Fitted { "fitted" } else { "held_out" };
+        let tail = format!("| {:+.1}% | {u} |", r.error * 100.0);
+        assert!(line.ends_with(&tail), "README's row is stale: {line} (now {tail})");
+    }
+}
+
+#[test]
+fn validate_training_prints_the_table() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+        .args(["validate", "--training", "--format", "markdown"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.starts_with("| run | model | GPUs | topology | metric | published | simulated | error | use |")
+    );
+    assert!(
+        text.contains("| nemo2407-llama2-7b-fp8 | llama2-7b | 8 | dgx-h100 | model TFLOP/s/GPU | 780 |"),
+        "{text}"
+    );
+    assert!(text.contains("median |error|: held-out ") && text.contains("not covered:"), "{text}");
 }
