@@ -231,7 +231,7 @@ pub fn score_run(root: &Path, run: &TrainingRun) -> Result<TrainingRow, String> 
         }
         let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
         let t = collective_time(&f, &router, kind, bytes, &r, DType::BF16).unwrap_or_else(|e| {
-            failure.borrow_mut().get_or_insert(e.to_string());
+            failure.borrow_mut().get_or_insert(format!("{kind:?} of {bytes} B on ranks {ranks:?}: {e}"));
             0.0
         });
         cache.borrow_mut().insert(key, t);
