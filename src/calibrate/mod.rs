@@ -5,6 +5,7 @@
 //! workload; it never changes the model itself, only the parameters a profile carries.
 
 pub mod reference;
+pub mod training;
 
 /// Calibration profiles are read by the fabric layer, below both the scenarios that name
 /// them and this module; re-exported here under their historical path.

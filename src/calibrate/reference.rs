@@ -160,7 +160,7 @@ fn nccl_median(points: &[&PointError]) -> Option<f64> {
     errs.filter(|e| !e.is_empty()).map(median)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }

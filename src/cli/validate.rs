@@ -9,6 +9,7 @@ use clap::Args;
 
 use fabricsim::calibrate::profile::load_profile;
 use fabricsim::calibrate::reference::{load_manifest, reference_dir, score};
+use fabricsim::calibrate::training::{score_training, training_runs_path, Use};
 use fabricsim::scenario::bench::Fidelity;
 
 use super::values::{FidelityArg, ValidateFormat};
@@ -34,10 +35,84 @@ pub struct ValidateArgs {
     /// Output format.
     #[arg(long, value_enum, ignore_case = true, default_value = "table")]
     pub format: ValidateFormat,
+    /// Score the training step estimate against the published training runs
+    /// (validate/reference/training_runs.csv) instead of the nccl-tests tables.
+    #[arg(long)]
+    pub training: bool,
 }
 
 fn pct(x: Option<f64>) -> String {
     x.map(|v| format!("{:.1}%", v * 100.0)).unwrap_or_else(|| "-".into())
+}
+
+fn fmt_value(v: f64) -> String {
+    if v < 100.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// `validate --training`: run, published, simulated, error and whether it was fitted.
+fn run_training(a: &ValidateArgs, md: bool) -> Result<()> {
+    let path = training_runs_path(&a.root);
+    if !path.is_file() {
+        bail!(
+            "{} not found: validate reads the published runs of the fabricsim repository; run it from the \
+             repository's root or point --root at it",
+            path.display()
+        );
+    }
+    if a.calibration.is_some() {
+        bail!("--calibration applies to the nccl-tests tables; --training uses the shipped parameters");
+    }
+    let s = score_training(&a.root).map_err(anyhow::Error::msg)?;
+    if md {
+        println!("| run | model | GPUs | topology | metric | published | simulated | error | use |");
+        println!("|---|---|---:|---|---|---:|---:|---:|---|");
+    } else {
+        println!(
+            "{:<38} {:<20} {:>5} {:<9} {:<18} {:>9} {:>9} {:>8} {:<8}",
+            "run", "model", "gpus", "topology", "metric", "published", "simulated", "error", "use"
+        );
+    }
+    for r in s.rows.iter().filter(|r| r.run.run.contains(&a.filter)) {
+        let u = match r.run.use_ {
+            Use::Fitted => "fitted",
+            Use::HeldOut => "held_out",
+        };
+        let (run, model, topo, metric) = (&r.run.run, &r.run.model, &r.run.topology, r.run.metric.unit());
+        let (p, v, e) =
+            (fmt_value(r.run.published), fmt_value(r.simulated), format!("{:+.1}%", r.error * 100.0));
+        if md {
+            println!("| {run} | {model} | {} | {topo} | {metric} | {p} | {v} | {e} | {u} |", r.run.gpus);
+        } else {
+            println!(
+                "{run:<38} {model:<20} {:>5} {topo:<9} {metric:<18} {p:>9} {v:>9} {e:>8} {u:<8}",
+                r.run.gpus
+            );
+        }
+        if a.verbose {
+            println!("    {} distinct collectives simulated; source: {}", r.collectives, r.run.source);
+        }
+    }
+    if !s.uncovered.is_empty() {
+        println!();
+        println!("not covered:");
+        for (_, why) in &s.uncovered {
+            println!("  {why}");
+        }
+    }
+    let n_held = s.rows.iter().filter(|r| r.run.use_ == Use::HeldOut).count();
+    let n_fit = s.rows.len() - n_held;
+    println!();
+    println!(
+        "median |error|: held-out {:.1}% ({n_held} runs), fitted {:.1}% ({n_fit} runs), all {:.1}%",
+        s.median_held_out * 100.0,
+        s.median_fitted * 100.0,
+        s.median_all * 100.0
+    );
+    Ok(())
 }
 
 /// Runs `validate`.
@@ -46,6 +121,9 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     let md = a.format == ValidateFormat::Markdown;
     let params = a.calibration.as_deref().map(load_profile).transpose()?;
     let dir = reference_dir(&a.root);
+    if a.training {
+        return run_training(&a, md);
+    }
     if !dir.join("datasets.toml").is_file() {
         bail!(
             "{} not found: validate reads the measured tables of the fabricsim repository; run it from the \

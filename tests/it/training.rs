@@ -719,3 +719,105 @@ fn runs_not_fitted_on_are_within_15_percent() {
         assert!(rel_err(got, published) < 0.15, "{name}: {got:.0} TFLOP/s vs published {published}");
     }
 }
+
+// ---------------------------------------------------------------- accuracy table
+
+/// Held-out runs outside 15% today, with the README's mechanism ("Training steps", known
+/// misses). Nothing is fitted to them; the test bounds them loosely so that a regression
+/// still fails, and fails too when one comes within 15% (then it moves to the asserted set).
+const KNOWN_MISSES: [(&str, f64); 14] = [
+    ("narayanan21-gpt18.4b", 0.20),
+    ("narayanan21-gpt145.6b", 0.20),
+    ("narayanan21-gpt310.1b", 0.25),
+    ("narayanan21-gpt529.6b", 0.32),
+    ("narayanan21-gpt1008b", 0.32),
+    ("korthikanti22-gpt3-175b-selective-sp", 0.22),
+    ("korthikanti22-gpt3-175b-full", 0.23),
+    ("korthikanti22-gpt530b-selective-sp", 0.27),
+    ("korthikanti22-gpt530b-full", 0.31),
+    ("korthikanti22-gpt1t-selective-sp", 0.32),
+    ("korthikanti22-gpt1t-full", 0.38),
+    ("parmar24-nemotron4-15b-dp192", 0.22),
+    ("parmar24-nemotron4-15b-dp288", 0.22),
+    ("nemo2407-gpt3-175b-512gpu-fp8", 0.20),
+];
+
+#[test]
+fn published_training_runs_out_of_sample() {
+    use fabricsim::calibrate::training::{load_training_runs, score_training, training_runs_path, Use};
+    // validate/reference/training_runs.csv: every run the file holds, collectives simulated
+    // on the shipped topology (the table of README.md, "Training steps").
+    let runs = load_training_runs(&training_runs_path(&root())).unwrap();
+    assert!(runs.len() >= 30, "{} runs", runs.len());
+    assert_eq!(
+        runs.iter().filter(|r| r.use_ == Use::Fitted).count(),
+        3,
+        "three fitted runs, one per constant"
+    );
+    let s = score_training(&root()).unwrap();
+    // Mixtral's step deadlocks in the simulator today (README); nothing else is uncovered.
+    let uncovered: Vec<&str> = s.uncovered.iter().map(|(r, _)| r.run.as_str()).collect();
+    assert_eq!(uncovered, ["mcore08-mixtral-8x7b"], "{:?}", s.uncovered);
+    for r in &s.rows {
+        let name = r.run.run.as_str();
+        let e = r.error.abs();
+        match (r.run.use_, KNOWN_MISSES.iter().find(|(n, _)| *n == name)) {
+            (Use::Fitted, _) => assert!(e < 0.10, "fitted {name}: {:+.1}%", r.error * 100.0),
+            (Use::HeldOut, Some((_, bound))) => {
+                assert!(
+                    e >= 0.15 && e < *bound,
+                    "known miss {name}: {:+.1}% (bound {bound})",
+                    r.error * 100.0
+                )
+            }
+            (Use::HeldOut, None) => assert!(e < 0.15, "held-out {name}: {:+.1}%", r.error * 100.0),
+        }
+    }
+    let asserted: Vec<f64> = s
+        .rows
+        .iter()
+        .filter(|r| r.run.use_ == Use::HeldOut && !KNOWN_MISSES.iter().any(|(n, _)| *n == r.run.run))
+        .map(|r| r.error.abs())
+        .collect();
+    assert!(asserted.len() >= 12, "{} held-out runs within 15%", asserted.len());
+    let mut sorted = asserted.clone();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let med = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
+    assert!(med < 0.11, "median |error| of the held-out runs within 15%: {:.1}%", med * 100.0);
+    assert!(
+        s.median_held_out < 0.17,
+        "median |error| of every held-out run: {:.1}%",
+        s.median_held_out * 100.0
+    );
+    assert!(s.median_fitted < 0.02, "median |error| of the fitted runs: {:.1}%", s.median_fitted * 100.0);
+    // The README's table is this one: each run's line ends with today's error and use.
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    for r in &s.rows {
+        let head = format!("| {} |", r.run.run);
+        let line =
+            readme.lines().find(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("README lacks {head}"));
+        let u = if r.run.use_ == Use::Fitted { "fitted" } else { "held_out" };
+        let tail = format!("| {:+.1}% | {u} |", r.error * 100.0);
+        assert!(line.ends_with(&tail), "README's row is stale: {line} (now {tail})");
+    }
+}
+
+#[test]
+fn validate_training_prints_the_table() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+        .args(["validate", "--training", "--format", "markdown"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.starts_with("| run | model | GPUs | topology | metric | published | simulated | error | use |")
+    );
+    assert!(
+        text.contains("| nemo2407-llama2-7b-fp8 | llama2-7b | 8 | dgx-h100 | model TFLOP/s/GPU | 780 |"),
+        "{text}"
+    );
+    assert!(text.contains("median |error|: held-out ") && text.contains("not covered:"), "{text}");
+}

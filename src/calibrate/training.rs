@@ -1,0 +1,278 @@
+//! Published training runs and how fabricsim's step estimate scores against them: the file
+//! `validate/reference/training_runs.csv` (one run a row: model file, shipped topology, GPU
+//! count, the plan, the published metric and its source, and whether a constant of
+//! `src/workload/gpu_params.toml` was fitted on it), and the table `fabricsim validate
+//! --training` prints. Each run goes through [`crate::workload::analytic::estimate`] with its
+//! collectives priced by [`crate::workload::concurrent::collective_time`] on the topology
+//! built to the run's GPU count (event mode, NCCL's pick, memoized per run).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::fabric::build::{build, BuildOpts};
+use crate::fabric::Router;
+use crate::schedule::DType;
+use crate::workload::analytic::{estimate, StepEstimate};
+use crate::workload::comm::CollectiveKind;
+use crate::workload::compute::GpuParams;
+use crate::workload::concurrent::collective_time;
+use crate::workload::{load_model, parse_plan};
+
+use super::reference::median;
+
+/// The file's name under `validate/reference/`.
+pub const TRAINING_RUNS: &str = "training_runs.csv";
+
+/// What a run published.
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Hardware TFLOP/s per GPU (recomputation counted).
+    HwTflops,
+    /// Model TFLOP/s per GPU.
+    ModelTflops,
+    /// Seconds per iteration.
+    StepS,
+}
+
+impl Metric {
+    /// The unit as the table prints it.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Metric::HwTflops => "hw TFLOP/s/GPU",
+            Metric::ModelTflops => "model TFLOP/s/GPU",
+            Metric::StepS => "s/step",
+        }
+    }
+
+    /// The estimate's value of this metric.
+    pub fn of(self, e: &StepEstimate) -> f64 {
+        match self {
+            Metric::HwTflops => e.hardware_tflops_per_gpu,
+            Metric::ModelTflops => e.model_tflops_per_gpu,
+            Metric::StepS => e.step_time_s,
+        }
+    }
+
+    /// Throughput error of `simulated` against `published`: positive when the estimate is
+    /// faster than the run (a step time is inverted first).
+    pub fn error(self, simulated: f64, published: f64) -> f64 {
+        match self {
+            Metric::StepS => published / simulated - 1.0,
+            _ => simulated / published - 1.0,
+        }
+    }
+}
+
+/// Whether a run was used to fit a constant.
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Use {
+    /// A constant of `gpu_params.toml` was fitted on it.
+    Fitted,
+    /// Played no part in any fit.
+    HeldOut,
+}
+
+/// One published run, a row of the file.
+#[derive(Deserialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingRun {
+    /// Short name.
+    pub run: String,
+    /// Model file stem under `models/`.
+    pub model: String,
+    /// Topology file stem under `topologies/`.
+    pub topology: String,
+    /// GPUs of the run.
+    pub gpus: u64,
+    /// Tensor parallelism.
+    pub tp: u64,
+    /// Pipeline stages.
+    pub pp: u64,
+    /// Model chunks per stage.
+    pub vpp: u64,
+    /// Context parallelism.
+    pub cp: u64,
+    /// Data parallelism.
+    pub dp: u64,
+    /// Expert parallelism.
+    pub ep: u64,
+    /// Sequence parallelism.
+    pub sp: bool,
+    /// ZeRO stage.
+    pub zero: u8,
+    /// Micro-batch size.
+    pub mbs: u64,
+    /// Global batch size.
+    pub gbs: u64,
+    /// Sequence length (None: the model's).
+    pub seq: Option<u64>,
+    /// none, selective or full.
+    pub recompute: String,
+    /// bf16 or fp8.
+    pub dtype: String,
+    /// The published metric.
+    pub metric: Metric,
+    /// Its published value.
+    pub published: f64,
+    /// fitted or held_out.
+    #[serde(rename = "use")]
+    pub use_: Use,
+    /// Where it was published.
+    pub source: String,
+}
+
+impl TrainingRun {
+    /// The plan as a plan file's text.
+    pub fn plan_text(&self) -> String {
+        let mut t = format!(
+            "tp = {}\npp = {}\nvpp = {}\ncp = {}\ndp = {}\nep = {}\nsp = {}\nzero = {}\nmbs = {}\ngbs = {}\n\
+             recompute = {:?}\ndtype = {:?}\n",
+            self.tp,
+            self.pp,
+            self.vpp,
+            self.cp,
+            self.dp,
+            self.ep,
+            self.sp,
+            self.zero,
+            self.mbs,
+            self.gbs,
+            self.recompute,
+            self.dtype
+        );
+        if let Some(s) = self.seq {
+            t.push_str(&format!("seq = {s}\n"));
+        }
+        t
+    }
+}
+
+/// A scored run.
+#[derive(Clone, Debug)]
+pub struct TrainingRow {
+    /// The run.
+    pub run: TrainingRun,
+    /// The estimate's value of the published metric.
+    pub simulated: f64,
+    /// Throughput error (positive: the estimate is faster).
+    pub error: f64,
+    /// Distinct collectives simulated.
+    pub collectives: usize,
+}
+
+/// Every run scored, with the medians of |error|.
+#[derive(Clone, Debug)]
+pub struct TrainingScore {
+    /// One row per run, in the file's order.
+    pub rows: Vec<TrainingRow>,
+    /// Median |error| of the held-out runs.
+    pub median_held_out: f64,
+    /// Median |error| of the fitted runs.
+    pub median_fitted: f64,
+    /// Median |error| of all runs.
+    pub median_all: f64,
+    /// Runs that could not be estimated, with the reason (in the file's order).
+    pub uncovered: Vec<(TrainingRun, String)>,
+}
+
+/// The file's path under a crate root.
+pub fn training_runs_path(root: &Path) -> PathBuf {
+    super::reference::reference_dir(root).join(TRAINING_RUNS)
+}
+
+/// Loads the runs (`#` lines are comments; the first one names the sources).
+pub fn load_training_runs(path: &Path) -> Result<Vec<TrainingRun>, String> {
+    let mut r = csv::ReaderBuilder::new()
+        .comment(Some(b'#'))
+        .from_path(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut runs = Vec::new();
+    for (i, row) in r.deserialize().enumerate() {
+        let run: TrainingRun = row.map_err(|e| format!("{}: run {}: {e}", path.display(), i + 1))?;
+        runs.push(run);
+    }
+    if runs.is_empty() {
+        return Err(format!("{}: no runs", path.display()));
+    }
+    Ok(runs)
+}
+
+/// Estimates one run on its shipped topology, collectives simulated on their groups.
+pub fn score_run(root: &Path, run: &TrainingRun) -> Result<TrainingRow, String> {
+    let ctx = |e: String| format!("{}: {e}", run.run);
+    let model = load_model(&root.join("models").join(format!("{}.toml", run.model)))
+        .map_err(|e| ctx(e.to_string()))?;
+    let topo = root.join("topologies").join(format!("{}.toml", run.topology));
+    let spec = crate::fabric::load_topology(&topo).map_err(|e| ctx(e.to_string()))?;
+    let one =
+        build(&spec, &BuildOpts { nodes: Some(1), ..Default::default() }).map_err(|e| ctx(e.to_string()))?;
+    let per_node = one.num_gpus() as u64;
+    if !run.gpus.is_multiple_of(per_node) {
+        return Err(ctx(format!("{} GPUs is not a whole number of {}-GPU nodes", run.gpus, per_node)));
+    }
+    let nodes = u32::try_from(run.gpus / per_node).map_err(|e| ctx(e.to_string()))?;
+    let f = build(&spec, &BuildOpts { nodes: Some(nodes), ..Default::default() })
+        .map_err(|e| ctx(e.to_string()))?;
+    let plan = parse_plan(&run.plan_text(), Path::new(&run.run), &model, run.gpus)
+        .map_err(|e| ctx(e.to_string()))?;
+    let router = Router::new(&f, 0);
+    type Key = (u8, u64, Vec<u64>);
+    let cache: RefCell<BTreeMap<Key, f64>> = RefCell::new(BTreeMap::new());
+    let failure: RefCell<Option<String>> = RefCell::new(None);
+    let price = |kind: CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
+        let key = (kind as u8, bytes, ranks.to_vec());
+        if let Some(&t) = cache.borrow().get(&key) {
+            return t;
+        }
+        let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
+        let t = collective_time(&f, &router, kind, bytes, &r, DType::BF16).unwrap_or_else(|e| {
+            failure.borrow_mut().get_or_insert(format!("{kind:?} of {bytes} B on ranks {ranks:?}: {e}"));
+            0.0
+        });
+        cache.borrow_mut().insert(key, t);
+        t
+    };
+    let gp = GpuParams::for_generation(f.gpu.generation).map_err(ctx)?;
+    let est = estimate(&model, &plan, &f.gpu, gp, &price).map_err(ctx)?;
+    if let Some(e) = failure.into_inner() {
+        return Err(ctx(format!("a collective could not be simulated: {e}")));
+    }
+    let simulated = run.metric.of(&est);
+    let collectives = cache.borrow().len();
+    Ok(TrainingRow {
+        run: run.clone(),
+        simulated,
+        error: run.metric.error(simulated, run.published),
+        collectives,
+    })
+}
+
+/// Scores every run of `validate/reference/training_runs.csv` under `root`. A run that
+/// cannot be estimated (a plan the model rejects, a collective the simulator cannot run) is
+/// listed in [`TrainingScore::uncovered`] with the reason, not scored.
+pub fn score_training(root: &Path) -> Result<TrainingScore, String> {
+    let runs = load_training_runs(&training_runs_path(root))?;
+    let mut rows = Vec::new();
+    let mut uncovered = Vec::new();
+    for r in &runs {
+        match score_run(root, r) {
+            Ok(row) => rows.push(row),
+            Err(e) => uncovered.push((r.clone(), e)),
+        }
+    }
+    let abs = |u: Option<Use>| -> Vec<f64> {
+        rows.iter().filter(|r| u.is_none_or(|u| r.run.use_ == u)).map(|r| r.error.abs()).collect()
+    };
+    Ok(TrainingScore {
+        median_held_out: median(abs(Some(Use::HeldOut))),
+        median_fitted: median(abs(Some(Use::Fitted))),
+        median_all: median(abs(None)),
+        rows,
+        uncovered,
+    })
+}
