@@ -11,8 +11,8 @@
 //! - `allreduce_1GiB_64gpu/{ring,tree,nvls,nvlstree,collnetdirect,collnetchain,auto}`: a 1 GiB
 //!   all-reduce on 8 nodes (64 GPUs) of superpod-h100 in the event mode with each
 //!   algorithm forced (CollNet and multi-node NVLS with `NCCL_COLLNET_ENABLE=1`) and with
-//!   NCCL's pick (`auto`, default environment; NVLSTree), about 5 s per iteration for
-//!   NVLSTree on two cores, well under 1 s for ring;
+//!   NCCL's pick (`auto`, default environment; NVLSTree), about 1.3 s per iteration for
+//!   NVLSTree on two cores, 80 ms for ring;
 //! - `alltoall_1MiB/{64,128}`: a 1 MiB all-to-all on 8 and 16 nodes in the event mode (the
 //!   cost and memory of all-to-all grow about 4x per doubling today, issue 13);
 //! - `topo/{4000,8000}`: what `fabricsim topo --nodes N` computes on superpod-h100 (build
