@@ -8,6 +8,13 @@
 //!   superpod-h100 in the event mode (schedule building included);
 //! - `analytical_sweep_1024`: the `-b 8 -e 8G -f 2` sweep of that all-reduce on 1024 GPUs
 //!   in the analytical mode (NCCL's tuner pick per size, then the closed form);
+//! - `allreduce_1GiB_64gpu/{ring,tree,nvls,nvlstree,collnetdirect,collnetchain,auto}`: a 1 GiB
+//!   all-reduce on 8 nodes (64 GPUs) of superpod-h100 in the event mode with each
+//!   algorithm forced (CollNet and multi-node NVLS with `NCCL_COLLNET_ENABLE=1`) and with
+//!   NCCL's pick (`auto`, default environment; NVLSTree), about 1.3 s per iteration for
+//!   NVLSTree on two cores, 80 ms for ring;
+//! - `alltoall_1MiB/{64,128}`: a 1 MiB all-to-all on 8 and 16 nodes in the event mode (the
+//!   cost and memory of all-to-all grow about 4x per doubling today, issue 13);
 //! - `topo/{4000,8000}`: what `fabricsim topo --nodes N` computes on superpod-h100 (build
 //!   with its connectivity check, then the summary with three bisection max flows); the
 //!   two should differ by about 2x (linear in the nodes).
@@ -18,12 +25,12 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-use fabricsim::collective::Algo;
+use fabricsim::collective::{Algo, Collective};
 use fabricsim::engine::{Engine, EngineApi, Granularity, Handler, PathRef};
 use fabricsim::fabric::build::{build, BuildOpts};
 use fabricsim::fabric::summary::summarize;
 use fabricsim::fabric::{load_topology, Fabric};
-use fabricsim::scenario::bench::{run_bench, sweep_sizes, BenchConfig, Fidelity};
+use fabricsim::scenario::bench::{run_bench, sweep_sizes, BenchConfig, Fidelity, NcclEnv};
 use fabricsim::units::{Bandwidth, SimTime};
 
 /// Issues `left` flows per sender, each on the sender's next path, as completions arrive.
@@ -107,6 +114,48 @@ fn collectives(c: &mut Criterion) {
     g.finish();
 }
 
+/// One 1 GiB all-reduce per algorithm (and NCCL's pick) on 8 SuperPOD nodes, event mode.
+fn algorithms(c: &mut Criterion) {
+    let f = superpod(8);
+    let mut g = c.benchmark_group("allreduce_1GiB_64gpu");
+    g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
+    let algos = [
+        ("ring", Some(Algo::Ring)),
+        ("tree", Some(Algo::Tree)),
+        ("nvls", Some(Algo::Nvls)),
+        ("nvlstree", Some(Algo::NvlsTree)),
+        ("collnetdirect", Some(Algo::CollNetDirect)),
+        ("collnetchain", Some(Algo::CollNetChain)),
+        ("auto", None),
+    ];
+    for (name, algo) in algos {
+        let mut env = NcclEnv::default();
+        if algo.is_some_and(|a| a != Algo::Ring && a != Algo::Tree) {
+            env.set("NCCL_COLLNET_ENABLE", "1", Collective::AllReduce).expect("known variable");
+        }
+        let cfg =
+            BenchConfig { sizes: vec![1 << 30], algo, fidelity: Fidelity::Event, env, ..Default::default() };
+        g.bench_function(name, |b| b.iter(|| black_box(run_bench(&f, &cfg).expect("runs"))));
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("alltoall_1MiB");
+    g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
+    for nodes in [8u32, 16] {
+        let f = superpod(nodes);
+        let cfg = BenchConfig {
+            coll: Collective::AllToAll,
+            sizes: vec![1 << 20],
+            fidelity: Fidelity::Event,
+            ..Default::default()
+        };
+        g.bench_function(format!("{}", nodes * 8), |b| {
+            b.iter(|| black_box(run_bench(&f, &cfg).expect("runs")))
+        });
+    }
+    g.finish();
+}
+
 fn topo(c: &mut Criterion) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let spec = load_topology(&root.join("topologies/superpod-h100.toml")).expect("shipped topology");
@@ -121,5 +170,5 @@ fn topo(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, engine, collectives, topo);
+criterion_group!(benches, engine, collectives, algorithms, topo);
 criterion_main!(benches);
