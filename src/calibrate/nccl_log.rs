@@ -428,6 +428,14 @@ fn admit(log: &mut Log, row: Row) -> Result<(), String> {
     if let Some(c) = log.collective {
         check_redop(&Log { rows: vec![row.clone()], ..empty() }, c)?;
     }
+    if let Some(prev) = log.rows.last() {
+        if row.size < prev.size {
+            return Err(format!(
+                "size {} after {} (line {}): nccl-tests sizes only grow, so a second run starts here; one log holds one test's output",
+                row.size, prev.size, prev.line
+            ));
+        }
+    }
     if let Some(h) = &log.header {
         if row.size > h.max_bytes || (row.size < h.min_bytes && row.size != 0) {
             log.notes.push(format!(

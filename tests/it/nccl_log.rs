@@ -222,6 +222,10 @@ fn bad_input_names_the_line() {
     let mixed = format!("{}\n{}", read("tg_h100_ar_ring_220043.log").trim_end(), read("rh_run1.log"));
     let e = err(&mixed);
     assert!(e.starts_with("bad.log:33:") && e.contains("second run"), "{e}");
+    // The same test twice, without its header the second time: sizes start again.
+    let twice = format!("{}\n{}", read("kal_2g.log").trim_end(), read("kal_4g.log"));
+    let e = err(&twice);
+    assert!(e.starts_with("bad.log:30:") && e.contains("size 8 after 2147483648"), "{e}");
     // A named all-reduce whose rows are all-gather's.
     let e = err(&format!("# all_reduce_perf\n{}", read("tg_h100_ag_ring_220043.log")));
     assert!(e.starts_with("bad.log:2:") && e.contains("redop none"), "{e}");
