@@ -7,6 +7,7 @@ mod docs;
 mod exec_cpu;
 mod fuzz;
 mod layers;
+mod nccl_log;
 mod plot;
 mod report;
 mod scenario;
