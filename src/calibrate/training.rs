@@ -6,19 +6,13 @@
 //! collectives priced by [`crate::workload::concurrent::collective_time`] on the topology
 //! built to the run's GPU count (event mode, NCCL's pick, memoized per run).
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use crate::fabric::build::{build, BuildOpts};
-use crate::fabric::Router;
-use crate::schedule::DType;
-use crate::workload::analytic::{estimate, StepEstimate};
-use crate::workload::comm::CollectiveKind;
-use crate::workload::compute::GpuParams;
-use crate::workload::concurrent::collective_time;
+use crate::workload::analytic::StepEstimate;
+use crate::workload::concurrent::step_on_fabric;
 use crate::workload::{load_model, parse_plan};
 
 use super::reference::median;
@@ -220,30 +214,8 @@ pub fn score_run(root: &Path, run: &TrainingRun) -> Result<TrainingRow, String> 
         .map_err(|e| ctx(e.to_string()))?;
     let plan = parse_plan(&run.plan_text(), Path::new(&run.run), &model, run.gpus)
         .map_err(|e| ctx(e.to_string()))?;
-    let router = Router::new(&f, 0);
-    type Key = (u8, u64, Vec<u64>);
-    let cache: RefCell<BTreeMap<Key, f64>> = RefCell::new(BTreeMap::new());
-    let failure: RefCell<Option<String>> = RefCell::new(None);
-    let price = |kind: CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
-        let key = (kind as u8, bytes, ranks.to_vec());
-        if let Some(&t) = cache.borrow().get(&key) {
-            return t;
-        }
-        let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
-        let t = collective_time(&f, &router, kind, bytes, &r, DType::BF16).unwrap_or_else(|e| {
-            failure.borrow_mut().get_or_insert(format!("{kind:?} of {bytes} B on ranks {ranks:?}: {e}"));
-            0.0
-        });
-        cache.borrow_mut().insert(key, t);
-        t
-    };
-    let gp = GpuParams::for_generation(f.gpu.generation).map_err(ctx)?;
-    let est = estimate(&model, &plan, &f.gpu, gp, &price).map_err(ctx)?;
-    if let Some(e) = failure.into_inner() {
-        return Err(ctx(format!("a collective could not be simulated: {e}")));
-    }
+    let (est, collectives) = step_on_fabric(&f, &model, &plan).map_err(ctx)?;
     let simulated = run.metric.of(&est);
-    let collectives = cache.borrow().len();
     Ok(TrainingRow {
         run: run.clone(),
         simulated,

@@ -3,18 +3,13 @@
 //! memory per GPU against HBM. The plan comes from flags (Megatron's names) or a plan file;
 //! each collective of the step is priced by simulating it on its real group of fabric ranks.
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use fabricsim::fabric::{self, build::BuildOpts, Router};
-use fabricsim::schedule::DType;
-use fabricsim::workload::analytic::{estimate, StepEstimate};
-use fabricsim::workload::comm::CollectiveKind;
-use fabricsim::workload::compute::GpuParams;
-use fabricsim::workload::concurrent::collective_time;
+use fabricsim::fabric::{self, build::BuildOpts};
+use fabricsim::workload::analytic::StepEstimate;
+use fabricsim::workload::concurrent::step_on_fabric;
 use fabricsim::workload::plan::{parse_plan, Dtype};
 use fabricsim::workload::{load_model, Placement};
 
@@ -85,9 +80,6 @@ pub struct TrainArgs {
     #[arg(long, default_value = "table")]
     pub format: String,
 }
-
-/// A priced collective: kind, bytes, ranks.
-type PriceKey = (u8, u64, Vec<u64>);
 
 /// The plan as a plan file's text: the file's, then every flag given.
 fn plan_text(a: &TrainArgs) -> Result<String> {
@@ -164,45 +156,13 @@ pub fn run(a: TrainArgs) -> Result<()> {
             super::count(f.num_nodes(), "node")
         );
     }
-    let router = Router::new(&f, 0);
-    let dtype = DType::BF16;
-    let cache: RefCell<BTreeMap<PriceKey, f64>> = RefCell::new(BTreeMap::new());
-    let failure: RefCell<Option<String>> = RefCell::new(None);
-    let price = |kind: CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
-        let key = (kind as u8, bytes, ranks.to_vec());
-        if let Some(&t) = cache.borrow().get(&key) {
-            return t;
-        }
-        let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
-        let t = match collective_time(&f, &router, kind, bytes, &r, dtype) {
-            Ok(t) => t,
-            Err(e) => {
-                failure.borrow_mut().get_or_insert(e.to_string());
-                0.0
-            }
-        };
-        cache.borrow_mut().insert(key, t);
-        t
-    };
-    let gp = GpuParams::for_generation(f.gpu.generation).map_err(anyhow::Error::msg)?;
-    let est = estimate(&model, &plan, &f.gpu, gp, &price).map_err(anyhow::Error::msg)?;
-    if let Some(e) = failure.into_inner() {
-        bail!("a collective of the step could not be simulated: {e}");
-    }
+    let (est, priced) = step_on_fabric(&f, &model, &plan).map_err(anyhow::Error::msg)?;
     let hbm = f.gpu.hbm_bytes;
     let oom = est.memory.fits(hbm).err();
     let placement = Placement::new(&plan);
     match a.format.as_str() {
-        "json" => print_json(&model.name, &plan_summary(&plan), &placement, &est, hbm, cache.borrow().len())?,
-        _ => print_table(
-            &model.name,
-            &f.name,
-            &plan_summary(&plan),
-            &placement,
-            &est,
-            hbm,
-            cache.borrow().len(),
-        ),
+        "json" => print_json(&model.name, &plan_summary(&plan), &placement, &est, hbm, priced)?,
+        _ => print_table(&model.name, &f.name, &plan_summary(&plan), &placement, &est, hbm, priced),
     }
     if let Some(o) = oom {
         let msg = format!(

@@ -344,3 +344,40 @@ pub fn collective_time(
     let out = w.run(&SimOpts::default())?;
     Ok(out.sim.time.as_secs())
 }
+
+/// One training step of `model` under `plan` on fabric `f`, estimated analytically with every
+/// distinct collective priced by [`collective_time`] on its real group of fabric ranks
+/// (memoized by kind, bytes and ranks). Returns the estimate and how many distinct
+/// collectives were simulated.
+pub fn step_on_fabric(
+    f: &Fabric,
+    model: &super::Model,
+    plan: &super::Plan,
+) -> Result<(super::analytic::StepEstimate, usize), String> {
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+    type Key = (u8, u64, Vec<u64>);
+    let router = Router::new(f, 0);
+    let cache: RefCell<BTreeMap<Key, f64>> = RefCell::new(BTreeMap::new());
+    let failure: RefCell<Option<String>> = RefCell::new(None);
+    let price = |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
+        let key = (kind as u8, bytes, ranks.to_vec());
+        if let Some(&t) = cache.borrow().get(&key) {
+            return t;
+        }
+        let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
+        let t = collective_time(f, &router, kind, bytes, &r, DType::BF16).unwrap_or_else(|e| {
+            failure.borrow_mut().get_or_insert(format!("{kind:?} of {bytes} B on ranks {ranks:?}: {e}"));
+            0.0
+        });
+        cache.borrow_mut().insert(key, t);
+        t
+    };
+    let gp = super::compute::GpuParams::for_generation(f.gpu.generation)?;
+    let est = super::analytic::estimate(model, plan, &f.gpu, gp, &price)?;
+    if let Some(e) = failure.into_inner() {
+        return Err(format!("a collective of the step could not be simulated: {e}"));
+    }
+    let n = cache.borrow().len();
+    Ok((est, n))
+}
