@@ -26,6 +26,7 @@ pub struct MergeArgs {
 
 /// Runs `merge`.
 pub fn run(a: MergeArgs) -> Result<()> {
+    super::check_out_dir("-o", &a.out)?;
     let s = merge(&a.dirs, &a.out, a.partial)?;
     for n in &s.notes {
         eprintln!("note: {n}");

@@ -209,6 +209,7 @@ fn output_folders_and_roots_are_checked_first() {
         vec!["run", "scenarios/quickstart.toml", "-o", f],
         vec!["sweep", "scenarios/quickstart.toml", "-o", f],
         vec!["report", "-o", f],
+        vec!["merge", "out-a", "out-b", "-o", f],
     ] {
         fails_with(&cmd, &["not a directory", "file.txt"]);
         let (_, _, err) = fabricsim(&cmd);
