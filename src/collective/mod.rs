@@ -358,6 +358,15 @@ pub fn check_supported(comm: &Comm, coll: Collective, algo: Algo, proto: Proto) 
     }
 }
 
+/// Every (algorithm, protocol) pair that can run `coll` on `comm` ([`check_supported`]).
+pub fn runnable(comm: &Comm, coll: Collective) -> Vec<(Algo, Proto)> {
+    algorithms_for(coll)
+        .iter()
+        .flat_map(|&a| protocols_for(a, coll).iter().map(move |&p| (a, p)))
+        .filter(|&(a, p)| check_supported(comm, coll, a, p).is_ok())
+        .collect()
+}
+
 /// Builds the schedule of one collective call.
 pub fn build_schedule(
     comm: &Comm,

@@ -438,6 +438,8 @@ struct GroupState {
     downs: Vec<PathRef>,
     pending: BTreeMap<u32, GroupInst>,
     kind: GroupKind,
+    /// The part whose streams meet in the group.
+    part: u32,
 }
 
 struct Sim<'a> {
@@ -691,6 +693,7 @@ impl<'a> Sim<'a> {
         for (k, &i) in sim_streams.iter().enumerate() {
             let st = &s.streams[i as usize];
             let proto = proto_of(st);
+            let deps = s.deps_of(i);
             let eng = engine.add_resource(proto.channel_bw, SimTime::ZERO, 4096);
             roles.push(ResourceRole::Channel(i));
             let red = engine.add_resource(p.reduce_channel_bw, SimTime::ZERO, 4096);
@@ -704,8 +707,8 @@ impl<'a> Sim<'a> {
                 part: st.part,
                 elem: s.part_of(st).dtype.size(),
                 payload: proto.payload,
-                dep_next: s.deps_of(i).start as u32,
-                dep_end: s.deps_of(i).end as u32,
+                dep_next: deps.start as u32,
+                dep_end: deps.end as u32,
                 ops: Outstanding::new(),
                 room_blocked: false,
                 conn_base: {
@@ -762,7 +765,13 @@ impl<'a> Sim<'a> {
                 down_refs.push(engine.add_path(&rs));
             }
             group_index.insert(gi, groups.len() as u32);
+            let part = s
+                .streams
+                .iter()
+                .find(|st| s.stream_bindings(st).contains(&Binding::Group(gi)))
+                .map_or(0, |st| st.part);
             groups.push(GroupState {
+                part,
                 id: gi,
                 members: g.members.clone(),
                 ups: up_refs,
@@ -881,18 +890,13 @@ impl<'a> Sim<'a> {
                 if d.op.op != i as u32 {
                     break;
                 }
-                let ws = self.stream_index[d.on.stream as usize];
-                if ws != u32::MAX && !self.streams[ws as usize].is_done(d.on.op) {
-                    let w = &mut self.streams[ws as usize].waiters;
-                    if !w.contains(&(d.on.op, k)) {
-                        w.push((d.on.op, k));
-                    }
+                if self.must_wait(k, self.stream_index[d.on.stream as usize], d.on.op) {
                     return;
                 }
                 self.streams[ku].dep_next += 1;
             }
             let ss = &self.streams[ku];
-            if ss.pc == 0 || i == 0 {
+            if i == 0 {
                 let pt = &mut self.part_times[ss.part as usize];
                 pt.start = pt.start.min(now);
             }
@@ -978,8 +982,7 @@ impl<'a> Sim<'a> {
                     e.members.push((k, i as u32));
                     if e.members.len() == g.members.len() {
                         let bytes = sw.len * self.streams[ku].elem;
-                        let part = self.streams[ku].part;
-                        self.start_switch(api, gk, inst, 0, sw.kind, bytes, part);
+                        self.start_switch(api, gk, inst, 0, sw.kind, bytes);
                     }
                 }
                 Op::Compute(c) => {
@@ -1000,11 +1003,7 @@ impl<'a> Sim<'a> {
                     let ws = Schedule::wait_target(&self.lane_map, st, *lane_delta)
                         .map(|t| self.stream_index[t as usize])
                         .unwrap_or(u32::MAX);
-                    if ws != u32::MAX && !self.streams[ws as usize].is_done(*op) {
-                        let w = &mut self.streams[ws as usize].waiters;
-                        if !w.contains(&(*op, k)) {
-                            w.push((*op, k));
-                        }
+                    if self.must_wait(k, ws, *op) {
                         return;
                     }
                     self.issued(k, i as u32, 0, now);
@@ -1025,7 +1024,6 @@ impl<'a> Sim<'a> {
         (flops / peak).max(bytes as f64 / hbm)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn start_switch<E: EngineApi>(
         &mut self,
         api: &mut E,
@@ -1034,9 +1032,9 @@ impl<'a> Sim<'a> {
         phase: u8,
         kind: SwitchKind,
         bytes: u64,
-        part: u32,
     ) {
         let g = &self.groups[gk as usize];
+        let part = g.part;
         let (eff, step) = match g.kind {
             GroupKind::Nvls => (self.p.nvls_eff, self.p.nvls_step),
             GroupKind::Sharp => (self.p.sharp_eff, self.p.sharp_step),
@@ -1063,6 +1061,20 @@ impl<'a> Sim<'a> {
                 api.fan(now, &[all_ups[from as usize]], &all_downs, wire, step, tag)
             }
         }
+    }
+
+    /// Whether simulated stream `k` must wait for op `op` of simulated stream `ws`
+    /// ([`OpId::END`]: all of them); if so, `k` is registered to be woken when it completes.
+    /// A stream that is not simulated (folded away) counts as done.
+    fn must_wait(&mut self, k: u32, ws: u32, op: u32) -> bool {
+        if ws == u32::MAX || self.streams[ws as usize].is_done(op) {
+            return false;
+        }
+        let w = &mut self.streams[ws as usize].waiters;
+        if !w.contains(&(op, k)) {
+            w.push((op, k));
+        }
+        true
     }
 
     /// Records that op `op` of simulated stream `k` was issued with `n` flows outstanding.
@@ -1212,7 +1224,7 @@ impl Handler for Sim<'_> {
                             _ => SwitchKind::AllReduce { head: None },
                         };
                         if phase == 0 && matches!(kind, SwitchKind::AllReduce { head: Some(_) }) {
-                            self.start_switch(api, group, inst, 1, kind, rec.bytes, rec.part);
+                            self.start_switch(api, group, inst, 1, kind, rec.bytes);
                             return;
                         }
                         self.groups[group as usize].pending.remove(&inst);

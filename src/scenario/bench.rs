@@ -443,12 +443,8 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
 /// The error when NCCL_ALGO / NCCL_PROTO leave nothing that runs the collective here.
 fn no_candidate(comm: &Comm, cfg: &BenchConfig) -> BenchError {
     let names = |v: Vec<&str>| if v.is_empty() { "all".to_string() } else { v.join(",") };
-    let runs: Vec<String> = collective::algorithms_for(cfg.coll)
-        .iter()
-        .flat_map(|&a| collective::protocols_for(a, cfg.coll).iter().map(move |&p| (a, p)))
-        .filter(|&(a, p)| collective::check_supported(comm, cfg.coll, a, p).is_ok())
-        .map(|(a, p)| format!("{a}/{p}"))
-        .collect();
+    let runs: Vec<String> =
+        collective::runnable(comm, cfg.coll).into_iter().map(|(a, p)| format!("{a}/{p}")).collect();
     BenchError::Args(format!(
         "no algorithm and protocol allowed by NCCL_ALGO={} and NCCL_PROTO={} runs {} on this fabric \
          (NCCL fails such a call with \"no algorithm/protocol available\"); this fabric runs {}",

@@ -100,6 +100,17 @@ impl Composer {
         self.deps.push((op, on));
     }
 
+    /// On rank `rank`, every stream of addition `later` starts only once every stream of
+    /// addition `first` is done (two calls issued in order on one CUDA stream).
+    pub fn after_on_rank(&mut self, later: PartId, first: PartId, rank: u32) {
+        let ends = self.all_ops(first, rank);
+        for start in self.first_ops(later, rank) {
+            for &end in &ends {
+                self.after(start, end);
+            }
+        }
+    }
+
     /// The ops of rank `rank` of addition `id` that start its streams: one per stream of
     /// the rank (op 0 of each).
     pub fn first_ops(&self, id: PartId, rank: u32) -> Vec<LocalOp> {

@@ -312,7 +312,8 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
         return Err(bad("the dependencies are not sorted by the waiting op".into()));
     }
     for d in &s.deps {
-        for (what, o) in [("waiting", d.op), ("awaited", d.on)] {
+        // Only the awaited side may name a whole stream.
+        for (what, o, may_be_whole) in [("waiting", d.op, false), ("awaited", d.on, true)] {
             let Some(st) = s.streams.get(o.stream as usize) else {
                 return Err(bad(format!(
                     "a dependency's {what} op is in stream {}, which does not exist",
@@ -320,8 +321,7 @@ pub fn check(s: &Schedule) -> Result<(), ScheduleError> {
                 )));
             };
             let len = s.instrs(st).len() as u32;
-            let whole = o.op == OpId::END && what == "awaited";
-            if !whole && o.op >= len {
+            if !(may_be_whole && o.op == OpId::END) && o.op >= len {
                 return Err(bad(format!(
                     "a dependency's {what} op is op {} of stream {}, which has {len} ops",
                     o.op, o.stream

@@ -43,6 +43,14 @@ pub enum WorkloadError {
         /// What is wrong.
         reason: String,
     },
+    /// A compute kernel that cannot run.
+    #[error("job \"{job}\": {reason}")]
+    Kernel {
+        /// The job.
+        job: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// No algorithm of NCCL's can run the call on this group.
     #[error("job \"{job}\": no algorithm can run {coll} on this group")]
     NoAlgorithm {
@@ -168,7 +176,7 @@ impl<'f> Concurrent<'f> {
             });
         }
         if let Some(k) = kernels.iter().find(|k| !(k.flops >= 0.0 && k.flops.is_finite())) {
-            return Err(WorkloadError::Ranks {
+            return Err(WorkloadError::Kernel {
                 job: name.into(),
                 reason: format!("kernel \"{}\" has {} FLOPs (valid: finite, >= 0)", k.label, k.flops),
             });
@@ -192,13 +200,7 @@ impl<'f> Concurrent<'f> {
     /// job `job` is done on the compute stream's rank (a stream wait on the collective's
     /// event: the layer needs the gathered weights).
     pub fn kernel_after(&mut self, compute: JobId, kernel: u32, job: JobId) {
-        let (Some(c), Some(j)) = (self.jobs.get(compute.0 as usize), self.jobs.get(job.0 as usize)) else {
-            return;
-        };
-        let (cp, jp) = (c.1, j.1);
-        let Some(rank) = self.composer.get(cp).and_then(|s| s.streams.first()).map(|st| st.rank) else {
-            return;
-        };
+        let Some((cp, jp, rank)) = self.compute_and_job(compute, job) else { return };
         for e in self.composer.all_ops(jp, rank) {
             self.composer.after(LocalOp { part: cp, stream: 0, op: kernel }, e);
         }
@@ -207,16 +209,18 @@ impl<'f> Concurrent<'f> {
     /// Job `job` starts on the compute stream's rank only once kernel `kernel` of compute
     /// job `compute` is complete (the collective reduces the gradients that kernel made).
     pub fn after_kernel(&mut self, job: JobId, compute: JobId, kernel: u32) {
-        let (Some(c), Some(j)) = (self.jobs.get(compute.0 as usize), self.jobs.get(job.0 as usize)) else {
-            return;
-        };
-        let (cp, jp) = (c.1, j.1);
-        let Some(rank) = self.composer.get(cp).and_then(|s| s.streams.first()).map(|st| st.rank) else {
-            return;
-        };
+        let Some((cp, jp, rank)) = self.compute_and_job(compute, job) else { return };
         for start in self.composer.first_ops(jp, rank) {
             self.composer.after(start, LocalOp { part: cp, stream: 0, op: kernel });
         }
+    }
+
+    /// The parts of a compute job and of another job, and the compute stream's rank.
+    fn compute_and_job(&self, compute: JobId, job: JobId) -> Option<(PartId, PartId, u32)> {
+        let cp = self.jobs.get(compute.0 as usize)?.1;
+        let jp = self.jobs.get(job.0 as usize)?.1;
+        let rank = self.composer.get(cp)?.streams.first()?.rank;
+        Some((cp, jp, rank))
     }
 
     /// Job `later` starts on each of its ranks only once job `first` is done on that rank
@@ -227,18 +231,12 @@ impl<'f> Concurrent<'f> {
             return;
         };
         let (lp, fp) = (l.1, f.1);
-        let ranks: Vec<u32> =
+        let mut ranks: Vec<u32> =
             self.composer.get(lp).map(|s| s.streams.iter().map(|st| st.rank).collect()).unwrap_or_default();
-        let mut ranks = ranks;
         ranks.sort_unstable();
         ranks.dedup();
         for r in ranks {
-            let ends: Vec<LocalOp> = self.composer.all_ops(fp, r);
-            for start in self.composer.first_ops(lp, r) {
-                for &e in &ends {
-                    self.composer.after(start, e);
-                }
-            }
+            self.composer.after_on_rank(lp, fp, r);
         }
     }
 
@@ -287,11 +285,7 @@ pub fn nccl_choice(comm: &Comm, args: &CollArgs) -> Option<Choice> {
     let collnet = comm.sharp;
     let tin = tuner::TunerInput::from_comm(comm, collnet);
     let nbytes = args.model_bytes(comm.nranks);
-    let candidates: Vec<(Algo, Proto)> = collective::algorithms_for(args.coll)
-        .iter()
-        .flat_map(|&a| collective::protocols_for(a, args.coll).iter().map(move |&p| (a, p)))
-        .filter(|&(a, p)| collective::check_supported(comm, args.coll, a, p).is_ok())
-        .collect();
+    let candidates = collective::runnable(comm, args.coll);
     let algos: Vec<Algo> = candidates.iter().map(|c| c.0).collect();
     let protos: Vec<Proto> = candidates.iter().map(|c| c.1).collect();
     let (algo, proto) = match tuner::pick(&tin, args.coll, nbytes, &algos, &protos) {

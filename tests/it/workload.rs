@@ -208,11 +208,7 @@ fn the_cpu_executor_runs_composed_parts_with_their_own_buffers_in_dependency_ord
     let a = c.add(ring_schedule(&f, &a_ranks, &a_args, 2));
     let b = c.add(ring_schedule(&f, &b_ranks, &b_args, 3));
     for r in 2..6 {
-        for start in c.first_ops(b, r) {
-            for end in c.all_ops(a, r) {
-                c.after(start, end);
-            }
-        }
+        c.after_on_rank(b, a, r);
     }
     let bad = LocalOp { part: a, stream: 0, op: OpId::END };
     let mut c2 = Composer::new();
@@ -394,11 +390,7 @@ fn build_case(f: &Fabric, c: &RandomCase) -> Option<Schedule> {
     }
     if c.chain && ids.len() == 2 {
         for r in n / 2..n {
-            for start in comp.first_ops(ids[1], r) {
-                for end in comp.all_ops(ids[0], r) {
-                    comp.after(start, end);
-                }
-            }
+            comp.after_on_rank(ids[1], ids[0], r);
         }
     }
     comp.finish().ok().map(|c| c.schedule)
