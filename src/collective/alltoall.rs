@@ -115,13 +115,14 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         }
     }
     s.set_channels(used.max(1));
-    // No rank period is declared: although every rank talks to the same offsets, folding
-    // the ranks of one node changes how the receives of a batch interleave across nodes,
-    // and the folded time differed from the full one by far more than the 1% the
-    // symmetry tests allow. For the same reason channels fold only inside one NVLink domain,
-    // where they are alike and fold exactly.
+    // Every rank talks to the same offsets: over identical nodes the schedule is invariant
+    // under a shift by one node (the simulator then runs one node, its messages going up
+    // their real routes and coming down the routes by which the node really receives).
+    // Channels fold only inside one NVLink domain, where they are alike and fold exactly.
     if comm.num_nodes() == 1 {
         s.channel_class = vec![0; used.max(1) as usize];
+    } else if comm.uniform() {
+        s.part0_mut().rank_period = Some(comm.ppn());
     }
     Ok(s)
 }

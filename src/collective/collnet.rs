@@ -73,6 +73,9 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     if choice.algo == Algo::CollNetDirect {
         s.channel_class = vec![0; used.max(1) as usize];
     }
+    // Every node plays the same part (its chain or its heads, then SHARP across nodes): the
+    // schedule is invariant under a shift by one node.
+    s.part0_mut().rank_period = Some(comm.ppn());
     Ok(s)
 }
 

@@ -120,6 +120,12 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         }
     }
     s.set_channels(used.max(1));
+    // NVLS across nodes (SHARP between the heads) treats every node alike: the schedule is
+    // invariant under a shift by one node. NVLS-Tree is not (a node's place in the tree
+    // decides its role).
+    if nodes > 1 && choice.algo == Algo::Nvls {
+        s.part0_mut().rank_period = Some(comm.ppn());
+    }
     // Every channel is simulated (set_channels made each its own class): the reduce and
     // multicast phases of different channels interleave on the NVLinks, which one folded
     // channel at a share of the bandwidth does not reproduce.

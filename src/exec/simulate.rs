@@ -51,7 +51,8 @@ pub struct SimOpts {
     /// Relay sends through the rail owner (NCCL's PXN).
     pub pxn: bool,
     /// Simulate one period of ranks when the schedule declares a translation symmetry
-    /// ([`Schedule::rank_period`]: one part, no dependencies) and has no switch groups.
+    /// ([`Schedule::rank_period`]: one part, no dependencies). A switch group then starts an
+    /// instance when its simulated members have joined (the others are their images).
     pub fold_ranks: bool,
 }
 
@@ -426,17 +427,23 @@ struct FlowRec {
     kind: FlowKind,
 }
 
-struct GroupInst {
-    members: Vec<(u32, u32)>,
-}
+/// Instances of one switch group that may be pending at once: a member cannot be more than
+/// `MAX_OPS_IN_FLIGHT` ops ahead of its oldest incomplete op, which is at or before the
+/// oldest pending instance.
+const GROUP_SLOTS: usize = crate::schedule::MAX_OPS_IN_FLIGHT as usize + 1;
 
 struct GroupState {
     /// Schedule group id.
     id: u32,
-    members: Vec<u32>,
+    /// Simulated streams bound to the group (all members, or one period's when folded).
+    expect: u32,
     ups: Vec<PathRef>,
     downs: Vec<PathRef>,
-    pending: BTreeMap<u32, GroupInst>,
+    /// Per slot (instance modulo `GROUP_SLOTS`): the instance held and its joined members.
+    slot_inst: Vec<u32>,
+    slot_count: Vec<u32>,
+    /// `expect` (stream, op) entries per slot.
+    slot_members: Vec<(u32, u32)>,
     kind: GroupKind,
     /// The part whose streams meet in the group.
     part: u32,
@@ -514,9 +521,7 @@ impl<'a> Sim<'a> {
         // the schedule is invariant under a rank shift (messages to a rank outside the
         // period are delivered to its image inside it, over the real route).
         let n = s.nranks;
-        let period = s
-            .rank_period()
-            .filter(|&p| opts.fold_ranks && s.groups.is_empty() && p > 0 && p < n && n.is_multiple_of(p));
+        let period = s.rank_period().filter(|&p| opts.fold_ranks && p > 0 && p < n && n.is_multiple_of(p));
         let fold = |r: u32| period.map_or(r, |p| r % p);
         // Channels fold only when the simulation would otherwise be long: a folded channel
         // sees its share of a link as a slower link of its own, so it cannot use the gaps
@@ -542,7 +547,14 @@ impl<'a> Sim<'a> {
         for (i, st) in s.streams.iter().enumerate() {
             by_lane.insert((st.lane, st.rank), i as u32);
         }
-        // Routes of every connection of every stream (all channels, for folding shares).
+        // Link shares are needed only where channels fold (a folded channel runs on its
+        // share of each link). Rank folding alone needs none: the spliced routes below put
+        // on the period's links the traffic they really carry, so the routes of the other
+        // ranks are not even computed (all-to-all would need n^2 of them).
+        let channels_folded =
+            fold_channels && s.channel_class.iter().enumerate().any(|(c, &k)| k as usize != c);
+        let count_all = channels_folded || period.is_none();
+        // Routes of the simulated ranks' connections (cached: lanes share them).
         let mut route_cache: BTreeMap<(u32, u32, u32), (Vec<LinkId>, PathType)> = BTreeMap::new();
         let mut route = |a: u32, b: u32, ch: u32| -> Result<(Vec<LinkId>, PathType), SimError> {
             if let Some(r) = route_cache.get(&(a, b, ch)) {
@@ -551,7 +563,9 @@ impl<'a> Sim<'a> {
             let ro = RouteOpts { rail: None, pxn: opts.pxn, flow: ch as u64 };
             let r = router.route(a, b, &ro).ok_or(SimError::NoRoute { a, b })?;
             let v = (r.links, r.path_type);
-            route_cache.insert((a, b, ch), v.clone());
+            if fold(a) == a {
+                route_cache.insert((a, b, ch), v.clone());
+            }
             Ok(v)
         };
         let mut uses_all = vec![0u32; f.links.len()];
@@ -586,6 +600,9 @@ impl<'a> Sim<'a> {
             .collect();
         for (i, st) in s.streams.iter().enumerate() {
             let simulated = stream_index[i] != u32::MAX;
+            if !simulated && !count_all {
+                continue;
+            }
             let mut binds = Vec::new();
             for (slot, b) in s.stream_bindings(st).iter().enumerate() {
                 match *b {
@@ -625,7 +642,22 @@ impl<'a> Sim<'a> {
                                 sender,
                                 receiver,
                             });
-                            conn_routes.push(route(fa, (fa + delta) % n, local_channel(st))?);
+                            // A message that leaves the period goes up the sender's real route
+                            // and comes down the route by which the receiver's image really
+                            // receives it (from the rank `delta` before it): the period's
+                            // links carry both directions of its traffic.
+                            let (to, ch) = ((fa + delta) % n, local_channel(st));
+                            let real = route(fa, to, ch)?;
+                            let r = if fold(to) == to {
+                                real
+                            } else {
+                                let img = (fold(to) + n - delta) % n;
+                                let (down, _) = route(img, fold(to), ch)?;
+                                let mut links = real.0[..apex(f, &real.0)].to_vec();
+                                links.extend_from_slice(&down[apex(f, &down)..]);
+                                (links, real.1)
+                            };
+                            conn_routes.push(r);
                             conn_part.push(st.part);
                             Ok(id)
                         };
@@ -647,12 +679,40 @@ impl<'a> Sim<'a> {
                 group_links(f, router, g.kind, &g.members).map_err(|e| SimError::Group(gi as u32, e))?;
             group_paths.insert(gi as u32, (ups, downs));
         }
-        let group_used_by_rep: Vec<bool> = (0..s.groups.len())
-            .map(|gi| {
-                s.streams.iter().enumerate().any(|(i, st)| {
-                    stream_index[i] != u32::MAX && s.stream_bindings(st).contains(&Binding::Group(gi as u32))
-                })
-            })
+        // The part of each group: that of the first stream bound to it.
+        let mut group_part = vec![u32::MAX; s.groups.len()];
+        for st in &s.streams {
+            for b in s.stream_bindings(st) {
+                if let Binding::Group(g) = *b {
+                    if group_part[g as usize] == u32::MAX {
+                        group_part[g as usize] = st.part;
+                    }
+                }
+            }
+        }
+        // Groups a simulated stream is bound to, and how many simulated members join each of
+        // their instances (one op per member rank; the other members are images).
+        let mut group_used_by_rep = vec![false; s.groups.len()];
+        for &i in &sim_streams {
+            for b in s.stream_bindings(&s.streams[i as usize]) {
+                if let Binding::Group(g) = *b {
+                    group_used_by_rep[g as usize] = true;
+                }
+            }
+        }
+        let group_expect: Vec<u32> = s
+            .groups
+            .iter()
+            .zip(&group_used_by_rep)
+            .map(
+                |(g, &used)| {
+                    if used {
+                        g.members.iter().filter(|&&r| fold(r) == r).count() as u32
+                    } else {
+                        0
+                    }
+                },
+            )
             .collect();
         for (gi, (ups, downs)) in &group_paths {
             for l in ups.iter().chain(downs.iter()).flatten() {
@@ -673,7 +733,7 @@ impl<'a> Sim<'a> {
             let link = f.link(l);
             let eff = p.link_eff[kind_index(link.kind)];
             // A folded simulation carries only its share of the link's traffic.
-            let share = if uses_all[l.idx()] > 0 {
+            let share = if count_all && uses_all[l.idx()] > 0 {
                 uses_rep[l.idx()].max(1) as f64 / uses_all[l.idx()] as f64
             } else {
                 1.0
@@ -765,18 +825,20 @@ impl<'a> Sim<'a> {
                 down_refs.push(engine.add_path(&rs));
             }
             group_index.insert(gi, groups.len() as u32);
-            let part = s
-                .streams
-                .iter()
-                .find(|st| s.stream_bindings(st).contains(&Binding::Group(gi)))
-                .map_or(0, |st| st.part);
+            let part = match group_part[gi as usize] {
+                u32::MAX => 0,
+                p => p,
+            };
+            let expect = group_expect[gi as usize];
             groups.push(GroupState {
                 part,
                 id: gi,
-                members: g.members.clone(),
+                expect,
                 ups: up_refs,
                 downs: down_refs,
-                pending: BTreeMap::new(),
+                slot_inst: vec![u32::MAX; GROUP_SLOTS],
+                slot_count: vec![0; GROUP_SLOTS],
+                slot_members: vec![(0, 0); GROUP_SLOTS * expect as usize],
                 kind: g.kind,
             });
         }
@@ -978,9 +1040,15 @@ impl<'a> Sim<'a> {
                     self.streams[ku].group_count[b] += 1;
                     self.issued(k, i as u32, 1, now);
                     let g = &mut self.groups[gk as usize];
-                    let e = g.pending.entry(inst).or_insert_with(|| GroupInst { members: Vec::new() });
-                    e.members.push((k, i as u32));
-                    if e.members.len() == g.members.len() {
+                    let slot = inst as usize % GROUP_SLOTS;
+                    if g.slot_count[slot] == 0 {
+                        g.slot_inst[slot] = inst;
+                    }
+                    debug_assert_eq!(g.slot_inst[slot], inst, "switch group instances overlap");
+                    let j = g.slot_count[slot] as usize;
+                    g.slot_members[slot * g.expect as usize + j] = (k, i as u32);
+                    g.slot_count[slot] += 1;
+                    if g.slot_count[slot] == g.expect {
                         let bytes = sw.len * self.streams[ku].elem;
                         self.start_switch(api, gk, inst, 0, sw.kind, bytes);
                     }
@@ -1040,25 +1108,25 @@ impl<'a> Sim<'a> {
             GroupKind::Sharp => (self.p.sharp_eff, self.p.sharp_step),
         };
         let wire = (bytes as f64 / eff).ceil() as u64;
-        let all_ups = g.ups.clone();
-        let all_downs = g.downs.clone();
         let now = api.now();
         let rec =
             FlowRec { part, stream: gk, op: inst, bytes, kind: FlowKind::Switch { group: gk, inst, phase } };
         let tag = self.new_flow(rec);
+        let g = &self.groups[gk as usize];
+        let (all_ups, all_downs) = (&g.ups[..], &g.downs[..]);
         match (kind, phase) {
             (SwitchKind::AllReduce { head: Some(h) }, 0) => {
-                api.fan(now, &all_ups, &[all_downs[h as usize]], wire, step, tag)
+                api.fan(now, all_ups, &[all_downs[h as usize]], wire, step, tag)
             }
             (SwitchKind::AllReduce { head: Some(h) }, _) => {
-                api.fan(now, &[all_ups[h as usize]], &all_downs, wire, SimTime::ZERO, tag)
+                api.fan(now, &[all_ups[h as usize]], all_downs, wire, SimTime::ZERO, tag)
             }
-            (SwitchKind::AllReduce { head: None }, _) => api.fan(now, &all_ups, &all_downs, wire, step, tag),
+            (SwitchKind::AllReduce { head: None }, _) => api.fan(now, all_ups, all_downs, wire, step, tag),
             (SwitchKind::ReduceTo { to }, _) => {
-                api.fan(now, &all_ups, &[all_downs[to as usize]], wire, step, tag)
+                api.fan(now, all_ups, &[all_downs[to as usize]], wire, step, tag)
             }
             (SwitchKind::Multicast { from }, _) => {
-                api.fan(now, &[all_ups[from as usize]], &all_downs, wire, step, tag)
+                api.fan(now, &[all_ups[from as usize]], all_downs, wire, step, tag)
             }
         }
     }
@@ -1215,9 +1283,13 @@ impl Handler for Sim<'_> {
                     FlowKind::Local | FlowKind::Compute => self.op_done(rec.stream, rec.op),
                     FlowKind::Switch { group, inst, phase } => {
                         let g = &self.groups[group as usize];
+                        let slot = inst as usize % GROUP_SLOTS;
+                        let (base, count) = (slot * g.expect as usize, g.slot_count[slot] as usize);
+                        if count == 0 {
+                            return;
+                        }
                         // Find the op kind of this instance from the first member.
-                        let members = g.pending.get(&inst).map(|e| e.members.clone()).unwrap_or_default();
-                        let Some(&(k0, op0)) = members.first() else { return };
+                        let (k0, op0) = g.slot_members[base];
                         let st = &self.s.streams[self.sim_streams[k0 as usize] as usize];
                         let kind = match self.s.programs[st.program as usize].instrs[op0 as usize].op {
                             Op::Switch(sw) => sw.kind,
@@ -1227,8 +1299,9 @@ impl Handler for Sim<'_> {
                             self.start_switch(api, group, inst, 1, kind, rec.bytes);
                             return;
                         }
-                        self.groups[group as usize].pending.remove(&inst);
-                        for (k, op) in members {
+                        self.groups[group as usize].slot_count[slot] = 0;
+                        for j in 0..count {
+                            let (k, op) = self.groups[group as usize].slot_members[base + j];
                             self.op_done(k, op);
                         }
                     }
@@ -1238,6 +1311,25 @@ impl Handler for Sim<'_> {
         self.run_wakes(api);
         let _ = TAG_FLOW;
     }
+}
+
+/// How many links of `route` lead up to its highest device (a network switch of the highest
+/// tier crossed, else a NIC, else a switch inside the node): the sender's half of the route.
+fn apex(f: &Fabric, route: &[LinkId]) -> usize {
+    let level = |l: &LinkId| match f.device(f.link(*l).dst).kind {
+        DeviceKind::Gpu | DeviceKind::Cpu { .. } => 0,
+        DeviceKind::NvSwitch { .. } | DeviceKind::PcieSwitch => 1,
+        DeviceKind::Nic { .. } => 2,
+        DeviceKind::NetSwitch { tier, .. } => 3 + tier as u32,
+    };
+    let mut best = (0, 0);
+    for (i, l) in route.iter().enumerate() {
+        let v = level(l);
+        if v > best.0 {
+            best = (v, i + 1);
+        }
+    }
+    best.1
 }
 
 fn check_window(s: &Schedule) -> Result<(), SimError> {
