@@ -15,10 +15,15 @@
 //! across parts hold an op until the op (or stream) it names is complete, and the result
 //! gives each part's start and end ([`SimResult::parts`]).
 //!
-//! Symmetry: a schedule invariant under a rank shift ([`Schedule::rank_period`]: rings
-//! and PAT on uniform nodes) is simulated for one period of ranks, messages leaving the
-//! period being delivered to their image inside it over the real route; this is exact up
-//! to ECMP choices (tests hold it within 1%). Runs still big after that (more than
+//! Symmetry: a schedule invariant under a rank shift ([`Schedule::rank_period`]: rings,
+//! PAT, NVLS and CollNet across nodes, all-to-all and send/recv on uniform nodes) is
+//! simulated for one period of ranks. A message leaving the period goes up its sender's
+//! real route to the route's highest device, then down the route by which the receiver's
+//! image inside the period really receives it, so the period's links carry both directions
+//! of their real traffic; a switch group (NVLS, SHARP) starts an instance when the period's
+//! members have joined, over every member's real paths. This is exact where every node is
+//! alike (tests hold it within 1%; all-to-all within 3% where a scalable unit is partly
+//! filled). Runs still big after that (more than
 //! [`FOLD_MIN_OPS`] ops) also fold channels: one representative channel of each symmetry
 //! class is simulated, and every link's bandwidth is scaled by the share of the class's
 //! traffic the representative carries on it (computed from the routes of all channels).
