@@ -8,4 +8,5 @@
 
 pub mod analytic;
 pub mod cpu;
+pub mod cuda;
 pub mod simulate;
