@@ -22,7 +22,14 @@ pub struct GpuArgs {
     #[arg(long)]
     pub gpu: bool,
     /// With --gpu: collective (nccl-tests' names).
-    #[arg(short = 'c', long = "collective", value_enum, ignore_case = true, default_value = "allreduce", requires = "gpu")]
+    #[arg(
+        short = 'c',
+        long = "collective",
+        value_enum,
+        ignore_case = true,
+        default_value = "allreduce",
+        requires = "gpu"
+    )]
     pub collective: CollectiveArg,
     /// With --gpu: smallest size (nccl-tests -b).
     #[arg(short = 'b', long = "minbytes", default_value = "8", requires = "gpu")]
@@ -34,7 +41,14 @@ pub struct GpuArgs {
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2, requires = "gpu")]
     pub stepfactor: u64,
     /// With --gpu: data type (float, half, bfloat16, double, int32, ...).
-    #[arg(short = 'd', long = "datatype", value_enum, ignore_case = true, default_value = "float", requires = "gpu")]
+    #[arg(
+        short = 'd',
+        long = "datatype",
+        value_enum,
+        ignore_case = true,
+        default_value = "float",
+        requires = "gpu"
+    )]
     pub datatype: DTypeArg,
     /// With --gpu: reduction (nccl-tests -o).
     #[arg(short = 'o', long = "op", value_enum, ignore_case = true, default_value = "sum", requires = "gpu")]
@@ -152,7 +166,9 @@ mod imp {
     }
 
     fn slug(s: &str) -> String {
-        s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect::<String>()
+        s.chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .collect::<String>()
     }
 
     /// Prints the GPUs and their peer matrix; returns a one-line description.
@@ -173,8 +189,19 @@ mod imp {
         if devs.len() > 1 {
             println!("peer access (row can access column):");
             for (i, row) in devs.peer.iter().enumerate() {
-                let cells: Vec<&str> =
-                    row.iter().enumerate().map(|(j, &p)| if i == j { "-" } else if p { "P2P" } else { "no" }).collect();
+                let cells: Vec<&str> = row
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &p)| {
+                        if i == j {
+                            "-"
+                        } else if p {
+                            "P2P"
+                        } else {
+                            "no"
+                        }
+                    })
+                    .collect();
                 println!("  GPU {i}: {}", cells.join(" "));
             }
         }
@@ -258,7 +285,12 @@ mod imp {
         let coll = collective::Collective::from(a.collective);
         let dtype = DType::from(a.datatype);
         let redop = RedOp::from(a.op);
-        let sizes = sweep_sizes(parse_bytes(&a.minbytes).context("-b")?, parse_bytes(&a.maxbytes).context("-e")?, Some(a.stepfactor), None)?;
+        let sizes = sweep_sizes(
+            parse_bytes(&a.minbytes).context("-b")?,
+            parse_bytes(&a.maxbytes).context("-e")?,
+            Some(a.stepfactor),
+            None,
+        )?;
         let check_max = parse_bytes(&a.check_max).context("--check-max")?;
         if a.iters == 0 {
             bail!("--iters 0: at least one timed run");
@@ -272,7 +304,10 @@ mod imp {
         let devs = Devices::open(None)?;
         let what = describe(&devs);
         let ranks = a.ranks.unwrap_or(if devs.len() >= 2 { devs.len() } else { 8 });
-        let f = fabricsim::fabric::build::build(&spec, &BuildOpts { nodes: Some(1), gpus_per_node: Some(ranks), params })?;
+        let f = fabricsim::fabric::build::build(
+            &spec,
+            &BuildOpts { nodes: Some(1), gpus_per_node: Some(ranks), params },
+        )?;
         let cfg = BenchConfig {
             coll,
             sizes,
@@ -326,11 +361,14 @@ mod imp {
             } else {
                 let (ilen, _) = args.buffer_elems(ranks);
                 let t = exec(&devs, &k, &s, &p, ilen, r.size_bytes <= check_max, a)?;
-                (Some(t.median_us()), match t.checked {
-                    Some(true) => "bit-exact".to_string(),
-                    Some(false) => "DIFFERS".to_string(),
-                    None => "not checked".to_string(),
-                })
+                (
+                    Some(t.median_us()),
+                    match t.checked {
+                        Some(true) => "bit-exact".to_string(),
+                        Some(false) => "DIFFERS".to_string(),
+                        None => "not checked".to_string(),
+                    },
+                )
             };
             let nccl_count = count_for(coll, r.size_bytes, devs.len(), dtype);
             let nccl_us = match nccl_ok {
@@ -339,7 +377,7 @@ mod imp {
                     if !comms.iter().any(|(c, _)| *c == key) {
                         comms.push((key, Comms::new(&devs, r.algo, r.proto)?));
                     }
-                    let c = &comms.iter().find(|(c, _)| *c == key).map(|x| &x.1).context("communicator")?;
+                    let c = comms.iter().find(|(c, _)| *c == key).map(|x| &x.1).context("communicator")?;
                     let na = CollArgs { count: nccl_count, ..args };
                     Some(c.time(&devs, &na, a.warmup, a.iters)?)
                 }
@@ -368,7 +406,11 @@ mod imp {
         }
         let date = today();
         let dir = a.out.clone().unwrap_or_else(|| {
-            root.join("validate/measurements").join(format!("{date}-{}-{}gpu", slug(&devs.info[0].name), devs.len()))
+            root.join("validate/measurements").join(format!(
+                "{date}-{}-{}gpu",
+                slug(&devs.info[0].name),
+                devs.len()
+            ))
         });
         super::super::check_out_dir("--out", &dir)?;
         std::fs::create_dir_all(&dir).with_context(|| format!("--out {}", dir.display()))?;
@@ -403,11 +445,20 @@ mod imp {
         let files = [
             (
                 format!("{name}-nccl.csv"),
-                table(&|r: &Row| r.nccl_us.map(|t| (r.nccl_count, t, devs.len())), &format!("NCCL's own collective on {} GPUs, NCCL_ALGO/NCCL_PROTO from the schedule", devs.len())),
+                table(
+                    &|r: &Row| r.nccl_us.map(|t| (r.nccl_count, t, devs.len())),
+                    &format!(
+                        "NCCL's own collective on {} GPUs, NCCL_ALGO/NCCL_PROTO from the schedule",
+                        devs.len()
+                    ),
+                ),
             ),
             (
                 format!("{name}-schedule-on-gpu.csv"),
-                table(&|r: &Row| r.gpu_us.map(|t| (r.count, t, ranks)), &format!("fabricsim's schedule run on the GPUs ({ranks} ranks on {ndev} GPUs)")),
+                table(
+                    &|r: &Row| r.gpu_us.map(|t| (r.count, t, ranks)),
+                    &format!("fabricsim's schedule run on the GPUs ({ranks} ranks on {ndev} GPUs)"),
+                ),
             ),
             (format!("{name}-side-by-side.csv"), {
                 let mut s = format!("{head}\nsize_bytes,count,algo,proto,channels,simulated_us,schedule_gpu_us,nccl_us,check,plan_ops,copies,kernels\n");
@@ -415,7 +466,18 @@ mod imp {
                     let _ = writeln!(
                         s,
                         "{},{},{},{},{},{:.2},{},{},{},{},{},{}",
-                        r.size, r.count, r.algo, r.proto, r.channels, r.sim_us, us(r.gpu_us), us(r.nccl_us), r.check, r.ops, r.peer_copies, r.kernels
+                        r.size,
+                        r.count,
+                        r.algo,
+                        r.proto,
+                        r.channels,
+                        r.sim_us,
+                        us(r.gpu_us),
+                        us(r.nccl_us),
+                        r.check,
+                        r.ops,
+                        r.peer_copies,
+                        r.kernels
                     );
                 }
                 s
@@ -457,7 +519,10 @@ mod imp {
             }
         };
         let date = today();
-        let head = format!("# source: fabricsim gpu-info on {what}, CUDA driver {}, {nv}, {date}", devs.driver_version);
+        let head = format!(
+            "# source: fabricsim gpu-info on {what}, CUDA driver {}, {nv}, {date}",
+            devs.driver_version
+        );
         let mut info = format!("{head}\ngpu,name,sm,sms,memory_bytes,pci,peer_access,copy_GBps_to\n");
         for (i, g) in devs.info.iter().enumerate() {
             let peers: Vec<String> = devs.peer[i].iter().map(|&p| u8::from(p).to_string()).collect();
@@ -465,7 +530,15 @@ mod imp {
             let _ = writeln!(
                 info,
                 "{},{},{}{},{},{},{},{},{}",
-                g.ordinal, g.name, g.cc.0, g.cc.1, g.sms, g.memory, g.pci, peers.join(" "), bws.join(" ")
+                g.ordinal,
+                g.name,
+                g.cc.0,
+                g.cc.1,
+                g.sms,
+                g.memory,
+                g.pci,
+                peers.join(" "),
+                bws.join(" ")
             );
         }
         let mut micro = None;
@@ -475,8 +548,15 @@ mod imp {
             let mut s = format!("{head}; GPU 0, best of 3 to 5 CUDA-event-timed runs\ntest,dtype,size,time_us,rate,unit,how\n");
             println!("{:<9} {:<9} {:>16} {:>12} {:>12}  how", "test", "dtype", "size", "time_us", "rate");
             for m in &rows {
-                println!("{:<9} {:<9} {:>16} {:>12.3} {:>12.2} {}  {}", m.test, m.dtype, m.size, m.time_us, m.rate, m.unit, m.how);
-                let _ = writeln!(s, "{},{},{},{:.3},{:.3},{},{}", m.test, m.dtype, m.size, m.time_us, m.rate, m.unit, m.how);
+                println!(
+                    "{:<9} {:<9} {:>16} {:>12.3} {:>12.2} {}  {}",
+                    m.test, m.dtype, m.size, m.time_us, m.rate, m.unit, m.how
+                );
+                let _ = writeln!(
+                    s,
+                    "{},{},{},{:.3},{:.3},{},{}",
+                    m.test, m.dtype, m.size, m.time_us, m.rate, m.unit, m.how
+                );
             }
             micro = Some(s);
         }

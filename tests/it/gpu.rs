@@ -131,9 +131,16 @@ fn plans_compute_the_cpu_executors_bits_bf16_max_and_i32_min_and_f64_prod() {
 fn plans_fold_in_the_schedules_order() {
     let comm = Comm::synthetic(1, 4, true, false);
     for (algo, proto) in collective::runnable(&comm, Collective::AllReduce) {
-        let args = CollArgs { coll: Collective::AllReduce, count: 64, dtype: DType::F16, redop: RedOp::Sum, root: 0 };
-        let s = collective::build_schedule(&comm, &args, &Choice { algo, proto, nchannels: 2 }, &knobs_small())
-            .unwrap();
+        let args = CollArgs {
+            coll: Collective::AllReduce,
+            count: 64,
+            dtype: DType::F16,
+            redop: RedOp::Sum,
+            root: 0,
+        };
+        let s =
+            collective::build_schedule(&comm, &args, &Choice { algo, proto, nchannels: 2 }, &knobs_small())
+                .unwrap();
         let ins: Vec<Vec<f16>> = (0..4)
             .map(|r| (0..64).map(|i| f16::from_f32(if (i + r) % 4 == 0 { 2048.0 } else { 1.0 })).collect())
             .collect();
@@ -149,7 +156,8 @@ fn a_ring_lowers_to_peer_copies_kernels_and_waits() {
     let comm = Comm::synthetic(1, 4, false, false);
     let count = 4096u64;
     let args = CollArgs { coll: Collective::AllReduce, count, dtype: DType::F32, redop: RedOp::Sum, root: 0 };
-    let choice = Choice { algo: collective::Algo::Ring, proto: fabricsim::schedule::Proto::Simple, nchannels: 1 };
+    let choice =
+        Choice { algo: collective::Algo::Ring, proto: fabricsim::schedule::Proto::Simple, nchannels: 1 };
     let s = collective::build_schedule(&comm, &args, &choice, &Knobs::default()).unwrap();
     let p = plan::lower(&s, &plan::round_robin(4, 4)).unwrap();
     let st = p.stats();
@@ -180,7 +188,8 @@ fn a_ring_lowers_to_peer_copies_kernels_and_waits() {
 #[test]
 fn a_placement_of_the_wrong_size_is_an_error() {
     let comm = Comm::synthetic(1, 2, false, false);
-    let args = CollArgs { coll: Collective::AllReduce, count: 8, dtype: DType::F32, redop: RedOp::Sum, root: 0 };
+    let args =
+        CollArgs { coll: Collective::AllReduce, count: 8, dtype: DType::F32, redop: RedOp::Sum, root: 0 };
     let choice = Choice { algo: collective::Algo::Ring, proto: fabricsim::schedule::Proto::LL, nchannels: 1 };
     let s = collective::build_schedule(&comm, &args, &choice, &Knobs::default()).unwrap();
     let e = plan::lower(&s, &[0, 0, 0]).unwrap_err();

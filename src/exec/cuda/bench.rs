@@ -35,7 +35,12 @@ pub struct Micro {
 }
 
 /// Times `f` (enqueueing on `s`) `reps` times after one warm-up; the best time, microseconds.
-fn best_of(devs: &Devices, s: &Stream, reps: u32, mut f: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+fn best_of(
+    devs: &Devices,
+    s: &Stream,
+    reps: u32,
+    mut f: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
     let (a, b) = (Event::timing(devs, s.device)?, Event::timing(devs, s.device)?);
     f()?;
     s.sync()?;
@@ -55,12 +60,21 @@ pub fn run_all(devs: &Devices, k: &Kernels, max_bytes: u64) -> Result<Vec<Micro>
     guard("running the microbenchmarks", || {
         let mut out = Vec::new();
         let s = Stream::new(devs, 0)?;
-        let sizes: Vec<u64> = [1u64 << 20, 16 << 20, 256 << 20, 1 << 30].into_iter().filter(|&b| b <= max_bytes).collect();
+        let sizes: Vec<u64> =
+            [1u64 << 20, 16 << 20, 256 << 20, 1 << 30].into_iter().filter(|&b| b <= max_bytes).collect();
         let big = *sizes.last().unwrap_or(&(1 << 20));
         let (x, y) = (DevBuf::new(devs, 0, big)?, DevBuf::new(devs, 0, big)?);
         for &b in &sizes {
             let t = best_of(devs, &s, 5, || copy(devs, &s, &x, 0, &y, 0, b))?;
-            out.push(Micro { test: "d2d_copy", dtype: "-".into(), size: b.to_string(), time_us: t, rate: b as f64 / t / 1e3, unit: "GB/s", how: "cuMemcpyDtoDAsync" });
+            out.push(Micro {
+                test: "d2d_copy",
+                dtype: "-".into(),
+                size: b.to_string(),
+                time_us: t,
+                rate: b as f64 / t / 1e3,
+                unit: "GB/s",
+                how: "cuMemcpyDtoDAsync",
+            });
         }
         let h = HostBuf::new(devs, big)?;
         for &b in &sizes {
@@ -68,17 +82,41 @@ pub fn run_all(devs: &Devices, k: &Kernels, max_bytes: u64) -> Result<Vec<Micro>
             let t = best_of(devs, &s, 3, || {
                 // SAFETY: `h` and `x` hold at least `b` bytes.
                 call("cuMemcpyHtoDAsync", unsafe {
-                    result::memcpy_htod_async(x.ptr, std::slice::from_raw_parts(h.ptr as *const u8, b as usize), s.raw)
+                    result::memcpy_htod_async(
+                        x.ptr,
+                        std::slice::from_raw_parts(h.ptr as *const u8, b as usize),
+                        s.raw,
+                    )
                 })
             })?;
-            out.push(Micro { test: "h2d_copy", dtype: "-".into(), size: b.to_string(), time_us: t, rate: b as f64 / t / 1e3, unit: "GB/s", how: "pinned, cuMemcpyHtoDAsync" });
+            out.push(Micro {
+                test: "h2d_copy",
+                dtype: "-".into(),
+                size: b.to_string(),
+                time_us: t,
+                rate: b as f64 / t / 1e3,
+                unit: "GB/s",
+                how: "pinned, cuMemcpyHtoDAsync",
+            });
             let t = best_of(devs, &s, 3, || {
                 // SAFETY: `h` and `x` hold at least `b` bytes.
                 call("cuMemcpyDtoHAsync", unsafe {
-                    result::memcpy_dtoh_async(std::slice::from_raw_parts_mut(h.ptr as *mut u8, b as usize), x.ptr, s.raw)
+                    result::memcpy_dtoh_async(
+                        std::slice::from_raw_parts_mut(h.ptr as *mut u8, b as usize),
+                        x.ptr,
+                        s.raw,
+                    )
                 })
             })?;
-            out.push(Micro { test: "d2h_copy", dtype: "-".into(), size: b.to_string(), time_us: t, rate: b as f64 / t / 1e3, unit: "GB/s", how: "pinned, cuMemcpyDtoHAsync" });
+            out.push(Micro {
+                test: "d2h_copy",
+                dtype: "-".into(),
+                size: b.to_string(),
+                time_us: t,
+                rate: b as f64 / t / 1e3,
+                unit: "GB/s",
+                how: "pinned, cuMemcpyDtoHAsync",
+            });
         }
         // Reduction kernels: dst = a + b over `big / 2` bytes per operand.
         let z = DevBuf::new(devs, 0, big)?;
@@ -104,7 +142,15 @@ pub fn run_all(devs: &Devices, k: &Kernels, max_bytes: u64) -> Result<Vec<Micro>
                 launch(&s, f, grid, &mut p)
             })?;
             let bytes = 3 * n * d.size();
-            out.push(Micro { test: "reduce", dtype: d.nccl_name().into(), size: bytes.to_string(), time_us: t, rate: bytes as f64 / t / 1e3, unit: "GB/s", how: "NVRTC fs_reduce, 2 inputs" });
+            out.push(Micro {
+                test: "reduce",
+                dtype: d.nccl_name().into(),
+                size: bytes.to_string(),
+                time_us: t,
+                rate: bytes as f64 / t / 1e3,
+                unit: "GB/s",
+                how: "NVRTC fs_reduce, 2 inputs",
+            });
         }
         // Launch latency: 1000 empty kernels back to back.
         let f = k.func(0, "fs_empty")?;
@@ -114,7 +160,15 @@ pub fn run_all(devs: &Devices, k: &Kernels, max_bytes: u64) -> Result<Vec<Micro>
             }
             Ok(())
         })? / 1000.0;
-        out.push(Micro { test: "launch", dtype: "-".into(), size: "1000".into(), time_us: t, rate: 1e6 / t, unit: "launch/s", how: "empty kernel, back to back" });
+        out.push(Micro {
+            test: "launch",
+            dtype: "-".into(),
+            size: "1000".into(),
+            time_us: t,
+            rate: 1e6 / t,
+            unit: "launch/s",
+            how: "empty kernel, back to back",
+        });
         out.extend(gemms(devs, &s)?);
         Ok(out)
     })
@@ -128,10 +182,16 @@ fn gemms(devs: &Devices, s: &Stream) -> Result<Vec<Micro>, CudaError> {
     let h = call("cublasCreate", br::create_handle())?;
     // SAFETY: a live handle and stream.
     call("cublasSetStream", unsafe { br::set_stream(h, s.raw as bs::cudaStream_t) })?;
-    let shapes: [(u64, u64, u64); 5] =
-        [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 4096), (4096, 16384, 4096)];
+    let shapes: [(u64, u64, u64); 5] = [
+        (1024, 1024, 1024),
+        (4096, 4096, 4096),
+        (8192, 8192, 8192),
+        (16384, 4096, 4096),
+        (4096, 16384, 4096),
+    ];
     let maxe = shapes.iter().map(|&(m, n, k)| (m * k).max(k * n).max(m * n)).max().unwrap_or(1);
-    let bufs = [DevBuf::new(devs, 0, maxe * 4)?, DevBuf::new(devs, 0, maxe * 4)?, DevBuf::new(devs, 0, maxe * 4)?];
+    let bufs =
+        [DevBuf::new(devs, 0, maxe * 4)?, DevBuf::new(devs, 0, maxe * 4)?, DevBuf::new(devs, 0, maxe * 4)?];
     // Zeroed operands: the time does not depend on values.
     for b in &bufs {
         // SAFETY: the allocation holds `bytes` bytes.
@@ -162,7 +222,15 @@ fn gemms(devs: &Devices, s: &Stream) -> Result<Vec<Micro>, CudaError> {
                     )
                 })
             })?;
-            out.push(Micro { test: "gemm", dtype: "float".into(), size: format!("{m}x{n}x{kk}"), time_us: t, rate: flops / t / 1e6, unit: "TFLOP/s", how: "cuBLAS sgemm" });
+            out.push(Micro {
+                test: "gemm",
+                dtype: "float".into(),
+                size: format!("{m}x{n}x{kk}"),
+                time_us: t,
+                rate: flops / t / 1e6,
+                unit: "TFLOP/s",
+                how: "cuBLAS sgemm",
+            });
             let t = best_of(devs, s, 3, || {
                 // SAFETY: as above, with 2-byte elements.
                 call("cublasGemmEx", unsafe {
@@ -189,7 +257,15 @@ fn gemms(devs: &Devices, s: &Stream) -> Result<Vec<Micro>, CudaError> {
                     )
                 })
             })?;
-            out.push(Micro { test: "gemm", dtype: "bfloat16".into(), size: format!("{m}x{n}x{kk}"), time_us: t, rate: flops / t / 1e6, unit: "TFLOP/s", how: "cuBLAS GemmEx, FP32 accumulate" });
+            out.push(Micro {
+                test: "gemm",
+                dtype: "bfloat16".into(),
+                size: format!("{m}x{n}x{kk}"),
+                time_us: t,
+                rate: flops / t / 1e6,
+                unit: "TFLOP/s",
+                how: "cuBLAS GemmEx, FP32 accumulate",
+            });
         }
         Ok(())
     })();

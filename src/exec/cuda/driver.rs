@@ -386,7 +386,10 @@ impl Kernels {
                     Some((_, p)) => p.clone(),
                     None => {
                         let opts = cudarc::nvrtc::CompileOptions {
-                            options: vec![format!("--gpu-architecture={}", kernels::arch_option(gi.cc.0, gi.cc.1))],
+                            options: vec![format!(
+                                "--gpu-architecture={}",
+                                kernels::arch_option(gi.cc.0, gi.cc.1)
+                            )],
                             name: Some("fabricsim_kernels.cu".into()),
                             ..Default::default()
                         };
@@ -400,7 +403,9 @@ impl Kernels {
                 };
                 devs.bind(d as u32)?;
                 // SAFETY: a NUL-terminated PTX image, loaded into the current context.
-                let m = call("cuModuleLoadData", unsafe { result::module::load_data(ptx.as_ptr() as *const c_void) })?;
+                let m = call("cuModuleLoadData", unsafe {
+                    result::module::load_data(ptx.as_ptr() as *const c_void)
+                })?;
                 let mut fs = Vec::new();
                 for n in &names {
                     let cn = CString::new(n.as_str()).map_err(|_| CudaError::Invalid(n.clone()))?;
@@ -410,7 +415,12 @@ impl Kernels {
                 modules.push((m, devs.ctx[d].clone()));
                 funcs.push(fs);
             }
-            Ok(Kernels { modules, funcs, names, sms: devs.info.iter().map(|g| g.sms.max(1) as u32).collect() })
+            Ok(Kernels {
+                modules,
+                funcs,
+                names,
+                sms: devs.info.iter().map(|g| g.sms.max(1) as u32).collect(),
+            })
         })
     }
 
@@ -438,7 +448,12 @@ impl Drop for Kernels {
 
 /// Launches `f` with `grid` blocks of [`kernels::BLOCK`] threads on `s`; `params` point at
 /// the argument values, in order.
-pub fn launch(s: &Stream, f: sys::CUfunction, grid: u32, params: &mut [*mut c_void]) -> Result<(), CudaError> {
+pub fn launch(
+    s: &Stream,
+    f: sys::CUfunction,
+    grid: u32,
+    params: &mut [*mut c_void],
+) -> Result<(), CudaError> {
     // SAFETY: the caller passes pointers to values of the kernel's parameter types.
     call("cuLaunchKernel", unsafe {
         result::launch_kernel(f, (grid, 1, 1), (kernels::BLOCK, 1, 1), 0, s.raw, params)

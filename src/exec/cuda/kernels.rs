@@ -222,7 +222,9 @@ mod tests {
         assert!(k(DType::F16, RedOp::Sum).contains("fs_f2h(__fadd_rn(fa, fb))"));
         assert!(k(DType::BF16, RedOp::Max).contains("fs_f2bf((fb > fa ? fb : fa))"));
         assert!(k(DType::I32, RedOp::Sum).contains("(int)((unsigned int)a + (unsigned int)b)"));
-        assert!(k(DType::I32, RedOp::Avg).contains("if (postop) a = (int)((long long)a / (long long)nranks);"));
+        assert!(
+            k(DType::I32, RedOp::Avg).contains("if (postop) a = (int)((long long)a / (long long)nranks);")
+        );
         assert!(k(DType::F16, RedOp::Avg).contains("fs_f2h(__fdiv_rn(fs_h2f(a), (float)nranks))"));
         // Only Avg has a final step.
         assert!(!k(DType::F32, RedOp::Sum).contains("if (postop)"));

@@ -175,7 +175,8 @@ mod tests {
         let e = guard::<()>("loading NCCL", || panic!("Missing symbol ncclCommInitAll")).unwrap_err();
         std::panic::set_hook(prev);
         assert!(
-            e.to_string().starts_with("loading NCCL: the CUDA library call aborted (Missing symbol ncclCommInitAll)"),
+            e.to_string()
+                .starts_with("loading NCCL: the CUDA library call aborted (Missing symbol ncclCommInitAll)"),
             "{e}"
         );
         assert_eq!(guard("x", || Ok(3)).unwrap(), 3);

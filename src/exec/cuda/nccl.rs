@@ -70,7 +70,9 @@ impl Comms {
             let mut comms = vec![std::ptr::null_mut(); n];
             let list: Vec<i32> = (0..n as i32).collect();
             // SAFETY: `comms` has room for n handles, `list` names n devices.
-            call("ncclCommInitAll", unsafe { nr::comm_init_all(comms.as_mut_ptr(), n as i32, list.as_ptr()) })?;
+            call("ncclCommInitAll", unsafe {
+                nr::comm_init_all(comms.as_mut_ptr(), n as i32, list.as_ptr())
+            })?;
             let streams = (0..n as u32).map(|d| Stream::new(devs, d)).collect::<Result<_, _>>()?;
             Ok(Comms { comms, streams })
         })
@@ -100,15 +102,32 @@ impl Comms {
                         // communicator and stream of this GPU.
                         let res = unsafe {
                             match args.coll {
-                                Collective::AllReduce => nr::all_reduce(s, r, args.count as usize, t, nccl_op(args.redop), c, st),
+                                Collective::AllReduce => {
+                                    nr::all_reduce(s, r, args.count as usize, t, nccl_op(args.redop), c, st)
+                                }
                                 Collective::AllGather => nr::all_gather(s, r, args.count as usize, t, c, st),
-                                Collective::ReduceScatter => {
-                                    nr::reduce_scatter(s, r, args.count as usize, t, nccl_op(args.redop), c, st)
+                                Collective::ReduceScatter => nr::reduce_scatter(
+                                    s,
+                                    r,
+                                    args.count as usize,
+                                    t,
+                                    nccl_op(args.redop),
+                                    c,
+                                    st,
+                                ),
+                                Collective::Broadcast => {
+                                    nr::broadcast(s, r, args.count as usize, t, args.root as i32, c, st)
                                 }
-                                Collective::Broadcast => nr::broadcast(s, r, args.count as usize, t, args.root as i32, c, st),
-                                Collective::Reduce => {
-                                    nr::reduce(s, r, args.count as usize, t, nccl_op(args.redop), args.root as i32, c, st)
-                                }
+                                Collective::Reduce => nr::reduce(
+                                    s,
+                                    r,
+                                    args.count as usize,
+                                    t,
+                                    nccl_op(args.redop),
+                                    args.root as i32,
+                                    c,
+                                    st,
+                                ),
                                 Collective::AllToAll | Collective::SendRecv => {
                                     return Err(CudaError::Invalid(format!(
                                         "{}: the NCCL comparison covers single-call collectives",
@@ -124,8 +143,9 @@ impl Comms {
                 Ok(())
             };
             round(warmup)?;
-            let ev: Vec<(Event, Event)> =
-                (0..n).map(|d| Ok((Event::timing(devs, d)?, Event::timing(devs, d)?))).collect::<Result<_, CudaError>>()?;
+            let ev: Vec<(Event, Event)> = (0..n)
+                .map(|d| Ok((Event::timing(devs, d)?, Event::timing(devs, d)?)))
+                .collect::<Result<_, CudaError>>()?;
             for (d, (a, _)) in ev.iter().enumerate() {
                 a.record(&self.streams[d])?;
             }

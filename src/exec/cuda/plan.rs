@@ -199,10 +199,7 @@ pub struct GpuPlan {
 impl GpuPlan {
     /// The buffer of a rank in a part, if the plan has it.
     pub fn rank_buffer(&self, part: u32, rank: u32, buf: Buf) -> Option<u32> {
-        self.buffers
-            .iter()
-            .position(|b| b.kind == BufferKind::Rank { part, rank, buf })
-            .map(|i| i as u32)
+        self.buffers.iter().position(|b| b.kind == BufferKind::Rank { part, rank, buf }).map(|i| i as u32)
     }
 
     /// Bytes allocated on each device.
@@ -293,7 +290,12 @@ pub fn lower(s: &Schedule, rank_device: &[u32]) -> Result<GpuPlan, PlanError> {
     for (pi, p) in s.parts.iter().enumerate() {
         for d in 0..devices {
             stage.insert((pi as u32, d), (buffers.len() as u32, Stage::new(p.dtype)));
-            buffers.push(BufferDesc { device: d, kind: BufferKind::Stage { part: pi as u32 }, dtype: p.dtype, elems: 0 });
+            buffers.push(BufferDesc {
+                device: d,
+                kind: BufferKind::Stage { part: pi as u32 },
+                dtype: p.dtype,
+                elems: 0,
+            });
         }
     }
     let streams = s
@@ -506,9 +508,23 @@ impl Lower<'_> {
         };
         self.op_streams.push(stream);
         for r in &reads {
-            self.hazards[r.buffer as usize].access(r.offset, r.end(), false, idx, &self.op_streams, &mut deps);
+            self.hazards[r.buffer as usize].access(
+                r.offset,
+                r.end(),
+                false,
+                idx,
+                &self.op_streams,
+                &mut deps,
+            );
         }
-        self.hazards[write.buffer as usize].access(write.offset, write.end(), true, idx, &self.op_streams, &mut deps);
+        self.hazards[write.buffer as usize].access(
+            write.offset,
+            write.end(),
+            true,
+            idx,
+            &self.op_streams,
+            &mut deps,
+        );
         // The last op per other stream suffices: a stream runs in order.
         let mut last: BTreeMap<u32, u32> = BTreeMap::new();
         for d in deps {
@@ -554,7 +570,9 @@ impl Lower<'_> {
         // A destination that overlaps an input without being it would be read and written
         // at shifted positions by one kernel: use a slot instead.
         let dst = dst.filter(|d| {
-            inputs.iter().all(|i| *i == *d || i.buffer != d.buffer || i.end() <= d.offset || d.end() <= i.offset)
+            inputs
+                .iter()
+                .all(|i| *i == *d || i.buffer != d.buffer || i.end() <= d.offset || d.end() <= i.offset)
         });
         let (acc, temp) = match dst {
             Some(d) => (d, None),
@@ -688,7 +706,11 @@ impl Effects for Lower<'_> {
 /// [`crate::exec::cpu::execute_parts`]. Seed 0 runs the ops in plan order; other seeds run
 /// them in a random order that respects only stream order and the plan's waits (what the
 /// GPU guarantees), so a missing wait shows as different bits.
-pub fn emulate<T: Element>(plan: &GpuPlan, init: Vec<Vec<Buffers<T>>>, seed: u64) -> Result<PartBuffers<T>, ExecError> {
+pub fn emulate<T: Element>(
+    plan: &GpuPlan,
+    init: Vec<Vec<Buffers<T>>>,
+    seed: u64,
+) -> Result<PartBuffers<T>, ExecError> {
     if init.len() != plan.parts.len() {
         return Err(ExecError::Buffers(format!(
             "the plan has {} parts but buffers for {} were given",
@@ -710,7 +732,9 @@ pub fn emulate<T: Element>(plan: &GpuPlan, init: Vec<Vec<Buffers<T>>>, seed: u64
                     .get_mut(part as usize)
                     .and_then(|p| p.get_mut(rank as usize))
                     .and_then(|x| x.as_mut())
-                    .ok_or_else(|| ExecError::Buffers(format!("no buffers for rank {rank} in part {part}")))?;
+                    .ok_or_else(|| {
+                        ExecError::Buffers(format!("no buffers for rank {rank} in part {part}"))
+                    })?;
                 let v = std::mem::take(match buf {
                     Buf::Input => &mut set.input,
                     Buf::Output => &mut set.output,
@@ -792,7 +816,9 @@ pub fn emulate<T: Element>(plan: &GpuPlan, init: Vec<Vec<Buffers<T>>>, seed: u64
         while left > 0 {
             let ready: Vec<usize> = (0..queues.len())
                 .filter(|&q| {
-                    queues[q].front().is_some_and(|&i| plan.ops[i as usize].waits.iter().all(|&w| done[w as usize]))
+                    queues[q]
+                        .front()
+                        .is_some_and(|&i| plan.ops[i as usize].waits.iter().all(|&w| done[w as usize]))
                 })
                 .collect();
             if ready.is_empty() {
@@ -807,7 +833,9 @@ pub fn emulate<T: Element>(plan: &GpuPlan, init: Vec<Vec<Buffers<T>>>, seed: u64
     }
     let mut out: PartBuffers<T> = init
         .iter()
-        .map(|p| p.iter().map(|_| Buffers { input: Vec::new(), output: Vec::new(), scratch: Vec::new() }).collect())
+        .map(|p| {
+            p.iter().map(|_| Buffers { input: Vec::new(), output: Vec::new(), scratch: Vec::new() }).collect()
+        })
         .collect();
     for (b, v) in plan.buffers.iter().zip(mem) {
         if let BufferKind::Rank { part, rank, buf } = b.kind {

@@ -65,13 +65,20 @@ impl<'a> Resident<'a> {
                 )));
             }
         }
-        let bufs = plan.buffers.iter().map(|b| DevBuf::new(devs, b.device, b.bytes())).collect::<Result<_, _>>()?;
+        let bufs =
+            plan.buffers.iter().map(|b| DevBuf::new(devs, b.device, b.bytes())).collect::<Result<_, _>>()?;
         let streams = plan.streams.iter().map(|s| Stream::new(devs, s.device)).collect::<Result<_, _>>()?;
         let events = plan
             .ops
             .iter()
             .zip(&plan.waited)
-            .map(|(op, &w)| if w { Event::sync_only(devs, plan.streams[op.stream as usize].device).map(Some) } else { Ok(None) })
+            .map(|(op, &w)| {
+                if w {
+                    Event::sync_only(devs, plan.streams[op.stream as usize].device).map(Some)
+                } else {
+                    Ok(None)
+                }
+            })
             .collect::<Result<_, _>>()?;
         let root = Stream::new(devs, 0)?;
         Ok(Resident { devs, bufs, streams, events, root })
@@ -190,7 +197,13 @@ impl<'a> Resident<'a> {
         Stream::new(self.devs, d)
     }
 
-    fn output<T: Element>(&self, plan: &GpuPlan, part: u32, rank: u32, which: Buf) -> Result<Vec<T>, CudaError> {
+    fn output<T: Element>(
+        &self,
+        plan: &GpuPlan,
+        part: u32,
+        rank: u32,
+        which: Buf,
+    ) -> Result<Vec<T>, CudaError> {
         let Some(i) = plan.rank_buffer(part, rank, which) else {
             return Ok(Vec::new());
         };
@@ -223,7 +236,8 @@ pub fn execute<T: Element>(
         r.enqueue(plan, k, &start, &end)?;
         end.sync()?;
         let checked = if check {
-            let want = cpu::execute(s, inputs, 0).map_err(|e| CudaError::Invalid(format!("CPU executor: {e}")))?;
+            let want =
+                cpu::execute(s, inputs, 0).map_err(|e| CudaError::Invalid(format!("CPU executor: {e}")))?;
             Some(compare(&r, plan, &want)?)
         } else {
             None
