@@ -261,6 +261,9 @@ mod imp {
         }
     }
 
+    /// Which time of a row a CSV holds: (count, time in us, ranks for the bus factor).
+    type Pick<'a> = dyn Fn(&Row) -> Option<(u64, f64, u32)> + 'a;
+
     struct Row {
         size: u64,
         count: u64,
@@ -424,7 +427,7 @@ mod imp {
             a.iters,
             a.warmup
         );
-        let table = |pick: &dyn Fn(&Row) -> Option<(u64, f64, u32)>, note: &str| -> String {
+        let table = |pick: &Pick<'_>, note: &str| -> String {
             let mut s = format!("{head}; {note}\nsize_bytes,count,dtype,redop,time_us,algbw_GBps,busbw_GBps,inplace_time_us\n");
             for r in &out {
                 if let Some((count, t, n)) = pick(r) {

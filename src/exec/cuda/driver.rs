@@ -448,7 +448,7 @@ impl Drop for Kernels {
 
 /// Launches `f` with `grid` blocks of [`kernels::BLOCK`] threads on `s`; `params` point at
 /// the argument values, in order.
-pub fn launch(
+pub(crate) fn launch(
     s: &Stream,
     f: sys::CUfunction,
     grid: u32,

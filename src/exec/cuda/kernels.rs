@@ -252,7 +252,7 @@ mod tests {
             let f = f32::from_bits(x);
             assert_eq!(f2bf(f), half::bf16::from_f32(f).to_bits(), "{x:#x}");
         }
-        for f in [0.0f32, -0.0, 1.0, f32::INFINITY, f32::MAX, 1.00390625, 1.01171875] {
+        for f in [0.0f32, -0.0, 1.0, f32::INFINITY, f32::MAX, 1.003_906_3, 1.011_718_8] {
             assert_eq!(f2bf(f), half::bf16::from_f32(f).to_bits(), "{f}");
         }
     }

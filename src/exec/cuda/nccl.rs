@@ -92,9 +92,8 @@ impl Comms {
             let round = |count: u32| -> Result<(), CudaError> {
                 for _ in 0..count {
                     call("ncclGroupStart", nr::group_start())?;
-                    for d in 0..n as usize {
+                    for (d, (sb, rb)) in bufs.iter().enumerate() {
                         devs.bind(d as u32)?;
-                        let (sb, rb) = (&bufs[d].0, &bufs[d].1);
                         let (s, r) = (sb.ptr as *const c_void, rb.ptr as *mut c_void);
                         let st = self.streams[d].raw as ns::cudaStream_t;
                         let (t, c) = (nccl_type(args.dtype), self.comms[d]);

@@ -219,6 +219,7 @@ impl<'a> Resident<'a> {
 /// Runs the single-part schedule `s`, lowered to `plan`, on the GPUs: once to compare every
 /// rank's output and scratch with the CPU executor when `check` (the CPU run can take a while
 /// on large sizes), then `warmup` untimed and `iters` timed runs.
+#[allow(clippy::too_many_arguments)]
 pub fn execute<T: Element>(
     devs: &Devices,
     k: &Kernels,
