@@ -35,6 +35,8 @@ enum Command {
     Validate(cli::validate::ValidateArgs),
     /// One training step of a model under a plan (--tp --pp --vpp --cp --dp --ep --mbs --gbs ...): time, MFU, breakdown, memory.
     Train(cli::train::TrainArgs),
+    /// The local GPUs (model, SMs, memory, peer matrix, peer bandwidth); --microbench (needs --features cuda).
+    GpuInfo(cli::gpu::GpuInfoArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         Command::Report(a) => cli::report::run(a),
         Command::Validate(a) => cli::validate::run(a),
         Command::Train(a) => cli::train::run(a),
+        Command::GpuInfo(a) => cli::gpu::run_info(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -39,6 +39,9 @@ pub struct ValidateArgs {
     /// (validate/reference/training_runs.csv) instead of the nccl-tests tables.
     #[arg(long)]
     pub training: bool,
+    /// The --gpu run and its options (src/cli/gpu.rs).
+    #[command(flatten)]
+    pub gpu: super::gpu::GpuArgs,
 }
 
 fn pct(x: Option<f64>) -> String {
@@ -118,6 +121,9 @@ fn run_training(a: &ValidateArgs, md: bool) -> Result<()> {
 /// Runs `validate`.
 pub fn run(a: ValidateArgs) -> Result<()> {
     let fidelity = Fidelity::from(a.fidelity);
+    if a.gpu.gpu {
+        return super::gpu::run_validate(&a.gpu, &a.root, fidelity, a.calibration.as_deref());
+    }
     let md = a.format == ValidateFormat::Markdown;
     let params = a.calibration.as_deref().map(load_profile).transpose()?;
     let dir = reference_dir(&a.root);

@@ -6,6 +6,7 @@ mod cli;
 mod docs;
 mod exec_cpu;
 mod fuzz;
+mod gpu;
 mod layers;
 mod nccl_log;
 mod plot;

@@ -1,0 +1,275 @@
+//! One-GPU microbenchmarks, the measurements that calibrate the GPU model: device-to-device
+//! copy bandwidth, host-to-device and device-to-host bandwidth (pinned memory), the
+//! reduction kernels' throughput per element type, kernel launch latency, and GEMM
+//! throughput by shape through cuBLAS (`cublasSgemm` in FP32, `cublasGemmEx` in BF16 with
+//! FP32 accumulation). Every time is the best of a few CUDA-event-timed repetitions.
+
+use std::ffi::c_void;
+
+use cudarc::cublas::{result as br, sys as bs};
+use cudarc::driver::result;
+
+use super::driver::{call, copy, launch, require, DevBuf, Devices, Event, HostBuf, Kernels, Stream};
+use super::kernels;
+use super::{guard, CudaError, Library};
+use crate::schedule::{DType, RedOp};
+
+/// One measurement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Micro {
+    /// What was measured: `d2d_copy`, `h2d_copy`, `d2h_copy`, `reduce`, `launch`, `gemm`.
+    pub test: &'static str,
+    /// Element type, or `-`.
+    pub dtype: String,
+    /// Bytes moved, or the GEMM shape `MxNxK`.
+    pub size: String,
+    /// Time of one operation, microseconds.
+    pub time_us: f64,
+    /// The rate: GB/s for copies and reductions (bytes read plus written for reductions,
+    /// copied bytes for copies), TFLOP/s for GEMMs, launches per second for launches.
+    pub rate: f64,
+    /// Unit of `rate`.
+    pub unit: &'static str,
+    /// How it was done (e.g. `cuBLAS`).
+    pub how: &'static str,
+}
+
+/// Times `f` (enqueueing on `s`) `reps` times after one warm-up; the best time, microseconds.
+fn best_of(
+    devs: &Devices,
+    s: &Stream,
+    reps: u32,
+    mut f: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    let (a, b) = (Event::timing(devs, s.device)?, Event::timing(devs, s.device)?);
+    f()?;
+    s.sync()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        a.record(s)?;
+        f()?;
+        b.record(s)?;
+        b.sync()?;
+        best = best.min(a.elapsed_ms(&b)? as f64 * 1e3);
+    }
+    Ok(best)
+}
+
+/// Runs every microbenchmark on GPU 0. `max_bytes` caps the buffers (the largest copy).
+pub fn run_all(devs: &Devices, k: &Kernels, max_bytes: u64) -> Result<Vec<Micro>, CudaError> {
+    guard("running the microbenchmarks", || {
+        let mut out = Vec::new();
+        let s = Stream::new(devs, 0)?;
+        let sizes: Vec<u64> =
+            [1u64 << 20, 16 << 20, 256 << 20, 1 << 30].into_iter().filter(|&b| b <= max_bytes).collect();
+        let big = *sizes.last().unwrap_or(&(1 << 20));
+        let (x, y) = (DevBuf::new(devs, 0, big)?, DevBuf::new(devs, 0, big)?);
+        for &b in &sizes {
+            let t = best_of(devs, &s, 5, || copy(devs, &s, &x, 0, &y, 0, b))?;
+            out.push(Micro {
+                test: "d2d_copy",
+                dtype: "-".into(),
+                size: b.to_string(),
+                time_us: t,
+                rate: b as f64 / t / 1e3,
+                unit: "GB/s",
+                how: "cuMemcpyDtoDAsync",
+            });
+        }
+        let h = HostBuf::new(devs, big)?;
+        for &b in &sizes {
+            devs.bind(0)?;
+            let t = best_of(devs, &s, 3, || {
+                // SAFETY: `h` and `x` hold at least `b` bytes.
+                call("cuMemcpyHtoDAsync", unsafe {
+                    result::memcpy_htod_async(
+                        x.ptr,
+                        std::slice::from_raw_parts(h.ptr as *const u8, b as usize),
+                        s.raw,
+                    )
+                })
+            })?;
+            out.push(Micro {
+                test: "h2d_copy",
+                dtype: "-".into(),
+                size: b.to_string(),
+                time_us: t,
+                rate: b as f64 / t / 1e3,
+                unit: "GB/s",
+                how: "pinned, cuMemcpyHtoDAsync",
+            });
+            let t = best_of(devs, &s, 3, || {
+                // SAFETY: `h` and `x` hold at least `b` bytes.
+                call("cuMemcpyDtoHAsync", unsafe {
+                    result::memcpy_dtoh_async(
+                        std::slice::from_raw_parts_mut(h.ptr as *mut u8, b as usize),
+                        x.ptr,
+                        s.raw,
+                    )
+                })
+            })?;
+            out.push(Micro {
+                test: "d2h_copy",
+                dtype: "-".into(),
+                size: b.to_string(),
+                time_us: t,
+                rate: b as f64 / t / 1e3,
+                unit: "GB/s",
+                how: "pinned, cuMemcpyDtoHAsync",
+            });
+        }
+        // Reduction kernels: dst = a + b over `big / 2` bytes per operand.
+        let z = DevBuf::new(devs, 0, big)?;
+        for d in [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32] {
+            let n = big / 2 / d.size();
+            let f = k.func(0, &kernels::reduce_kernel_name(d, RedOp::Sum))?;
+            let grid = kernels::grid(n, k.sms[0] * 4);
+            let t = best_of(devs, &s, 5, || {
+                let (mut dp, mut a, mut b) = (z.ptr, x.ptr, y.ptr);
+                let (mut c, mut e) = (0u64, 0u64);
+                let (mut nin, mut nn, mut post, mut nr) = (2i32, n, 0i32, 1u32);
+                let mut p: [*mut c_void; 9] = [
+                    &mut dp as *mut _ as *mut c_void,
+                    &mut a as *mut _ as *mut c_void,
+                    &mut b as *mut _ as *mut c_void,
+                    &mut c as *mut _ as *mut c_void,
+                    &mut e as *mut _ as *mut c_void,
+                    &mut nin as *mut _ as *mut c_void,
+                    &mut nn as *mut _ as *mut c_void,
+                    &mut post as *mut _ as *mut c_void,
+                    &mut nr as *mut _ as *mut c_void,
+                ];
+                launch(&s, f, grid, &mut p)
+            })?;
+            let bytes = 3 * n * d.size();
+            out.push(Micro {
+                test: "reduce",
+                dtype: d.nccl_name().into(),
+                size: bytes.to_string(),
+                time_us: t,
+                rate: bytes as f64 / t / 1e3,
+                unit: "GB/s",
+                how: "NVRTC fs_reduce, 2 inputs",
+            });
+        }
+        // Launch latency: 1000 empty kernels back to back.
+        let f = k.func(0, "fs_empty")?;
+        let t = best_of(devs, &s, 3, || {
+            for _ in 0..1000 {
+                launch(&s, f, 1, &mut [])?;
+            }
+            Ok(())
+        })? / 1000.0;
+        out.push(Micro {
+            test: "launch",
+            dtype: "-".into(),
+            size: "1000".into(),
+            time_us: t,
+            rate: 1e6 / t,
+            unit: "launch/s",
+            how: "empty kernel, back to back",
+        });
+        out.extend(gemms(devs, &s)?);
+        Ok(out)
+    })
+}
+
+/// GEMM throughput by shape (M, N, K) through cuBLAS.
+fn gemms(devs: &Devices, s: &Stream) -> Result<Vec<Micro>, CudaError> {
+    require(Library::Cublas)?;
+    let mut out = Vec::new();
+    devs.bind(0)?;
+    let h = call("cublasCreate", br::create_handle())?;
+    // SAFETY: a live handle and stream.
+    call("cublasSetStream", unsafe { br::set_stream(h, s.raw as bs::cudaStream_t) })?;
+    let shapes: [(u64, u64, u64); 5] = [
+        (1024, 1024, 1024),
+        (4096, 4096, 4096),
+        (8192, 8192, 8192),
+        (16384, 4096, 4096),
+        (4096, 16384, 4096),
+    ];
+    let maxe = shapes.iter().map(|&(m, n, k)| (m * k).max(k * n).max(m * n)).max().unwrap_or(1);
+    let bufs =
+        [DevBuf::new(devs, 0, maxe * 4)?, DevBuf::new(devs, 0, maxe * 4)?, DevBuf::new(devs, 0, maxe * 4)?];
+    // Zeroed operands: the time does not depend on values.
+    for b in &bufs {
+        // SAFETY: the allocation holds `bytes` bytes.
+        call("cuMemsetD8", unsafe { result::memset_d8_sync(b.ptr, 0, b.bytes as usize) })?;
+    }
+    let res = (|| {
+        for &(m, n, kk) in &shapes {
+            let flops = 2.0 * (m * n * kk) as f64;
+            let (alpha, beta) = (1.0f32, 0.0f32);
+            let t = best_of(devs, s, 3, || {
+                // SAFETY: column-major operands of the stated sizes inside the buffers.
+                call("cublasSgemm", unsafe {
+                    br::sgemm(
+                        h,
+                        bs::cublasOperation_t::CUBLAS_OP_N,
+                        bs::cublasOperation_t::CUBLAS_OP_N,
+                        m as i32,
+                        n as i32,
+                        kk as i32,
+                        &alpha,
+                        bufs[0].ptr as *const f32,
+                        m as i32,
+                        bufs[1].ptr as *const f32,
+                        kk as i32,
+                        &beta,
+                        bufs[2].ptr as *mut f32,
+                        m as i32,
+                    )
+                })
+            })?;
+            out.push(Micro {
+                test: "gemm",
+                dtype: "float".into(),
+                size: format!("{m}x{n}x{kk}"),
+                time_us: t,
+                rate: flops / t / 1e6,
+                unit: "TFLOP/s",
+                how: "cuBLAS sgemm",
+            });
+            let t = best_of(devs, s, 3, || {
+                // SAFETY: as above, with 2-byte elements.
+                call("cublasGemmEx", unsafe {
+                    br::gemm_ex(
+                        h,
+                        bs::cublasOperation_t::CUBLAS_OP_N,
+                        bs::cublasOperation_t::CUBLAS_OP_N,
+                        m as i32,
+                        n as i32,
+                        kk as i32,
+                        &alpha as *const f32 as *const c_void,
+                        bufs[0].ptr as *const c_void,
+                        bs::cudaDataType::CUDA_R_16BF,
+                        m as i32,
+                        bufs[1].ptr as *const c_void,
+                        bs::cudaDataType::CUDA_R_16BF,
+                        kk as i32,
+                        &beta as *const f32 as *const c_void,
+                        bufs[2].ptr as *mut c_void,
+                        bs::cudaDataType::CUDA_R_16BF,
+                        m as i32,
+                        bs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        bs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                })
+            })?;
+            out.push(Micro {
+                test: "gemm",
+                dtype: "bfloat16".into(),
+                size: format!("{m}x{n}x{kk}"),
+                time_us: t,
+                rate: flops / t / 1e6,
+                unit: "TFLOP/s",
+                how: "cuBLAS GemmEx, FP32 accumulate",
+            });
+        }
+        Ok(())
+    })();
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { br::destroy_handle(h) };
+    res.map(|()| out)
+}
