@@ -35,6 +35,8 @@ enum Command {
     Validate(cli::validate::ValidateArgs),
     /// One training step of a model under a plan (--tp --pp --vpp --cp --dp --ep --mbs --gbs ...): time, MFU, breakdown, memory.
     Train(cli::train::TrainArgs),
+    /// Search every parallelism plan of a model on a cluster for the fastest that fits (--constraint, --fix, --objective; several --topology compare fabrics).
+    Plan(cli::plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         Command::Report(a) => cli::report::run(a),
         Command::Validate(a) => cli::validate::run(a),
         Command::Train(a) => cli::train::run(a),
+        Command::Plan(a) => cli::plan::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

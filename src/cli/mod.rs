@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod merge;
+pub mod plan;
 pub mod plot;
 pub mod report;
 pub mod run;

@@ -11,6 +11,8 @@
 //! - [`comm`]: the collectives a step issues: kind, communicator, size, pass.
 //! - [`compute`]: the GPU roofline per generation and what a micro-batch costs per chunk.
 //! - [`analytic`]: the analytical step time, with communication priced by the caller.
+//! - [`search`]: the plan search: every valid plan, the ones that fit, ranked by bound and
+//!   step time, the best re-timed on the fabric.
 //! - [`concurrent`]: several collectives (each on its own communicator) and compute streams
 //!   at once, with dependencies, lowered to one schedule and simulated together.
 //!
@@ -28,6 +30,7 @@ pub mod memory;
 pub mod model;
 pub mod pipeline;
 pub mod plan;
+pub mod search;
 
 pub use model::{load_model, parse_model, Model};
 pub use plan::{parse_plan, Placement, Plan, PlanError};
