@@ -47,9 +47,11 @@ pub struct PlanArgs {
     /// Candidates to show (and keep while pruning).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
-    /// How many of the best to re-time with every collective simulated (event mode).
-    #[arg(long, default_value_t = 3)]
-    pub retime: usize,
+    /// How many of the best to re-time with every collective simulated (event mode); default
+    /// 3, or 0 above 4,096 GPUs, where one re-timing simulates groups of thousands of ranks
+    /// for minutes.
+    #[arg(long)]
+    pub retime: Option<usize>,
     /// A rule every plan must follow: tp<=8, pp>=2, ep=8, zero<=1, recompute!=full, ...
     /// (dimensions: tp, pp, vpp, cp, ep, dp, mbs, zero, recompute). A rule on tp replaces the
     /// default "TP inside an NVLink domain".
@@ -75,6 +77,9 @@ pub struct PlanArgs {
     #[arg(short = 'o', long = "out")]
     pub out: Option<PathBuf>,
 }
+
+/// Above this many GPUs the best plans are not re-timed unless `--retime` asks.
+const RETIME_MAX_GPUS: u64 = 4096;
 
 /// The search request from the flags.
 fn spec(a: &PlanArgs) -> Result<SearchSpec> {
@@ -120,7 +125,7 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
         dtype,
         constraints,
         top: a.top,
-        retime: a.retime.min(a.top),
+        retime: a.retime.unwrap_or(if a.gpus <= RETIME_MAX_GPUS { 3 } else { 0 }).min(a.top),
         objective,
         price_per_gpu_hour: price,
         tdp_watts: a.tdp,
@@ -154,6 +159,12 @@ pub fn run(a: PlanArgs) -> Result<()> {
         super::check_out_dir("-o", dir)?;
     }
     let model = load_model(&a.model)?;
+    if a.retime.is_none() && a.gpus > RETIME_MAX_GPUS {
+        eprintln!(
+            "note: above {RETIME_MAX_GPUS} GPUs the best plans are not re-timed in the event mode by default \
+             (--retime N asks for it; it takes minutes at this scale)"
+        );
+    }
     let mut results = Vec::new();
     for path in &a.topology {
         let f = fabric_for(path, a.gpus)?;
@@ -161,7 +172,11 @@ pub fn run(a: PlanArgs) -> Result<()> {
             && spec.tdp_watts.is_none()
             && fabricsim::workload::search::gpu_tdp_watts(&f.gpu).is_none()
         {
-            bail!("--objective energy: no TDP is known for {} ({}); give --tdp WATTS", f.gpu.model, path.display());
+            bail!(
+                "--objective energy: no TDP is known for {} ({}); give --tdp WATTS",
+                f.gpu.model,
+                path.display()
+            );
         }
         let res = search_with_bar(&f, &model, &spec)?;
         results.push(res);
@@ -185,7 +200,11 @@ pub fn run(a: PlanArgs) -> Result<()> {
     Ok(())
 }
 
-fn search_with_bar(f: &Fabric, model: &fabricsim::workload::Model, spec: &SearchSpec) -> Result<SearchResult> {
+fn search_with_bar(
+    f: &Fabric,
+    model: &fabricsim::workload::Model,
+    spec: &SearchSpec,
+) -> Result<SearchResult> {
     let tty = std::io::stderr().is_terminal();
     let bar = if tty { ProgressBar::new(0) } else { ProgressBar::hidden() };
     let style = ProgressStyle::with_template(
@@ -226,14 +245,23 @@ fn objective_header(o: Objective) -> &'static str {
 
 fn print_table(r: &SearchResult, spec: &SearchSpec) {
     let c = &r.counts;
-    println!("# {} on {} ({} GPUs, {:.0} GiB HBM each), global batch {}", r.model, r.fabric, r.gpus, gib(r.hbm_bytes), spec.gbs);
+    println!(
+        "# {} on {} ({} GPUs, {:.0} GiB HBM each), global batch {}",
+        r.model,
+        r.fabric,
+        r.gpus,
+        gib(r.hbm_bytes),
+        spec.gbs
+    );
     println!(
         "# {} valid plans: {} out of memory, {} pruned by bound, {} timed (closed-form collectives), {} re-timed \
          (event mode); {} distinct collectives priced, {} simulated",
         c.considered, c.oom, c.pruned, c.timed, c.retimed, c.collectives_analytic, c.collectives_event
     );
     match r.objective {
-        Objective::Cost => println!("# objective: cost at ${:.2} per GPU-hour (--price)", r.price_per_gpu_hour),
+        Objective::Cost => {
+            println!("# objective: cost at ${:.2} per GPU-hour (--price)", r.price_per_gpu_hour)
+        }
         Objective::Energy => {
             println!("# objective: energy at {:.0} W per GPU (TDP; --tdp)", r.tdp_watts.unwrap_or(f64::NAN))
         }

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::report::plot::{assign_colours, check_common, de, draw_titles, render_files, Figure, PlotError, FAMILY};
+use crate::report::plot::{
+    assign_colours, check_common, de, draw_titles, render_files, Figure, PlotError, FAMILY,
+};
 
 /// One named set of `(x, y)` points.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,10 +44,13 @@ pub struct FrontierChart {
 /// Indices of the Pareto frontier of `points` (no other point has x <= and y >= with one of
 /// them strict), in increasing x. Non-finite points are never on it.
 pub fn pareto_frontier(points: &[(f64, f64)]) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..points.len()).filter(|&i| points[i].0.is_finite() && points[i].1.is_finite()).collect();
+    let mut idx: Vec<usize> =
+        (0..points.len()).filter(|&i| points[i].0.is_finite() && points[i].1.is_finite()).collect();
     // By x ascending, then y descending: a point is on the frontier when its y beats every
     // y before it.
-    idx.sort_by(|&a, &b| points[a].0.total_cmp(&points[b].0).then(points[b].1.total_cmp(&points[a].1)).then(a.cmp(&b)));
+    idx.sort_by(|&a, &b| {
+        points[a].0.total_cmp(&points[b].0).then(points[b].1.total_cmp(&points[a].1)).then(a.cmp(&b))
+    });
     let mut out = Vec::new();
     let mut best = f64::NEG_INFINITY;
     for i in idx {
@@ -94,7 +99,8 @@ impl Figure for FrontierChart {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
         let area = draw_titles(root, &self.title, self.subtitle.as_deref())?;
         let finite = |p: &&(f64, f64)| p.0.is_finite() && p.1.is_finite();
-        let all: Vec<(f64, f64)> = self.sets.iter().flat_map(|s| s.points.iter().filter(finite).copied()).collect();
+        let all: Vec<(f64, f64)> =
+            self.sets.iter().flat_map(|s| s.points.iter().filter(finite).copied()).collect();
         let mut x_hi = all.iter().map(|p| p.0).fold(0.0f64, f64::max);
         if let Some((x, _)) = &self.x_limit {
             x_hi = x_hi.max(*x);

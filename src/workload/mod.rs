@@ -19,7 +19,8 @@
 //! Architecture invariant: the training modules read the fabric's GPU description
 //! ([`crate::fabric`], read-only) and [`crate::units`], and take communication costs through
 //! caller-supplied functions; only [`concurrent`] lowers to the schedule IR (through the
-//! collective layer) and runs a backend.
+//! collective layer) and runs a backend, and [`search`] prices collectives through the
+//! analytical backend's closed form and [`concurrent`].
 
 pub mod analytic;
 pub mod comm;

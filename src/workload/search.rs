@@ -226,12 +226,13 @@ pub fn parse_constraint(text: &str, flag: &str, fix: bool) -> Result<Constraint,
     if name.is_empty() {
         return Err(e(lead + 1, format!("expected a dimension name; valid: {valid_names}")));
     }
-    let dim = Dimension::ALL.into_iter().find(|d| d.name() == name.to_ascii_lowercase()).ok_or_else(|| {
-        let hint = crate::suggest::nearest(name, names.iter().copied())
-            .map(|s| format!(" (did you mean `{s}`?)"))
-            .unwrap_or_default();
-        e(lead + 1, format!("unknown dimension `{name}`{hint}; valid: {valid_names}"))
-    })?;
+    let dim =
+        Dimension::ALL.into_iter().find(|d| d.name() == name.to_ascii_lowercase()).ok_or_else(|| {
+            let hint = crate::suggest::nearest(name, names.iter().copied())
+                .map(|s| format!(" (did you mean `{s}`?)"))
+                .unwrap_or_default();
+            e(lead + 1, format!("unknown dimension `{name}`{hint}; valid: {valid_names}"))
+        })?;
     let rest_at = name_end + (text[name_end..].len() - text[name_end..].trim_start().len());
     let rest = &text[rest_at..];
     let ops: [(&str, Cmp); 7] = [
@@ -248,10 +249,7 @@ pub fn parse_constraint(text: &str, flag: &str, fix: bool) -> Result<Constraint,
         return Err(e(rest_at + 1, format!("expected a comparison after `{name}`; valid: {valid}")));
     };
     if fix && cmp != Cmp::Eq {
-        return Err(e(
-            rest_at + 1,
-            format!("--fix takes `{name}=VALUE`; for `{sym}` use --constraint"),
-        ));
+        return Err(e(rest_at + 1, format!("--fix takes `{name}=VALUE`; for `{sym}` use --constraint")));
     }
     let v_at = rest_at + sym.len();
     let v_at = v_at + (text[v_at..].len() - text[v_at..].trim_start().len());
@@ -266,7 +264,10 @@ pub fn parse_constraint(text: &str, flag: &str, fix: bool) -> Result<Constraint,
                 let hint = crate::suggest::nearest(v, RECOMPUTE_NAMES)
                     .map(|s| format!(" (did you mean `{s}`?)"))
                     .unwrap_or_default();
-                return Err(e(v_at + 1, format!("`{v}` is not a recomputation{hint}; valid: none, selective, full")));
+                return Err(e(
+                    v_at + 1,
+                    format!("`{v}` is not a recomputation{hint}; valid: none, selective, full"),
+                ));
             }
         }
     } else {
@@ -430,7 +431,9 @@ pub fn enumerate(model: &Model, spec: &SearchSpec, tp_ok: &dyn Fn(u64) -> bool) 
                         continue;
                     }
                     let eps = match &model.moe {
-                        Some(m) => divisors(m.experts).into_iter().filter(|e| dp.is_multiple_of(*e)).collect(),
+                        Some(m) => {
+                            divisors(m.experts).into_iter().filter(|e| dp.is_multiple_of(*e)).collect()
+                        }
                         None => vec![1],
                     };
                     for ep in eps {
@@ -493,9 +496,9 @@ pub fn tp_in_domain(f: &Fabric, tp: u64) -> bool {
 pub struct FabricPricer<'f> {
     fabric: &'f Fabric,
     router: Router<'f>,
-    comms: RefCell<BTreeMap<Vec<u32>, Rc<Comm>>>,
-    analytic: RefCell<BTreeMap<(u8, u64, Vec<u32>), f64>>,
-    event: RefCell<BTreeMap<(u8, u64, Vec<u32>), f64>>,
+    comms: RefCell<BTreeMap<Vec<i64>, Rc<Comm>>>,
+    analytic: RefCell<BTreeMap<(u8, u64, Vec<i64>), f64>>,
+    event: RefCell<BTreeMap<(u8, u64, Vec<i64>), f64>>,
     failure: RefCell<Option<String>>,
 }
 
@@ -528,16 +531,18 @@ impl<'f> FabricPricer<'f> {
 
     /// The shape of a group: rank offsets from the first rank, then the number of nodes and
     /// NVLink domains it spans.
-    pub fn shape(&self, ranks: &[u64]) -> Vec<u32> {
+    pub fn shape(&self, ranks: &[u64]) -> Vec<i64> {
         let f = self.fabric;
-        let first = ranks.first().copied().unwrap_or(0);
-        let mut key: Vec<u32> = ranks.iter().map(|&r| (r - first) as u32).collect();
+        let first = ranks.first().copied().unwrap_or(0) as i64;
+        let mut key: Vec<i64> = ranks.iter().map(|&r| r as i64 - first).collect();
         let mut nodes: Vec<u32> = ranks.iter().map(|&r| f.node_of_rank(r as u32)).collect();
         let mut domains: Vec<u32> = ranks.iter().map(|&r| f.domain_of_rank(r as u32)).collect();
+        nodes.sort_unstable();
         nodes.dedup();
+        domains.sort_unstable();
         domains.dedup();
-        key.push(nodes.len() as u32);
-        key.push(domains.len() as u32);
+        key.push(nodes.len() as i64);
+        key.push(domains.len() as i64);
         key
     }
 
@@ -576,7 +581,12 @@ impl<'f> FabricPricer<'f> {
         };
         let t = match nccl_choice(&comm, &args) {
             Some(choice) => {
-                match analytic::Model::new(self.fabric, &self.router, &comm).time(&args, &choice, &Knobs::default(), 1) {
+                match analytic::Model::new(self.fabric, &self.router, &comm).time(
+                    &args,
+                    &choice,
+                    &Knobs::default(),
+                    1,
+                ) {
                     Ok(t) => t.as_secs(),
                     Err(e) => {
                         self.fail(format!("{kind:?} of {bytes} B on {} ranks: {e}", ranks.len()));
@@ -604,10 +614,11 @@ impl<'f> FabricPricer<'f> {
             return t;
         }
         let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
-        let t = collective_time(self.fabric, &self.router, kind, bytes, &r, DType::BF16).unwrap_or_else(|e| {
-            self.fail(format!("{kind:?} of {bytes} B on {} ranks: {e}", ranks.len()));
-            0.0
-        });
+        let t =
+            collective_time(self.fabric, &self.router, kind, bytes, &r, DType::BF16).unwrap_or_else(|e| {
+                self.fail(format!("{kind:?} of {bytes} B on {} ranks: {e}", ranks.len()));
+                0.0
+            });
         self.event.borrow_mut().insert(key, t);
         t
     }
@@ -680,7 +691,10 @@ pub fn plan_label(p: &Plan) -> String {
         Recompute::Selective => "sel",
         Recompute::Full => "full",
     };
-    format!("tp{} pp{} vpp{} cp{} ep{} dp{} mbs{} z{} {rc}", r.tp, r.pp, r.vpp, r.cp, r.ep, r.dp, r.mbs, r.zero)
+    format!(
+        "tp{} pp{} vpp{} cp{} ep{} dp{} mbs{} z{} {rc}",
+        r.tp, r.pp, r.vpp, r.cp, r.ep, r.dp, r.mbs, r.zero
+    )
 }
 
 /// Where the step goes, in seconds (the analytical estimate's breakdown).
@@ -1038,7 +1052,12 @@ pub fn search(
     progress(Progress { done: counts.oom, total });
     if fit.is_empty() {
         let shortfall = Box::new(closest.ok_or_else(|| SearchError::Estimate("no plan".into()))?);
-        return Err(SearchError::Infeasible { model: model.name.clone(), gpus: spec.gpus, considered: total, shortfall });
+        return Err(SearchError::Infeasible {
+            model: model.name.clone(),
+            gpus: spec.gpus,
+            considered: total,
+            shortfall,
+        });
     }
     // Bounds, then timing in increasing order of the bound.
     let mut bounder = Bounder { model, roof, costs: BTreeMap::new() };
@@ -1226,7 +1245,12 @@ fn explain(c: &[Candidate], hbm: u64, faster_but_oom: u64) -> Explanation {
     let ranked: Vec<String> = {
         let mut parts: Vec<(Limiter, f64)> = w.exposed.parts().to_vec();
         parts.sort_by(|a, b| b.1.total_cmp(&a.1));
-        parts.iter().filter(|p| p.1 > 0.0).take(4).map(|(l, v)| format!("{} {:.0}%", l.describe(), pct(*v))).collect()
+        parts
+            .iter()
+            .filter(|p| p.1 > 0.0)
+            .take(4)
+            .map(|(l, v)| format!("{} {:.0}%", l.describe(), pct(*v)))
+            .collect()
     };
     text.push(match limiter {
         Limiter::Compute => format!("limited by compute: {}", ranked.join(", ")),
@@ -1252,20 +1276,26 @@ fn explain(c: &[Candidate], hbm: u64, faster_but_oom: u64) -> Explanation {
             .filter(|d| d.1.abs() > 1e-6 * step)
             .collect();
         deltas.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
-        let pays: Vec<String> =
-            deltas.iter().filter(|d| d.1 > 0.0).take(2).map(|(l, v)| format!("{:.3} s more {}", v, l.describe())).collect();
-        let saves: Vec<String> =
-            deltas.iter().filter(|d| d.1 < 0.0).take(2).map(|(l, v)| format!("{:.3} s less {}", -v, l.describe())).collect();
+        let pays: Vec<String> = deltas
+            .iter()
+            .filter(|d| d.1 > 0.0)
+            .take(2)
+            .map(|(l, v)| format!("{:.3} s more {}", v, l.describe()))
+            .collect();
+        let saves: Vec<String> = deltas
+            .iter()
+            .filter(|d| d.1 < 0.0)
+            .take(2)
+            .map(|(l, v)| format!("{:.3} s less {}", -v, l.describe()))
+            .collect();
         let mem = r.memory_per_gpu_bytes as f64 - w.memory_per_gpu_bytes as f64;
         let mut s = format!("runner-up {} ({}) is {:.1}% slower", r.label, diffs, slower);
-        if !saves.is_empty() {
-            s.push_str(&format!(": it saves {}", saves.join(" and ")));
-        }
-        if !pays.is_empty() {
-            s.push_str(&format!("{} pays {}", if saves.is_empty() { ": it" } else { " but" }, pays.join(" and ")));
+        let trades: Vec<String> = pays.into_iter().chain(saves).collect();
+        if !trades.is_empty() {
+            s.push_str(&format!(": {}", trades.join(", ")));
         }
         s.push_str(&format!(
-            ", and needs {:.1} GiB {} memory per GPU",
+            "; it needs {:.1} GiB {} memory per GPU",
             gib(mem.abs() as u64),
             if mem >= 0.0 { "more" } else { "less" }
         ));

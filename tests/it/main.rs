@@ -8,6 +8,7 @@ mod exec_cpu;
 mod fuzz;
 mod layers;
 mod nccl_log;
+mod plan;
 mod plot;
 mod report;
 mod scenario;
