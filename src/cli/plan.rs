@@ -145,8 +145,8 @@ fn fabric_for(path: &Path, gpus: u64) -> Result<Fabric> {
         );
     }
     let nodes = u32::try_from(gpus / per_node).with_context(|| format!("--gpus {gpus}: too many"))?;
-    Ok(fabric::build::build(&spec, &BuildOpts { nodes: Some(nodes), ..Default::default() })
-        .with_context(|| format!("{} with {nodes} nodes", path.display()))?)
+    fabric::build::build(&spec, &BuildOpts { nodes: Some(nodes), ..Default::default() })
+        .with_context(|| format!("{} with {nodes} nodes", path.display()))
 }
 
 /// Runs `plan`.

@@ -492,13 +492,19 @@ pub fn tp_in_domain(f: &Fabric, tp: u64) -> bool {
 
 // ---------------------------------------------------------------- pricing
 
+/// A memo key: the collective, its bytes and the group's shape ([`FabricPricer::shape`]).
+type PriceKey = (u8, u64, Vec<i64>);
+
+/// Prices a collective (kind, bytes, ranks) in seconds.
+pub type PriceFn<'a> = &'a dyn Fn(CollectiveKind, u64, &[u64]) -> f64;
+
 /// Prices collectives on a fabric, memoized by (collective, bytes, group shape).
 pub struct FabricPricer<'f> {
     fabric: &'f Fabric,
     router: Router<'f>,
     comms: RefCell<BTreeMap<Vec<i64>, Rc<Comm>>>,
-    analytic: RefCell<BTreeMap<(u8, u64, Vec<i64>), f64>>,
-    event: RefCell<BTreeMap<(u8, u64, Vec<i64>), f64>>,
+    analytic: RefCell<BTreeMap<PriceKey, f64>>,
+    event: RefCell<BTreeMap<PriceKey, f64>>,
     failure: RefCell<Option<String>>,
 }
 
@@ -1018,8 +1024,8 @@ pub fn search(
     fabric_name: &str,
     spec: &SearchSpec,
     tp_ok: &dyn Fn(u64) -> bool,
-    rank_price: &dyn Fn(CollectiveKind, u64, &[u64]) -> f64,
-    retime_price: Option<&dyn Fn(CollectiveKind, u64, &[u64]) -> f64>,
+    rank_price: PriceFn<'_>,
+    retime_price: Option<PriceFn<'_>>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<SearchResult, SearchError> {
     let params = GpuParams::for_generation(gpu.generation).map_err(SearchError::Estimate)?;
@@ -1086,7 +1092,7 @@ pub fn search(
             best.truncate(k);
         }
         done += 1;
-        if done % 64 == 0 {
+        if done.is_multiple_of(64) {
             progress(Progress { done, total });
         }
     }
