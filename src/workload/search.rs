@@ -321,8 +321,9 @@ impl Objective {
 pub const DEFAULT_PRICE_PER_GPU_HOUR: f64 = 2.0;
 
 /// Board power (TDP) of a GPU in watts, from `shared/reference/hardware.csv` and
-/// HARDWARE_FACTS.md Sec. 1.1 (datasheets: A100 400 W [S2], H100 SXM5 700 W [S4],
-/// H200 700 W [S5], B200 1,000 W [S6], GB200 per GPU 1,200 W [S8]); None when not collected.
+/// HARDWARE_FACTS.md Sec. 1.1 (datasheets, by its source tags: A100 400 W, S2; H100 SXM5
+/// 700 W, S4; H200 700 W, S5; B200 1,000 W, S6; GB200 per GPU 1,200 W, S8); None when not
+/// collected.
 pub fn gpu_tdp_watts(gpu: &GpuSpec) -> Option<f64> {
     let m = gpu.model.to_ascii_uppercase();
     let table: [(&str, f64); 5] =
