@@ -17,7 +17,10 @@
 //!   cost and memory of all-to-all grow about 4x per doubling today, issue 13);
 //! - `topo/{4000,8000}`: what `fabricsim topo --nodes N` computes on superpod-h100 (build
 //!   with its connectivity check, then the summary with three bisection max flows); the
-//!   two should differ by about 2x (linear in the nodes).
+//!   two should differ by about 2x (linear in the nodes);
+//! - `plan_search/llama3-70b_1024`: `fabricsim plan` for Llama 3 70B on 1,024 GPUs of
+//!   superpod-h100 (global batch 1024, seq 8192) without event-mode re-timing: every valid
+//!   plan enumerated, filtered by memory, ranked with bound-and-prune.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -32,6 +35,8 @@ use fabricsim::fabric::summary::summarize;
 use fabricsim::fabric::{load_topology, Fabric};
 use fabricsim::scenario::bench::{run_bench, sweep_sizes, BenchConfig, Fidelity, NcclEnv};
 use fabricsim::units::{Bandwidth, SimTime};
+use fabricsim::workload::load_model;
+use fabricsim::workload::search::{search_on_fabric, SearchSpec};
 
 /// Issues `left` flows per sender, each on the sender's next path, as completions arrive.
 struct Closed {
@@ -170,5 +175,20 @@ fn topo(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, engine, collectives, algorithms, topo);
+fn plan_search(c: &mut Criterion) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model = load_model(&root.join("models/llama3-70b.toml")).expect("shipped model");
+    let f = superpod(128);
+    let mut spec = SearchSpec::new(1024, 1024);
+    spec.seq = Some(8192);
+    spec.retime = 0;
+    let mut g = c.benchmark_group("plan_search");
+    g.sample_size(10).measurement_time(Duration::from_secs(30));
+    g.bench_function("llama3-70b_1024", |b| {
+        b.iter(|| black_box(search_on_fabric(&f, &model, &spec, &mut |_| {}).expect("a plan fits").counts))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, engine, collectives, algorithms, topo, plan_search);
 criterion_main!(benches);

@@ -37,6 +37,8 @@ enum Command {
     Train(cli::train::TrainArgs),
     /// The local GPUs (model, SMs, memory, peer matrix, peer bandwidth); --microbench (needs --features cuda).
     GpuInfo(cli::gpu::GpuInfoArgs),
+    /// Search every parallelism plan of a model on a cluster for the fastest that fits (--constraint, --fix, --objective; several --topology compare fabrics).
+    Plan(cli::plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
         Command::Validate(a) => cli::validate::run(a),
         Command::Train(a) => cli::train::run(a),
         Command::GpuInfo(a) => cli::gpu::run_info(a),
+        Command::Plan(a) => cli::plan::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod gpu;
 pub mod merge;
+pub mod plan;
 pub mod plot;
 pub mod report;
 pub mod run;

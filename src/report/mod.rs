@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod csvdata;
+pub mod frontier;
 pub mod gallery;
 pub mod heatmap;
 pub mod plot;

@@ -11,13 +11,16 @@
 //! - [`comm`]: the collectives a step issues: kind, communicator, size, pass.
 //! - [`compute`]: the GPU roofline per generation and what a micro-batch costs per chunk.
 //! - [`analytic`]: the analytical step time, with communication priced by the caller.
+//! - [`search`]: the plan search: every valid plan, the ones that fit, ranked by bound and
+//!   step time, the best re-timed on the fabric.
 //! - [`concurrent`]: several collectives (each on its own communicator) and compute streams
 //!   at once, with dependencies, lowered to one schedule and simulated together.
 //!
 //! Architecture invariant: the training modules read the fabric's GPU description
 //! ([`crate::fabric`], read-only) and [`crate::units`], and take communication costs through
 //! caller-supplied functions; only [`concurrent`] lowers to the schedule IR (through the
-//! collective layer) and runs a backend.
+//! collective layer) and runs a backend, and [`search`] prices collectives through the
+//! analytical backend's closed form and [`concurrent`].
 
 pub mod analytic;
 pub mod comm;
@@ -28,6 +31,7 @@ pub mod memory;
 pub mod model;
 pub mod pipeline;
 pub mod plan;
+pub mod search;
 
 pub use model::{load_model, parse_model, Model};
 pub use plan::{parse_plan, Placement, Plan, PlanError};

@@ -9,6 +9,7 @@ mod fuzz;
 mod gpu;
 mod layers;
 mod nccl_log;
+mod plan;
 mod plot;
 mod report;
 mod scenario;
