@@ -57,6 +57,36 @@ pub struct Dataset {
     pub nccl: toml::Table,
     /// Free note.
     pub note: Option<String>,
+    /// The system the table was measured on, where the file name does not say it (see
+    /// [`Dataset::cluster_name`]).
+    pub cluster: Option<String>,
+}
+
+impl Dataset {
+    /// The cluster (one system, or one provider's systems of one kind) the table comes from:
+    /// `cluster` when the manifest names it, else the file name up to its node or rack count
+    /// (`h100sxm-xxrjun-cl01-10node-...` -> `h100sxm-xxrjun-cl01`). `validate` groups tables
+    /// by it, and a leave-one-cluster-out score removes all of a cluster's tables at once.
+    pub fn cluster_name(&self) -> String {
+        if let Some(c) = &self.cluster {
+            return c.clone();
+        }
+        let stem = self.file.trim_end_matches(".csv");
+        let is_count = |t: &str| {
+            let d = t.trim_end_matches("node").trim_end_matches("rack");
+            d.len() < t.len() && !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
+        };
+        let toks: Vec<&str> = stem.split('-').collect();
+        match toks.iter().position(|t| is_count(t)) {
+            Some(i) if i > 0 => toks[..i].join("-"),
+            _ => stem.to_string(),
+        }
+    }
+
+    /// Whether the table spans more than one node.
+    pub fn multi_node(&self) -> bool {
+        self.nodes.unwrap_or(1) > 1
+    }
 }
 
 /// Errors reading reference data.
