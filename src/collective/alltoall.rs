@@ -16,6 +16,45 @@ use crate::schedule::*;
 /// P2P operations a channel runs at once (NCCL_MAX_DEV_WORK_P2P_PER_BATCH).
 const P2P_BATCH: usize = 8;
 
+/// The all-to-all rounds of rank `r`: (offset of the peer it sends to, offset of the peer it
+/// receives from), self excluded. Inside one node (or on nodes of unequal size) round δ
+/// sends δ ahead and receives δ behind. Across nodes NCCL (NCCL_FACTS §3.7,
+/// `ncclP2pSchedule`, restated) walks node groups: group deltas follow the quadratic sequence
+/// (x² + x)/2 mod pow2Up(nodes), skipping values >= nodes, and inside a group the local delta
+/// goes 0 .. ppn-1, so a batch of rounds sends one message to every GPU of one other node
+/// and every NIC carries the same load. (Walking plain rank deltas instead puts up to twice
+/// the average on some NICs in each batch: the 2-node all-to-all ran at half speed.)
+fn a2a_rounds(comm: &Comm, r: u32) -> Vec<(i64, i64)> {
+    let n = comm.nranks;
+    let nodes = comm.num_nodes();
+    let ppn = comm.ppn();
+    let contiguous = comm.nodes.iter().enumerate().all(|(d, ranks)| {
+        ranks.iter().enumerate().all(|(l, &q)| q == d as u32 * ppn + l as u32)
+    });
+    if nodes < 2 || !comm.uniform() || !contiguous {
+        return (1..n as i64).map(|d| (d, -d)).collect();
+    }
+    let (node, local) = ((r / ppn) as i64, (r % ppn) as i64);
+    let (nn, pp) = (nodes as i64, ppn as i64);
+    let pow2 = (nodes as u64).next_power_of_two();
+    let mut out = Vec::with_capacity(n as usize - 1);
+    for x in 0..pow2 {
+        let gd = ((x * x + x) / 2 % pow2) as i64;
+        if gd >= nn {
+            continue;
+        }
+        for ld in 0..pp {
+            if gd == 0 && ld == 0 {
+                continue;
+            }
+            let to = ((node + gd) % nn) * pp + (local + ld) % pp;
+            let from = ((node - gd).rem_euclid(nn)) * pp + (local - ld).rem_euclid(pp);
+            out.push((to - r as i64, from - r as i64));
+        }
+    }
+    out
+}
+
 /// How many chunks a channel's receives trail its sends, for `ops_per_chunk` ops per chunk:
 /// as many as the connection window allows (NCCL_STEPS buffers), kept within half of the
 /// ops a stream may have in flight. The receive of chunk `j - lag` comes just before the send
@@ -138,80 +177,82 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
             hint: "P2P implements alltoall and sendrecv".into(),
         });
     }
-    let mut cache: std::collections::BTreeMap<u64, u32> = Default::default();
+    // All-to-all rounds per rank: (send offset, receive offset) in ranks, as NCCL orders
+    // them (see `a2a_rounds`). Ranks with the same offsets share a program.
+    let rounds: Vec<Vec<(i64, i64)>> = (0..n).map(|r| a2a_rounds(comm, r)).collect();
+    let mut cache: std::collections::BTreeMap<(u64, Vec<(i64, i64)>), u32> = Default::default();
     for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;
         let end = len;
-        let prog = match cache.get(&len) {
-            Some(&p) => p,
-            None => {
-                let lp = chunks(0, len, chunk);
-                let mut b = ProgramBuilder::new();
-                if args.coll == Collective::AllToAll {
-                    let blk = |buf, l: &Loop, rel: i64| super::pat::blk(buf, l, rel, n, count, end);
-                    for l in &lp {
-                        b.push(Step::copy(blk(Buf::Input, l, 0), blk(Buf::Output, l, 0)));
-                    }
-                    // Binding δ-1 is the rank δ ahead; receiving from δ behind uses binding n-δ-1.
-                    // Rounds go in groups of NCCL_MAX_DEV_WORK_P2P_PER_BATCH (8): a channel
-                    // posts the group's sends, then takes its receives, so up to eight peers
-                    // are in flight at once, as NCCL batches p2p work per channel.
-                    // NCCL runs a p2p operation's sends and receives on separate warps, so
-                    // a channel does not hold its next send behind its own receive: the
-                    // receives of a chunk are taken `lag` chunks after its sends.
-                    let rounds: Vec<i64> = (1..n as i64).collect();
-                    for group in rounds.chunks(P2P_BATCH) {
-                        let lag = recv_lag(2 * group.len());
-                        let recvs = |b: &mut ProgramBuilder, l: &Loop| {
-                            for &d in group {
-                                let from = (n as i64 - d - 1) as u16;
-                                b.push(step(&[from], &[], None, Some(blk(Buf::Output, l, -d)), false, false));
+        for r in 0..n {
+            let key = (len, if args.coll == Collective::AllToAll { rounds[r as usize].clone() } else { Vec::new() });
+            let prog = match cache.get(&key) {
+                Some(&p) => p,
+                None => {
+                    let lp = chunks(0, len, chunk);
+                    let mut b = ProgramBuilder::new();
+                    if args.coll == Collective::AllToAll {
+                        let blk = |buf, l: &Loop, rel: i64| super::pat::blk(buf, l, rel, n, count, end);
+                        for l in &lp {
+                            b.push(Step::copy(blk(Buf::Input, l, 0), blk(Buf::Output, l, 0)));
+                        }
+                        // Round j sends on binding 2j and receives on binding 2j+1. Rounds go
+                        // in groups of NCCL_MAX_DEV_WORK_P2P_PER_BATCH (8): a channel posts
+                        // the group's sends, then takes its receives, so up to eight peers are
+                        // in flight at once, as NCCL batches p2p work per channel. NCCL runs
+                        // a p2p operation's sends and receives on separate warps, so a channel
+                        // does not hold its next send behind its own receive: the receives of
+                        // a chunk are taken `lag` chunks after its sends.
+                        let order: Vec<(usize, (i64, i64))> = key.1.iter().copied().enumerate().collect();
+                        for group in order.chunks(P2P_BATCH) {
+                            let lag = recv_lag(2 * group.len());
+                            let recvs = |b: &mut ProgramBuilder, l: &Loop| {
+                                for &(j, (_, rd)) in group {
+                                    let slot = (2 * j + 1) as u16;
+                                    b.push(step(&[slot], &[], None, Some(blk(Buf::Output, l, rd)), false, false));
+                                }
+                            };
+                            for (i, l) in lp.iter().enumerate() {
+                                if i >= lag {
+                                    recvs(&mut b, &lp[i - lag]);
+                                }
+                                for &(j, (sd, _)) in group {
+                                    let slot = (2 * j) as u16;
+                                    b.push(step(&[], &[slot], Some(blk(Buf::Input, l, sd)), None, false, false));
+                                }
                             }
-                        };
+                            for l in &lp[lp.len().saturating_sub(lag)..] {
+                                recvs(&mut b, l);
+                            }
+                        }
+                    } else {
+                        let io = |buf, l: &Loop| Addr { limit: end, ..Addr::abs(buf, l.lb, l.rc) };
+                        let prev = if n == 2 { 0 } else { 1 };
+                        let lag = recv_lag(2);
                         for (j, l) in lp.iter().enumerate() {
                             if j >= lag {
-                                recvs(&mut b, &lp[j - lag]);
+                                let r = &lp[j - lag];
+                                b.push(step(&[prev], &[], None, Some(io(Buf::Output, r)), false, false));
                             }
-                            for &d in group {
-                                b.push(step(
-                                    &[],
-                                    &[(d - 1) as u16],
-                                    Some(blk(Buf::Input, l, d)),
-                                    None,
-                                    false,
-                                    false,
-                                ));
-                            }
+                            b.push(step(&[], &[0], Some(io(Buf::Input, l)), None, false, false));
                         }
-                        for l in &lp[lp.len().saturating_sub(lag)..] {
-                            recvs(&mut b, l);
-                        }
-                    }
-                } else {
-                    let io = |buf, l: &Loop| Addr { limit: end, ..Addr::abs(buf, l.lb, l.rc) };
-                    let prev = if n == 2 { 0 } else { 1 };
-                    let lag = recv_lag(2);
-                    for (j, l) in lp.iter().enumerate() {
-                        if j >= lag {
-                            let r = &lp[j - lag];
+                        for r in &lp[lp.len().saturating_sub(lag)..] {
                             b.push(step(&[prev], &[], None, Some(io(Buf::Output, r)), false, false));
                         }
-                        b.push(step(&[], &[0], Some(io(Buf::Input, l)), None, false, false));
                     }
-                    for r in &lp[lp.len().saturating_sub(lag)..] {
-                        b.push(step(&[prev], &[], None, Some(io(Buf::Output, r)), false, false));
-                    }
+                    let p = s.add_program(b.finish());
+                    cache.insert(key, p);
+                    p
                 }
-                let p = s.add_program(b.finish());
-                cache.insert(len, p);
-                p
-            }
-        };
-        for r in 0..n {
+            };
+            let at = |d: i64| (r as i64 + d).rem_euclid(n as i64) as u32;
             let binds: Vec<Binding> = match args.coll {
-                Collective::AllToAll => {
-                    (1..n).map(|d| Binding::Peer { rank: (r + d) % n, port: 0 }).collect()
-                }
+                Collective::AllToAll => rounds[r as usize]
+                    .iter()
+                    .flat_map(|&(sd, rd)| {
+                        [Binding::Peer { rank: at(sd), port: 0 }, Binding::Peer { rank: at(rd), port: 0 }]
+                    })
+                    .collect(),
                 _ if n == 2 => vec![Binding::Peer { rank: (r + 1) % n, port: 0 }],
                 _ => vec![
                     Binding::Peer { rank: (r + 1) % n, port: 0 },
