@@ -60,6 +60,10 @@ pub struct Dataset {
     /// The system the table was measured on, where the file name does not say it (see
     /// [`Dataset::cluster_name`]).
     pub cluster: Option<String>,
+    /// Score only the sizes up to this many bytes (None: every size of the table). Not set
+    /// in the manifest; the accuracy tests set it to bound the time of the largest tables.
+    #[serde(skip)]
+    pub max_bytes: Option<u64>,
 }
 
 impl Dataset {
@@ -190,7 +194,8 @@ fn nccl_median(points: &[&PointError]) -> Option<f64> {
     errs.filter(|e| !e.is_empty()).map(median)
 }
 
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (0 for none): the statistic every score and bound here uses.
+pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -221,7 +226,11 @@ pub fn score(
         .map_err(|e| e.to_string())?;
     let mut cfg = BenchConfig {
         coll,
-        sizes: measured.iter().map(|m| m.size_bytes).collect(),
+        sizes: measured
+            .iter()
+            .map(|m| m.size_bytes)
+            .filter(|&b| d.max_bytes.is_none_or(|m| b <= m))
+            .collect(),
         fidelity,
         gpus_per_thread: d.ngpus.unwrap_or(1),
         ..Default::default()

@@ -28,9 +28,11 @@ fn a2a_rounds(comm: &Comm, r: u32) -> Vec<(i64, i64)> {
     let n = comm.nranks;
     let nodes = comm.num_nodes();
     let ppn = comm.ppn();
-    let contiguous = comm.nodes.iter().enumerate().all(|(d, ranks)| {
-        ranks.iter().enumerate().all(|(l, &q)| q == d as u32 * ppn + l as u32)
-    });
+    let contiguous = comm
+        .nodes
+        .iter()
+        .enumerate()
+        .all(|(d, ranks)| ranks.iter().enumerate().all(|(l, &q)| q == d as u32 * ppn + l as u32));
     if nodes < 2 || !comm.uniform() || !contiguous {
         return (1..n as i64).map(|d| (d, -d)).collect();
     }
@@ -185,7 +187,10 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         let c = c as u32;
         let end = len;
         for r in 0..n {
-            let key = (len, if args.coll == Collective::AllToAll { rounds[r as usize].clone() } else { Vec::new() });
+            let key = (
+                len,
+                if args.coll == Collective::AllToAll { rounds[r as usize].clone() } else { Vec::new() },
+            );
             let prog = match cache.get(&key) {
                 Some(&p) => p,
                 None => {
@@ -209,7 +214,14 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
                             let recvs = |b: &mut ProgramBuilder, l: &Loop| {
                                 for &(j, (_, rd)) in group {
                                     let slot = (2 * j + 1) as u16;
-                                    b.push(step(&[slot], &[], None, Some(blk(Buf::Output, l, rd)), false, false));
+                                    b.push(step(
+                                        &[slot],
+                                        &[],
+                                        None,
+                                        Some(blk(Buf::Output, l, rd)),
+                                        false,
+                                        false,
+                                    ));
                                 }
                             };
                             for (i, l) in lp.iter().enumerate() {
@@ -218,7 +230,14 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
                                 }
                                 for &(j, (sd, _)) in group {
                                     let slot = (2 * j) as u16;
-                                    b.push(step(&[], &[slot], Some(blk(Buf::Input, l, sd)), None, false, false));
+                                    b.push(step(
+                                        &[],
+                                        &[slot],
+                                        Some(blk(Buf::Input, l, sd)),
+                                        None,
+                                        false,
+                                        false,
+                                    ));
                                 }
                             }
                             for l in &lp[lp.len().saturating_sub(lag)..] {

@@ -205,7 +205,9 @@ impl NcclEnv {
             "NCCL_NET_GDR_LEVEL" => {
                 let v = value.trim();
                 let named = ["LOC", "PIX", "PXB", "PHB", "SYS", "P2C", "NVL", "C2C", "PXN"];
-                if !named.contains(&v.to_ascii_uppercase().as_str()) && v.parse::<u32>().map_or(true, |x| x > 7) {
+                if !named.contains(&v.to_ascii_uppercase().as_str())
+                    && v.parse::<u32>().map_or(true, |x| x > 7)
+                {
                     return Err(format!(
                         "NCCL_NET_GDR_LEVEL={value:?}: expected a path type (LOC, NVL, PIX, PXB, PXN, P2C, PHB, SYS) or 0..=7"
                     ));
