@@ -57,24 +57,14 @@ pub struct Dataset {
     pub nccl: toml::Table,
     /// Free note.
     pub note: Option<String>,
-    /// The system the table was measured on, where the file name does not say it (see
-    /// [`Dataset::cluster_name`]).
-    pub cluster: Option<String>,
-    /// Score only the sizes up to this many bytes (None: every size of the table). Not set
-    /// in the manifest; the accuracy tests set it to bound the time of the largest tables.
-    #[serde(skip)]
-    pub max_bytes: Option<u64>,
 }
 
 impl Dataset {
     /// The cluster (one system, or one provider's systems of one kind) the table comes from:
-    /// `cluster` when the manifest names it, else the file name up to its node or rack count
-    /// (`h100sxm-xxrjun-cl01-10node-...` -> `h100sxm-xxrjun-cl01`). `validate` groups tables
-    /// by it, and a leave-one-cluster-out score removes all of a cluster's tables at once.
+    /// the file name up to its node or rack count (`h100sxm-xxrjun-cl01-10node-...` ->
+    /// `h100sxm-xxrjun-cl01`). `validate` groups tables by it, and a leave-one-cluster-out
+    /// score removes all of a cluster's tables at once.
     pub fn cluster_name(&self) -> String {
-        if let Some(c) = &self.cluster {
-            return c.clone();
-        }
         let stem = self.file.trim_end_matches(".csv");
         let is_count = |t: &str| {
             let d = t.trim_end_matches("node").trim_end_matches("rack");
@@ -216,6 +206,18 @@ pub fn score(
     fidelity: Fidelity,
     params: Option<&toml::Table>,
 ) -> Result<Option<Score>, String> {
+    score_upto(root, d, fidelity, params, None)
+}
+
+/// [`score`] over the sizes up to `max_bytes` only (None: every size), which the accuracy
+/// tests use to bound the time of the largest tables.
+pub fn score_upto(
+    root: &Path,
+    d: &Dataset,
+    fidelity: Fidelity,
+    params: Option<&toml::Table>,
+    max_bytes: Option<u64>,
+) -> Result<Option<Score>, String> {
     let (Some(topo), Some(coll)) = (&d.topology, &d.collective) else { return Ok(None) };
     let coll = Collective::parse(coll).ok_or_else(|| format!("{}: unknown collective {coll}", d.file))?;
     let inplace = d.metric.as_deref() == Some("inplace_busbw");
@@ -226,11 +228,7 @@ pub fn score(
         .map_err(|e| e.to_string())?;
     let mut cfg = BenchConfig {
         coll,
-        sizes: measured
-            .iter()
-            .map(|m| m.size_bytes)
-            .filter(|&b| d.max_bytes.is_none_or(|m| b <= m))
-            .collect(),
+        sizes: measured.iter().map(|m| m.size_bytes).filter(|&b| max_bytes.is_none_or(|m| b <= m)).collect(),
         fidelity,
         gpus_per_thread: d.ngpus.unwrap_or(1),
         ..Default::default()
