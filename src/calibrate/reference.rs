@@ -59,6 +59,30 @@ pub struct Dataset {
     pub note: Option<String>,
 }
 
+impl Dataset {
+    /// The cluster (one system, or one provider's systems of one kind) the table comes from:
+    /// the file name up to its node or rack count (`h100sxm-xxrjun-cl01-10node-...` ->
+    /// `h100sxm-xxrjun-cl01`). `validate` groups tables by it, and a leave-one-cluster-out
+    /// score removes all of a cluster's tables at once.
+    pub fn cluster_name(&self) -> String {
+        let stem = self.file.trim_end_matches(".csv");
+        let is_count = |t: &str| {
+            let d = t.trim_end_matches("node").trim_end_matches("rack");
+            d.len() < t.len() && !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
+        };
+        let toks: Vec<&str> = stem.split('-').collect();
+        match toks.iter().position(|t| is_count(t)) {
+            Some(i) if i > 0 => toks[..i].join("-"),
+            _ => stem.to_string(),
+        }
+    }
+
+    /// Whether the table spans more than one node.
+    pub fn multi_node(&self) -> bool {
+        self.nodes.unwrap_or(1) > 1
+    }
+}
+
 /// Errors reading reference data.
 #[derive(Debug, thiserror::Error)]
 pub enum ReferenceError {
@@ -160,7 +184,8 @@ fn nccl_median(points: &[&PointError]) -> Option<f64> {
     errs.filter(|e| !e.is_empty()).map(median)
 }
 
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (0 for none): the statistic every score and bound here uses.
+pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -181,6 +206,18 @@ pub fn score(
     fidelity: Fidelity,
     params: Option<&toml::Table>,
 ) -> Result<Option<Score>, String> {
+    score_upto(root, d, fidelity, params, None)
+}
+
+/// [`score`] over the sizes up to `max_bytes` only (None: every size), which the accuracy
+/// tests use to bound the time of the largest tables.
+pub fn score_upto(
+    root: &Path,
+    d: &Dataset,
+    fidelity: Fidelity,
+    params: Option<&toml::Table>,
+    max_bytes: Option<u64>,
+) -> Result<Option<Score>, String> {
     let (Some(topo), Some(coll)) = (&d.topology, &d.collective) else { return Ok(None) };
     let coll = Collective::parse(coll).ok_or_else(|| format!("{}: unknown collective {coll}", d.file))?;
     let inplace = d.metric.as_deref() == Some("inplace_busbw");
@@ -191,7 +228,7 @@ pub fn score(
         .map_err(|e| e.to_string())?;
     let mut cfg = BenchConfig {
         coll,
-        sizes: measured.iter().map(|m| m.size_bytes).collect(),
+        sizes: measured.iter().map(|m| m.size_bytes).filter(|&b| max_bytes.is_none_or(|m| b <= m)).collect(),
         fidelity,
         gpus_per_thread: d.ngpus.unwrap_or(1),
         ..Default::default()

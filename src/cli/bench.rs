@@ -148,6 +148,9 @@ pub fn config(a: &BenchArgs) -> Result<(fabric::Fabric, BenchConfig)> {
     for kv in &a.nccl {
         let (k, v) = kv.split_once('=').with_context(|| format!("--nccl {kv:?}: expected KEY=VALUE"))?;
         cfg.env.set(k.trim(), v.trim(), coll).map_err(anyhow::Error::msg)?;
+        if let Some(note) = fabricsim::scenario::nccl_env::no_effect_note(k.trim()) {
+            eprintln!("note: {} is accepted but has no effect in the model: {note}", k.trim());
+        }
     }
     let spec = load_any_topology(&a.topology)?;
     let params = a.calibration.as_deref().map(load_profile).transpose()?;

@@ -151,7 +151,21 @@ pub fn run(a: ValidateArgs) -> Result<()> {
         );
     }
     let mut uncovered = Vec::new();
-    for d in sets.iter().filter(|d| d.file.contains(&a.filter)) {
+    // Tables grouped by cluster (first appearance order), one header line per cluster.
+    let mut sets: Vec<_> = sets.iter().filter(|d| d.file.contains(&a.filter)).collect();
+    let order: Vec<String> = sets.iter().map(|d| d.cluster_name()).collect();
+    let first = |c: &str| order.iter().position(|o| o == c).unwrap_or(0);
+    sets.sort_by_key(|d| first(&d.cluster_name()));
+    let mut last_cluster = String::new();
+    for d in sets {
+        if d.topology.is_some() && d.cluster_name() != last_cluster {
+            last_cluster = d.cluster_name();
+            if md {
+                println!("| **{last_cluster}** | | | | | |");
+            } else {
+                println!("[{last_cluster}]");
+            }
+        }
         let Some(s) = score(&a.root, d, fidelity, params.as_ref()).map_err(anyhow::Error::msg)? else {
             uncovered.push((d.file.clone(), d.reason.clone().unwrap_or_else(|| "no topology".into())));
             continue;

@@ -231,6 +231,8 @@ pub struct Knobs {
     pub p2p_nvl_chunksize: u64,
     /// `NCCL_PXN_DISABLE`.
     pub pxn_disable: bool,
+    /// `NCCL_NCHANNELS_PER_NET_PEER` (None: NCCL's own rule, see `alltoall::p2p_op_channels`).
+    pub net_channels_per_peer: Option<u32>,
 }
 
 impl Default for Knobs {
@@ -243,6 +245,7 @@ impl Default for Knobs {
             p2p_net_chunksize: 128 << 10,
             p2p_nvl_chunksize: 512 << 10,
             pxn_disable: false,
+            net_channels_per_peer: None,
         }
     }
 }

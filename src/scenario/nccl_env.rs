@@ -22,7 +22,54 @@ pub const KNOWN: &[&str] = &[
     "NCCL_P2P_NET_CHUNKSIZE",
     "NCCL_P2P_NVL_CHUNKSIZE",
     "NCCL_PXN_DISABLE",
+    "NCCL_MIN_CTAS",
+    "NCCL_MAX_CTAS",
+    "NCCL_NCHANNELS_PER_NET_PEER",
+    "NCCL_IB_QPS_PER_CONNECTION",
+    "NCCL_IB_SPLIT_DATA_ON_QPS",
+    "NCCL_NET_GDR_LEVEL",
+    "NCCL_CROSS_NIC",
+    "NCCL_IB_ADAPTIVE_ROUTING",
 ];
+
+/// Variables accepted and checked, but with no effect in the model, and why (printed as a
+/// note where a run sets one).
+pub const NO_EFFECT: &[(&str, &str)] = &[
+    (
+        "NCCL_IB_QPS_PER_CONNECTION",
+        "fabricsim carries each connection as one flow on one ECMP path; the extra queue pairs \
+         that spread a connection over more uplinks are not modelled",
+    ),
+    (
+        "NCCL_IB_SPLIT_DATA_ON_QPS",
+        "queue pairs are not modelled (one flow per connection), so how data is split over them has no effect",
+    ),
+    (
+        "NCCL_NET_GDR_LEVEL",
+        "every GPU reaches its NIC by GPUDirect RDMA in the model; staging through host memory is not modelled",
+    ),
+    (
+        "NCCL_CROSS_NIC",
+        "the modelled rings and trees stay on their rail (NCCL's choice on rail-optimized fabrics); \
+         cross-rail graphs are not searched",
+    ),
+    (
+        "NCCL_IB_ADAPTIVE_ROUTING",
+        "routes are static (ECMP by seeded hash); switch adaptive routing is not modelled",
+    ),
+];
+
+/// The note for a variable that is accepted without effect in the model.
+pub fn no_effect_note(key: &str) -> Option<&'static str> {
+    NO_EFFECT.iter().find(|(k, _)| *k == key).map(|(_, n)| *n)
+}
+
+fn integer(key: &str, value: &str, range: std::ops::RangeInclusive<i64>) -> Result<i64, String> {
+    match value.trim().parse::<i64>() {
+        Ok(v) if range.contains(&v) => Ok(v),
+        _ => Err(format!("{key}={value:?}: expected an integer in {}..={}", range.start(), range.end())),
+    }
+}
 
 fn func_name(c: Collective) -> &'static str {
     match c {
@@ -133,6 +180,39 @@ impl NcclEnv {
             "NCCL_NVLS_ENABLE" => self.nvls = flag(key, value)?,
             "NCCL_COLLNET_ENABLE" => self.collnet = flag(key, value)?,
             "NCCL_PXN_DISABLE" => self.knobs.pxn_disable = flag(key, value)?,
+            // NCCL_MIN_CTAS / NCCL_MAX_CTAS bound the channels (CTAs) of a call like
+            // NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS; the most restrictive wins (NCCL_FACTS §7).
+            "NCCL_MIN_CTAS" => {
+                let v = channels(key, value)?;
+                self.min_channels = Some(self.min_channels.map_or(v, |m| m.max(v)));
+            }
+            "NCCL_MAX_CTAS" => {
+                let v = channels(key, value)?;
+                self.max_channels = Some(self.max_channels.map_or(v, |m| m.min(v)));
+            }
+            "NCCL_NCHANNELS_PER_NET_PEER" => {
+                self.knobs.net_channels_per_peer = Some(channels(key, value)?);
+            }
+            "NCCL_IB_QPS_PER_CONNECTION" => {
+                integer(key, value, 1..=128)?;
+            }
+            "NCCL_IB_SPLIT_DATA_ON_QPS" | "NCCL_IB_ADAPTIVE_ROUTING" => {
+                integer(key, value, 0..=1)?;
+            }
+            "NCCL_CROSS_NIC" => {
+                integer(key, value, 0..=2)?;
+            }
+            "NCCL_NET_GDR_LEVEL" => {
+                let v = value.trim();
+                let named = ["LOC", "PIX", "PXB", "PHB", "SYS", "P2C", "NVL", "C2C", "PXN"];
+                if !named.contains(&v.to_ascii_uppercase().as_str())
+                    && v.parse::<u32>().ok().is_none_or(|x| x > 7)
+                {
+                    return Err(format!(
+                        "NCCL_NET_GDR_LEVEL={value:?}: expected a path type (LOC, NVL, PIX, PXB, PXN, P2C, PHB, SYS) or 0..=7"
+                    ));
+                }
+            }
             other => {
                 let near = crate::suggest::nearest(other, KNOWN.iter().copied())
                     .map(|n| format!(" (did you mean {n}?)"))
@@ -175,5 +255,40 @@ mod tests {
         assert!(e.set("NCCL_ALGOS", "Ring", Collective::AllReduce).unwrap_err().contains("NCCL_ALGO"));
         e.set("NCCL_PROTO", "^LL", Collective::AllReduce).unwrap();
         assert_eq!(e.protos, vec![Proto::LL128, Proto::Simple]);
+    }
+
+    #[test]
+    fn tuning_variables_are_accepted_checked_and_modelled_where_they_matter() {
+        let c = Collective::AllReduce;
+        let mut e = NcclEnv::default();
+        e.set("NCCL_MAX_NCHANNELS", "16", c).unwrap();
+        e.set("NCCL_MAX_CTAS", "8", c).unwrap();
+        e.set("NCCL_MAX_CTAS", "32", c).unwrap();
+        assert_eq!(e.max_channels, Some(8), "the most restrictive maximum wins");
+        e.set("NCCL_MIN_CTAS", "4", c).unwrap();
+        assert_eq!(e.min_channels, Some(4));
+        assert!(e.clone().set("NCCL_MIN_CTAS", "32", c).unwrap_err().contains("larger than"));
+        e.set("NCCL_NCHANNELS_PER_NET_PEER", "2", c).unwrap();
+        assert_eq!(e.knobs.net_channels_per_peer, Some(2));
+        e.set("NCCL_P2P_NET_CHUNKSIZE", "512K", c).unwrap();
+        assert_eq!(e.knobs.p2p_net_chunksize, 512 << 10);
+        for (k, v) in [
+            ("NCCL_IB_QPS_PER_CONNECTION", "4"),
+            ("NCCL_IB_SPLIT_DATA_ON_QPS", "0"),
+            ("NCCL_NET_GDR_LEVEL", "PHB"),
+            ("NCCL_NET_GDR_LEVEL", "3"),
+            ("NCCL_CROSS_NIC", "1"),
+            ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
+        ] {
+            let before = e.clone();
+            e.set(k, v, c).unwrap();
+            assert_eq!(e, before, "{k} has no modelled effect");
+            assert!(no_effect_note(k).is_some(), "{k} needs its note");
+        }
+        assert!(no_effect_note("NCCL_MAX_CTAS").is_none());
+        assert!(e.set("NCCL_IB_QPS_PER_CONNECTION", "0", c).unwrap_err().contains("1..=128"));
+        assert!(e.set("NCCL_CROSS_NIC", "3", c).unwrap_err().contains("0..=2"));
+        assert!(e.set("NCCL_NET_GDR_LEVEL", "FAR", c).unwrap_err().contains("path type"));
+        assert!(e.set("NCCL_NCHANNELS_PER_NET_PEER", "0", c).unwrap_err().contains("1..=64"));
     }
 }

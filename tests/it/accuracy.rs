@@ -4,17 +4,35 @@
 
 use std::path::Path;
 
-use fabricsim::calibrate::reference::{load_manifest, reference_dir, score, Score};
+use std::sync::OnceLock;
+
+use fabricsim::calibrate::reference::{load_manifest, median, reference_dir, score_upto, Dataset, Score};
 use fabricsim::scenario::bench::Fidelity;
 
+/// Every dataset's score, computed once for all the tests of this module (the 10-node
+/// tables are the slowest part of the suite).
+fn all_scores() -> &'static [(Dataset, Score)] {
+    static ALL: OnceLock<Vec<(Dataset, Score)>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let datasets = load_manifest(&reference_dir(root)).expect("manifest loads");
+        datasets
+            .into_iter()
+            .filter_map(|d| {
+                // The 80-GPU all-to-all goes to 16 GiB; its sizes above 1 GiB add minutes to
+                // the suite and nothing the smaller sizes do not test (`validate` scores them).
+                let big = d.nodes.unwrap_or(1) * d.gpus.unwrap_or(8) >= 64;
+                let cap = (big && d.collective.as_deref() == Some("alltoall")).then_some(1 << 30);
+                let s = score_upto(root, &d, Fidelity::Event, None, cap)
+                    .unwrap_or_else(|e| panic!("{}: {e}", d.file));
+                s.map(|s| (d, s))
+            })
+            .collect()
+    })
+}
+
 fn scores(asserted_only: bool) -> Vec<Score> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let datasets = load_manifest(&reference_dir(root)).expect("manifest loads");
-    datasets
-        .iter()
-        .filter(|d| d.asserted || !asserted_only)
-        .filter_map(|d| score(root, d, Fidelity::Event, None).unwrap_or_else(|e| panic!("{}: {e}", d.file)))
-        .collect()
+    all_scores().iter().filter(|(d, _)| d.asserted || !asserted_only).map(|(_, s)| s.clone()).collect()
 }
 
 #[test]
@@ -33,7 +51,8 @@ fn asserted_datasets_are_within_bounds_and_beat_nccls_model() {
         // No point more than 3x off.
         let w = s.worst.as_ref().unwrap();
         assert!(w.error.abs() < 3.0, "{tag}: {} B off by {:.0}%", w.size_bytes, w.error * 100.0);
-        let (nl, na) = (s.nccl_median_large.unwrap(), s.nccl_median_all.unwrap());
+        // All-to-all and send/recv have no NCCL model to compare with.
+        let (Some(nl), Some(na)) = (s.nccl_median_large, s.nccl_median_all) else { continue };
         // Never clearly worse than NCCL's model where it is good (large messages on one
         // node: both within a few %), and better over all sizes.
         assert!(
@@ -49,9 +68,9 @@ fn asserted_datasets_are_within_bounds_and_beat_nccls_model() {
     // Overall, at least 5x closer than NCCL's model across all sizes.
     assert!(
         ours * 5.0 < nccl,
-        "mean median error {:.1}% vs NCCL model {:.1}%",
-        ours * 100.0 / scores.len() as f64,
-        nccl * 100.0 / scores.len() as f64
+        "sum of median errors {:.1}% vs NCCL model {:.1}%",
+        ours * 100.0,
+        nccl * 100.0
     );
 }
 
@@ -73,17 +92,33 @@ fn every_dataset_scores_and_unasserted_ones_say_why() {
     // within 15% at large sizes (regression guard, not a claim).
     for s in scores(false).iter().filter(|s| !s.asserted) {
         assert!(!s.points.is_empty(), "{}: no points", s.file);
-        if !s.file.contains("a3ultra") && !s.file.contains("sharp") {
+        // Exempt, each with its reason in the manifest: the a3ultra pair and SHARP on A100
+        // (as before); the 10-node ring all-gather / reduce-scatter mid sizes, the 10-node
+        // and 8/32-node B200 send/recv (per-channel network rate and fabric contention not
+        // modelled) and the OCI RoCE example (added with issue 10).
+        let exempt = [
+            "a3ultra",
+            "sharp",
+            "80gpu-allreduce",
+            "80gpu-allgather",
+            "80gpu-reducescatter",
+            "80gpu-sendrecv",
+            "b200-dgxc-8node",
+            "b200-dgxc-32node",
+            "oci",
+        ];
+        if !exempt.iter().any(|e| s.file.contains(e)) {
             assert!(s.median_large <= 0.15, "{}: {:.1}%", s.file, s.median_large * 100.0);
         }
     }
 }
 
 fn one(file: &str) -> Score {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let datasets = load_manifest(&reference_dir(root)).expect("manifest loads");
-    let d = datasets.iter().find(|d| d.file == file).unwrap_or_else(|| panic!("{file} not in the manifest"));
-    score(root, d, Fidelity::Event, None).unwrap().unwrap_or_else(|| panic!("{file} not scored"))
+    all_scores()
+        .iter()
+        .find(|(d, _)| d.file == file)
+        .map(|(_, s)| s.clone())
+        .unwrap_or_else(|| panic!("{file} not in the manifest or not scored"))
 }
 
 /// The smallest size from which `a` stays above `b` (busbw by size, same sizes).
@@ -167,4 +202,82 @@ fn tree_beats_ring_across_nodes_until_the_bandwidth_bound_sizes() {
     assert!(ring[3] > 1.2 * tree[3], "1 GiB: ring {:.1} vs tree {:.1} GB/s", ring[3], tree[3]);
     // And the ring's plateau is the NICs': 8 x 400G per node at the network efficiency.
     assert!((330.0..380.0).contains(&ring[3]), "ring at 1 GiB: {:.1} GB/s", ring[3]);
+}
+
+/// Median |error| over tables, of each table's median |error| (>= 1 MiB, all sizes).
+fn medians(tables: &[&Score]) -> (f64, f64) {
+    (
+        median(tables.iter().map(|s| s.median_large).collect()),
+        median(tables.iter().map(|s| s.median_all).collect()),
+    )
+}
+
+#[test]
+fn healthy_and_multi_node_tables_meet_the_issue_medians() {
+    let asserted: Vec<&(Dataset, Score)> = all_scores().iter().filter(|(d, _)| d.asserted).collect();
+    let all: Vec<&Score> = asserted.iter().map(|(_, s)| s).collect();
+    let multi: Vec<&Score> = asserted.iter().filter(|(d, _)| d.multi_node()).map(|(_, s)| s).collect();
+    assert!(multi.len() >= 4, "expected at least 4 asserted multi-node tables, got {}", multi.len());
+    // Issue 10's targets are 6% (>= 1 MiB) and 10% (all sizes), over all healthy tables and
+    // over the multi-node ones alone; these bounds are what is achieved (3.8% / 4.1% and
+    // 5.3% / 5.9% when written), with a little room.
+    let (large, every) = medians(&all);
+    assert!(large <= 0.045, "healthy tables: median {:.1}% at >= 1 MiB", large * 100.0);
+    assert!(every <= 0.05, "healthy tables: median {:.1}% over all sizes", every * 100.0);
+    let (large, every) = medians(&multi);
+    assert!(large <= 0.06, "multi-node tables: median {:.1}% at >= 1 MiB", large * 100.0);
+    assert!(every <= 0.07, "multi-node tables: median {:.1}% over all sizes", every * 100.0);
+    for s in &all {
+        assert!(s.median_large <= 0.15, "{}: {:.1}% at >= 1 MiB", s.file, s.median_large * 100.0);
+    }
+}
+
+#[test]
+fn across_nodes_beats_nccls_model_below_1_mib_and_above_64_mib() {
+    // Every multi-node table NCCL's model covers (healthy and caveat), pooled by size band.
+    let band = |lo: u64, hi: u64| -> (f64, f64, usize) {
+        let mut ours = Vec::new();
+        let mut nccl = Vec::new();
+        let tables = all_scores().iter().filter(|(d, _)| d.multi_node() && d.quality != "degraded");
+        for s in tables.map(|(_, s)| s) {
+            for p in s.points.iter().filter(|p| (lo..hi).contains(&p.size_bytes)) {
+                if let Some(n) = p.nccl_error {
+                    ours.push(p.error.abs());
+                    nccl.push(n.abs());
+                }
+            }
+        }
+        let k = ours.len();
+        (median(ours), median(nccl), k)
+    };
+    let (o, n, k) = band(0, 1 << 20);
+    assert!(k >= 50 && o < n, "below 1 MiB ({k} points): {:.1}% vs NCCL model {:.1}%", o * 100.0, n * 100.0);
+    let (o, n, k) = band(64 << 20, u64::MAX);
+    assert!(k >= 50 && o < n, "from 64 MiB ({k} points): {:.1}% vs NCCL model {:.1}%", o * 100.0, n * 100.0);
+    // 1-64 MiB is the band issue 10 is about, and it is not yet better than NCCL's model
+    // (47.9% vs 41.8% when written): a regression bound until it is.
+    let (o, n, _) = band(1 << 20, 64 << 20);
+    assert!(o <= 0.55, "1-64 MiB: {:.1}% (NCCL model {:.1}%)", o * 100.0, n * 100.0);
+}
+
+#[test]
+fn point_to_point_follows_nccls_channels_and_round_order() {
+    let sr1 = one("h100sxm-xxrjun-cl01-1node-8gpu-sendrecv-nccl2.29.2.csv");
+    // One node: an operation runs on 4, then 8, then 16 channels as it grows (NCCL's
+    // per-peer channel rule); 32-256 MiB follow the measured steps within 7%.
+    for p in sr1.points.iter().filter(|p| p.size_bytes <= 256 << 20) {
+        assert!(p.error.abs() <= 0.07, "1 node send/recv {} B: {:+.1}%", p.size_bytes, p.error * 100.0);
+    }
+    // 80 ranks across 10 nodes: one channel per peer. Measured 15.2 GB/s; before the rule the
+    // model ran every channel to the NIC's 45 GB/s (+195%).
+    let sr10 = one("h100sxm-xxrjun-cl01-10node-80gpu-sendrecv-nccl2.29.2.csv");
+    for p in &sr10.points {
+        assert!((15.0..=21.0).contains(&p.simulated), "{} B: {:.1} GB/s", p.size_bytes, p.simulated);
+    }
+    // B200, 2 nodes: 4 channels per peer reach the NIC.
+    let b2 = one("b200-dgxc-2node-16gpu-ib8x400g-sendrecv-ring-busbwonly-nccl2.29.7.csv");
+    assert!(b2.median_large <= 0.08, "B200 2-node send/recv: {:.1}%", b2.median_large * 100.0);
+    // All-to-all across 2 nodes in NCCL's round order loads every NIC equally (-51% before).
+    let a2 = one("h100sxm-xxrjun-cl01-2node-16gpu-alltoall-nccl2.29.2.csv");
+    assert!(a2.median_large <= 0.12, "2-node all-to-all: {:.1}%", a2.median_large * 100.0);
 }
