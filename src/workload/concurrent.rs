@@ -215,6 +215,23 @@ impl<'f> Concurrent<'f> {
         }
     }
 
+    /// Job `job` starts on every one of its ranks only once kernel `kernel` of compute job
+    /// `compute` is complete. For a communicator whose other ranks run the same program as
+    /// the compute stream's rank (data-parallel replicas of one training step), which reach
+    /// that kernel at the same moment: one compute stream stands for all of them.
+    pub fn after_kernel_on_all_ranks(&mut self, job: JobId, compute: JobId, kernel: u32) {
+        let Some((cp, jp, _)) = self.compute_and_job(compute, job) else { return };
+        let mut ranks: Vec<u32> =
+            self.composer.get(jp).map(|s| s.streams.iter().map(|st| st.rank).collect()).unwrap_or_default();
+        ranks.sort_unstable();
+        ranks.dedup();
+        for r in ranks {
+            for start in self.composer.first_ops(jp, r) {
+                self.composer.after(start, LocalOp { part: cp, stream: 0, op: kernel });
+            }
+        }
+    }
+
     /// The parts of a compute job and of another job, and the compute stream's rank.
     fn compute_and_job(&self, compute: JobId, job: JobId) -> Option<(PartId, PartId, u32)> {
         let cp = self.jobs.get(compute.0 as usize)?.1;

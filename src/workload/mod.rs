@@ -11,6 +11,8 @@
 //! - [`comm`]: the collectives a step issues: kind, communicator, size, pass.
 //! - [`compute`]: the GPU roofline per generation and what a micro-batch costs per chunk.
 //! - [`analytic`]: the analytical step time, with communication priced by the caller.
+//! - [`lower`]: the event-mode training step: a step lowered to one composed schedule and
+//!   timed by the event engine.
 //! - [`concurrent`]: several collectives (each on its own communicator) and compute streams
 //!   at once, with dependencies, lowered to one schedule and simulated together.
 //!
@@ -24,6 +26,7 @@ pub mod comm;
 pub mod compute;
 pub mod concurrent;
 pub mod flops;
+pub mod lower;
 pub mod memory;
 pub mod model;
 pub mod pipeline;
