@@ -50,7 +50,9 @@
 use super::analytic::{chunk_costs_and_comms, Breakdown, ChunkComm, StepEstimate};
 use super::comm::{chunk_gather_bytes, grad_reduces, shard_group_kind, CollectiveKind};
 use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
-use super::concurrent::{collective_time, nccl_choice, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
+use super::concurrent::{
+    collective_time, nccl_choice, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError,
+};
 use super::flops::step_flops;
 use super::memory::{memory_by_stage, stage_params};
 use super::model::Model;

@@ -907,12 +907,8 @@ fn one_f_one_b_bubble_emerges_from_the_dependencies() {
     let spread = pp_jobs.iter().map(|t| (t - p2p).abs()).fold(0.0, f64::max);
     assert!(spread < 1e-3 * p2p, "uncontended transfers take one time: {spread} vs {p2p}");
     let t = sched.time(op_time, |_, _| p2p).unwrap();
-    let pipe_end = e
-        .jobs
-        .iter()
-        .filter(|j| j.kind == StepJobKind::Compute)
-        .map(|j| j.end.as_secs())
-        .fold(0.0, f64::max);
+    let pipe_end =
+        e.jobs.iter().filter(|j| j.kind == StepJobKind::Compute).map(|j| j.end.as_secs()).fold(0.0, f64::max);
     let ops = 2.0 * 16.0 * 8.0;
     assert!(
         (pipe_end - t.makespan).abs() < ops * 2e-12 + 1e-3 * p2p * ops,
@@ -938,7 +934,13 @@ fn dp_groups_sharing_a_nic_contend() {
     use fabricsim::workload::concurrent::{CollectiveJob, Concurrent};
     let f = built("pcie-8gpu", 2);
     let router = Router::new(&f, 0);
-    let args = CollArgs { coll: Collective::AllReduce, count: 32 << 20, dtype: DType::BF16, redop: RedOp::Sum, root: 0 };
+    let args = CollArgs {
+        coll: Collective::AllReduce,
+        count: 32 << 20,
+        dtype: DType::BF16,
+        redop: RedOp::Sum,
+        root: 0,
+    };
     let job = |name: &str, ranks: Vec<u32>| CollectiveJob {
         name: name.into(),
         ranks,
@@ -984,7 +986,8 @@ fn overlapped_dp_reduction_exposes_less_than_it_takes() {
     );
     // Without overlap the buckets go at once after the backward: the tail is the longest of
     // them (they share the links), at least the time of the reduction alone.
-    let longest = e_off.jobs.iter().filter(|j| j.kind == StepJobKind::Dp).map(|j| (j.end - j.start).as_secs());
+    let longest =
+        e_off.jobs.iter().filter(|j| j.kind == StepJobKind::Dp).map(|j| (j.end - j.start).as_secs());
     let longest = longest.fold(0.0, f64::max);
     assert!(e_off.estimate.breakdown.dp >= longest * 0.99, "{} vs {longest}", e_off.estimate.breakdown.dp);
     assert!(e_on.estimate.step_time_s < e_off.estimate.step_time_s);
