@@ -420,6 +420,7 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
             }
         }
         // Data-parallel gradient buckets, then the optimizer.
+        #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
         for s in 0..pp {
             let rank = rep(s);
             // The kernels of the last micro-batch's backward, in the stage's order.
