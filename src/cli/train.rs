@@ -1,7 +1,10 @@
 //! `fabricsim train`: one training step of a model under a parallelism plan on a fabric —
 //! step time, tokens/s, TFLOP/s per GPU and MFU, where the time goes, the rank placement and
 //! memory per GPU against HBM. The plan comes from flags (Megatron's names) or a plan file;
-//! each collective of the step is priced by simulating it on its real group of fabric ranks.
+//! with `--fidelity analytical` (the default) each collective of the step is priced by
+//! simulating it on its real group of fabric ranks and the step is assembled by formula; with
+//! `--fidelity event` the whole step is lowered to one schedule and simulated
+//! ([`fabricsim::workload::lower`]), and `--trace` writes its timeline.
 
 use std::path::PathBuf;
 
@@ -10,6 +13,7 @@ use clap::Args;
 use fabricsim::fabric::{self, build::BuildOpts};
 use fabricsim::workload::analytic::StepEstimate;
 use fabricsim::workload::concurrent::step_on_fabric;
+use fabricsim::workload::lower::{step_event, EventOpts, EventStep, StepJobKind};
 use fabricsim::workload::plan::{parse_plan, Dtype};
 use fabricsim::workload::{load_model, Placement};
 
@@ -79,6 +83,15 @@ pub struct TrainArgs {
     /// Output: table or json.
     #[arg(long, default_value = "table")]
     pub format: String,
+    /// How the step is timed: `analytical` (each distinct collective simulated on its group,
+    /// the step assembled by formula) or `event` (the whole step lowered to one schedule and
+    /// simulated: bubble, overlap and contention from the event engine).
+    #[arg(long, default_value = "analytical")]
+    pub fidelity: String,
+    /// Write a Chrome/Perfetto trace of the event-mode step (per stage: compute stream,
+    /// pipeline transfers, DP collectives, optimizer); needs `--fidelity event`.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
 }
 
 /// The plan as a plan file's text: the file's, then every flag given.
@@ -127,6 +140,14 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if !matches!(a.format.as_str(), "table" | "json") {
         bail!("--format {}: valid: table, json", a.format);
     }
+    let event = match a.fidelity.as_str() {
+        "analytical" => false,
+        "event" => true,
+        other => bail!("--fidelity {other}: valid: analytical, event"),
+    };
+    if a.trace.is_some() && !event {
+        bail!("--trace needs --fidelity event (the analytical mode has no timeline)");
+    }
     let model = load_model(&a.model)?;
     let spec = load_any_topology(&a.topology)?;
     let params = a.calibration.as_deref().map(load_profile).transpose()?;
@@ -156,13 +177,29 @@ pub fn run(a: TrainArgs) -> Result<()> {
             super::count(f.num_nodes(), "node")
         );
     }
-    let (est, priced) = step_on_fabric(&f, &model, &plan).map_err(anyhow::Error::msg)?;
+    let (est, how) = if event {
+        let ev = step_event(&f, &model, &plan, &EventOpts::default()).map_err(anyhow::Error::msg)?;
+        if let Some(path) = &a.trace {
+            write_step_trace(path, &ev)?;
+        }
+        let how = Fidelity::Event {
+            memoized: ev.memoized,
+            explicit: ev.explicit,
+            ranks: ev.ranks,
+            events: ev.events,
+            runs: ev.runs,
+        };
+        (ev.estimate, how)
+    } else {
+        let (est, priced) = step_on_fabric(&f, &model, &plan).map_err(anyhow::Error::msg)?;
+        (est, Fidelity::Analytical { priced })
+    };
     let hbm = f.gpu.hbm_bytes;
     let oom = est.memory.fits(hbm).err();
     let placement = Placement::new(&plan);
     match a.format.as_str() {
-        "json" => print_json(&model.name, &plan_summary(&plan), &placement, &est, hbm, priced)?,
-        _ => print_table(&model.name, &f.name, &plan_summary(&plan), &placement, &est, hbm, priced),
+        "json" => print_json(&model.name, &plan_summary(&plan), &placement, &est, hbm, &how)?,
+        _ => print_table(&model.name, &f.name, &plan_summary(&plan), &placement, &est, hbm, &how),
     }
     if let Some(o) = oom {
         let msg = format!(
@@ -181,6 +218,74 @@ pub fn run(a: TrainArgs) -> Result<()> {
             bail!("{msg} (--allow-oom reports it anyway)");
         }
     }
+    Ok(())
+}
+
+/// How the step was timed, for the report.
+enum Fidelity {
+    /// Collectives simulated one by one, step by formula.
+    Analytical {
+        /// Distinct collectives simulated.
+        priced: usize,
+    },
+    /// The whole step simulated.
+    Event {
+        /// Distinct TP/CP/EP collectives timed alone on their groups.
+        memoized: usize,
+        /// Collectives simulated together in the step.
+        explicit: usize,
+        /// Fabric ranks the step's schedule touches.
+        ranks: usize,
+        /// Engine events of the final run.
+        events: u64,
+        /// Runs (2 with the SM-slowdown correction).
+        runs: u32,
+    },
+}
+
+impl Fidelity {
+    fn describe(&self) -> String {
+        match self {
+            Fidelity::Analytical { priced } => format!(
+                "analytical: {priced} distinct collectives simulated on their groups (event mode); step assembled by formula"
+            ),
+            Fidelity::Event { memoized, explicit, ranks, events, runs } => format!(
+                "event: the step simulated as one schedule on {ranks} ranks ({explicit} collectives together, \
+                 {memoized} distinct TP/CP/EP collectives memoized, {events} events, {runs} run(s))"
+            ),
+        }
+    }
+    fn name(&self) -> &'static str {
+        match self {
+            Fidelity::Analytical { .. } => "analytical",
+            Fidelity::Event { .. } => "event",
+        }
+    }
+}
+
+/// A Perfetto trace of the event-mode step: one process per stage, a track per job kind.
+fn write_step_trace(path: &std::path::Path, ev: &EventStep) -> Result<()> {
+    use fabricsim::report::trace::{write_trace, Slice, Track, TrackKind};
+    let mut keys: Vec<(u32, StepJobKind)> = ev.jobs.iter().map(|j| (j.stage, j.kind)).collect();
+    keys.sort();
+    keys.dedup();
+    let tracks: Vec<Track> = keys
+        .iter()
+        .map(|(s, k)| Track::new(k.name(), TrackKind::Rank).in_group(format!("stage {s}")))
+        .collect();
+    let slices: Vec<Slice> = ev
+        .jobs
+        .iter()
+        .map(|j| Slice {
+            track: keys.binary_search(&(j.stage, j.kind)).unwrap_or(0),
+            name: j.name.clone(),
+            category: j.kind.name().to_string(),
+            start: j.start,
+            duration: j.end.saturating_sub(j.start),
+            args: vec![("ranks".to_string(), j.ranks.to_string())],
+        })
+        .collect();
+    write_trace(path, &tracks, &slices)?;
     Ok(())
 }
 
@@ -218,13 +323,11 @@ fn print_table(
     placement: &Placement,
     e: &StepEstimate,
     hbm: u64,
-    priced: usize,
+    how: &Fidelity,
 ) {
     println!("# {model} on {fabric}: {plan}");
     println!("# placement (innermost first): {placement}");
-    println!(
-        "# {priced} distinct collectives simulated on their groups (event mode); step assembled analytically"
-    );
+    println!("# fidelity {}", how.describe());
     println!("step time          {:>10.3} s", e.step_time_s);
     println!("tokens/s           {:>10.0}", e.tokens_per_s);
     println!("model TFLOP/s/GPU  {:>10.1}", e.model_tflops_per_gpu);
@@ -259,7 +362,7 @@ fn print_json(
     placement: &Placement,
     e: &StepEstimate,
     hbm: u64,
-    priced: usize,
+    how: &Fidelity,
 ) -> Result<()> {
     let b = &e.breakdown;
     let m = &e.memory;
@@ -280,8 +383,8 @@ fn print_json(
             "compute_s": b.compute, "tp_s": b.tp, "cp_s": b.cp, "ep_s": b.ep, "pp_s": b.pp,
             "dp_s": b.dp, "bubble_s": b.bubble, "optimizer_s": b.optimizer,
         },
-        "collectives_simulated": priced,
-        "fidelity": "collectives: event mode on their groups; step: analytical",
+        "fidelity": how.name(),
+        "fidelity_detail": how.describe(),
     });
     println!("{}", serde_json::to_string_pretty(&doc)?);
     Ok(())

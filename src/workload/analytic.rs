@@ -83,17 +83,19 @@ pub struct StepEstimate {
     pub microbatches: u64,
 }
 
-/// Communication times of one micro-batch through one chunk on one GPU, in seconds.
+/// Communication times of one micro-batch through one chunk on one GPU, in seconds: what
+/// is exposed (TP, CP with the slowdown of the attention it overlaps, EP) and the
+/// ZeRO-3/FSDP gathers' exposed time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct ChunkComm {
-    tp_fwd: f64,
-    tp_bwd: f64,
-    cp_fwd: f64,
-    cp_bwd: f64,
-    ep_fwd: f64,
-    ep_bwd: f64,
-    fsdp_fwd: f64,
-    fsdp_bwd: f64,
+pub(crate) struct ChunkComm {
+    pub(crate) tp_fwd: f64,
+    pub(crate) tp_bwd: f64,
+    pub(crate) cp_fwd: f64,
+    pub(crate) cp_bwd: f64,
+    pub(crate) ep_fwd: f64,
+    pub(crate) ep_bwd: f64,
+    pub(crate) fsdp_fwd: f64,
+    pub(crate) fsdp_bwd: f64,
 }
 
 /// Per-op duration parts.
@@ -120,28 +122,22 @@ fn exposed(comm: f64, under: f64, overlap: bool) -> f64 {
     }
 }
 
-/// Estimates one training step of `model` under `plan` on GPUs like `gpu`, pricing each
-/// collective with `comm(kind, bytes, ranks)` in seconds. The plan must have passed
-/// [`Plan::check`].
-pub fn estimate(
+/// Per stage and chunk, the compute cost of one micro-batch ([`chunk_cost`]) and the
+/// communication of its layers (TP, CP, EP; ZeRO-3/FSDP gathers), each distinct collective
+/// priced once per stage with `comm` on the group of the stage's first rank. Shared by the
+/// analytical estimate and the event-mode lowering ([`super::lower`]).
+pub(crate) fn chunk_costs_and_comms(
     model: &Model,
     plan: &Plan,
-    gpu: &GpuSpec,
-    params: GpuParams,
+    r: &Roofline,
+    pl: &Placement,
     comm: &dyn Fn(CollectiveKind, u64, &[u64]) -> f64,
-) -> Result<StepEstimate, String> {
-    plan.check(model, plan.world()).map_err(|e| e.to_string())?;
-    plan.check_gpu(gpu).map_err(|e| e.to_string())?;
-    let r = Roofline::new(gpu, plan.dtype, params)?;
-    let pl = Placement::new(plan);
-    let m = plan.microbatches();
-    let sched = PipelineSchedule::build(plan.schedule(), plan.pp as u32, plan.vpp as u32, m as u32)?;
+) -> (Vec<Vec<ChunkCost>>, Vec<Vec<ChunkComm>>) {
     let (pp, vpp) = (plan.pp, plan.vpp);
     let rank_of = |s: u64| pl.rank(Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: s });
     let chunk_layers = model.layers / (pp * vpp);
-
     let costs: Vec<Vec<ChunkCost>> =
-        (0..pp).map(|s| (0..vpp).map(|c| chunk_cost(model, plan, &r, s, c)).collect()).collect();
+        (0..pp).map(|s| (0..vpp).map(|c| chunk_cost(model, plan, r, s, c)).collect()).collect();
 
     // Communication per (stage, chunk), each distinct collective priced once per stage.
     let mut comms = vec![vec![ChunkComm::default(); vpp as usize]; pp as usize];
@@ -199,6 +195,30 @@ pub fn estimate(
             comms[s as usize][c as usize] = cc;
         }
     }
+
+    (costs, comms)
+}
+
+/// Estimates one training step of `model` under `plan` on GPUs like `gpu`, pricing each
+/// collective with `comm(kind, bytes, ranks)` in seconds. The plan must have passed
+/// [`Plan::check`].
+pub fn estimate(
+    model: &Model,
+    plan: &Plan,
+    gpu: &GpuSpec,
+    params: GpuParams,
+    comm: &dyn Fn(CollectiveKind, u64, &[u64]) -> f64,
+) -> Result<StepEstimate, String> {
+    plan.check(model, plan.world()).map_err(|e| e.to_string())?;
+    plan.check_gpu(gpu).map_err(|e| e.to_string())?;
+    let r = Roofline::new(gpu, plan.dtype, params)?;
+    let pl = Placement::new(plan);
+    let m = plan.microbatches();
+    let sched = PipelineSchedule::build(plan.schedule(), plan.pp as u32, plan.vpp as u32, m as u32)?;
+    let (pp, vpp) = (plan.pp, plan.vpp);
+    let rank_of = |s: u64| pl.rank(Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: s });
+
+    let (costs, comms) = chunk_costs_and_comms(model, plan, &r, &pl, comm);
 
     let split = sched.splits_backward();
     let parts = |s: u32, o: &PipeOp| -> Parts {

@@ -201,7 +201,7 @@ impl<'f> Concurrent<'f> {
     /// event: the layer needs the gathered weights).
     pub fn kernel_after(&mut self, compute: JobId, kernel: u32, job: JobId) {
         let Some((cp, jp, rank)) = self.compute_and_job(compute, job) else { return };
-        for e in self.composer.all_ops(jp, rank) {
+        for e in self.done_ops(jp, rank) {
             self.composer.after(LocalOp { part: cp, stream: 0, op: kernel }, e);
         }
     }
@@ -212,6 +212,23 @@ impl<'f> Concurrent<'f> {
         let Some((cp, jp, rank)) = self.compute_and_job(compute, job) else { return };
         for start in self.composer.first_ops(jp, rank) {
             self.composer.after(start, LocalOp { part: cp, stream: 0, op: kernel });
+        }
+    }
+
+    /// Job `job` starts on every one of its ranks only once kernel `kernel` of compute job
+    /// `compute` is complete. For a communicator whose other ranks run the same program as
+    /// the compute stream's rank (data-parallel replicas of one training step), which reach
+    /// that kernel at the same moment: one compute stream stands for all of them.
+    pub fn after_kernel_on_all_ranks(&mut self, job: JobId, compute: JobId, kernel: u32) {
+        let Some((cp, jp, _)) = self.compute_and_job(compute, job) else { return };
+        let mut ranks: Vec<u32> =
+            self.composer.get(jp).map(|s| s.streams.iter().map(|st| st.rank).collect()).unwrap_or_default();
+        ranks.sort_unstable();
+        ranks.dedup();
+        for r in ranks {
+            for start in self.composer.first_ops(jp, r) {
+                self.composer.after(start, LocalOp { part: cp, stream: 0, op: kernel });
+            }
         }
     }
 
@@ -236,8 +253,35 @@ impl<'f> Concurrent<'f> {
         ranks.sort_unstable();
         ranks.dedup();
         for r in ranks {
-            self.composer.after_on_rank(lp, fp, r);
+            let ends = self.done_ops(fp, r);
+            for start in self.composer.first_ops(lp, r) {
+                for &end in &ends {
+                    self.composer.after(start, end);
+                }
+            }
         }
+    }
+
+    /// The ops that mark addition `part` done on `rank`: per stream of the rank, its last op
+    /// that moves data or computes. A trailing `Wait` completes with its stream's other ops
+    /// (it waits for one of them), and waiting on the last real op instead of the whole
+    /// stream sidesteps a simulator gap: a stream whose last op completes without a flow
+    /// does not wake the streams waiting for its end.
+    fn done_ops(&self, part: PartId, rank: u32) -> Vec<LocalOp> {
+        let Some(s) = self.composer.get(part) else { return Vec::new() };
+        s.streams
+            .iter()
+            .enumerate()
+            .filter(|(_, st)| st.rank == rank)
+            .filter_map(|(i, st)| {
+                let ins = s.instrs(st);
+                if ins.is_empty() {
+                    return None;
+                }
+                let op = ins.iter().rposition(|x| !matches!(x.op, Op::Wait { .. })).unwrap_or(ins.len() - 1);
+                Some(LocalOp { part, stream: i as u32, op: op as u32 })
+            })
+            .collect()
     }
 
     fn compose(self) -> Result<(Schedule, Vec<Placed>), WorkloadError> {

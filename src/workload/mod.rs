@@ -13,6 +13,8 @@
 //! - [`analytic`]: the analytical step time, with communication priced by the caller.
 //! - [`search`]: the plan search: every valid plan, the ones that fit, ranked by bound and
 //!   step time, the best re-timed on the fabric.
+//! - [`lower`]: the event-mode training step: a step lowered to one composed schedule and
+//!   timed by the event engine.
 //! - [`concurrent`]: several collectives (each on its own communicator) and compute streams
 //!   at once, with dependencies, lowered to one schedule and simulated together.
 //!
@@ -27,6 +29,7 @@ pub mod comm;
 pub mod compute;
 pub mod concurrent;
 pub mod flops;
+pub mod lower;
 pub mod memory;
 pub mod model;
 pub mod pipeline;

@@ -822,3 +822,187 @@ fn validate_training_prints_the_table() {
         "{text}"
     );
 }
+
+// ---------------------------------------------------------------- event-mode step
+
+use fabricsim::fabric::build::{build, BuildOpts};
+use fabricsim::fabric::Fabric;
+use fabricsim::workload::concurrent::step_on_fabric;
+use fabricsim::workload::lower::{step_event, EventOpts, StepJobKind};
+
+fn built(topology: &str, nodes: u32) -> Fabric {
+    let spec = load_topology(&root().join("topologies").join(format!("{topology}.toml"))).unwrap();
+    build(&spec, &BuildOpts { nodes: Some(nodes), gpus_per_node: None, params: None }).unwrap()
+}
+
+fn plan_text(m: &Model, gpus: u64, text: &str) -> Plan {
+    parse_plan(text, Path::new("<test>"), m, gpus).unwrap()
+}
+
+/// Event mode against the analytical mode on small plans. Tolerance 6%: both price TP, CP
+/// and EP the same way (memoized collectives, same exposure rules) and use the same compute
+/// times; they differ where the event mode is meant to differ: pipeline transfers and DP
+/// buckets contend with each other on the links, the SM slowdown is charged for the overlap
+/// the run shows (the analytical mode charges none for DP overlap), DP buckets number at most
+/// 16 and become ready kernel by kernel, and repeated collectives run as rings where NCCL
+/// would use SHARP (a simulator limitation, see `workload::lower`). ZeRO-3 is not in the list:
+/// there the event mode's explicit weight gathers give 13% more than the analytical formula
+/// (known, open). On the plans below the two agree within 3%; 6% leaves room for those effects, and a lowering error (a missing
+/// dependency, a dropped op, a double-counted pass) moves a step by far more.
+#[test]
+fn event_mode_agrees_with_the_analytical_mode() {
+    let m = model("llama3-8b");
+    let cases = [
+        ("dgx-h100", 2, "tp = 8\ndp = 2\nmbs = 1\ngbs = 8\nseq = 2048\n"),
+        ("dgx-h100", 2, "tp = 4\npp = 2\ndp = 2\nmbs = 1\ngbs = 8\nseq = 2048\nschedule = \"1f1b\"\n"),
+        ("dgx-h100", 2, "tp = 2\npp = 4\nvpp = 2\ndp = 2\nmbs = 1\ngbs = 8\nseq = 2048\n"),
+        ("dgx-a100", 2, "tp = 4\npp = 4\nmbs = 1\ngbs = 8\nseq = 2048\nschedule = \"gpipe\"\n"),
+    ];
+    for (topo, nodes, text) in cases {
+        let f = built(topo, nodes);
+        let plan = plan_text(&m, f.num_gpus() as u64, text);
+        let (a, _) = step_on_fabric(&f, &m, &plan).unwrap();
+        let e = step_event(&f, &m, &plan, &EventOpts::default()).unwrap();
+        let err = rel_err(e.estimate.step_time_s, a.step_time_s);
+        assert!(
+            err < 0.06,
+            "{topo} {text:?}: event {:.4} s vs analytical {:.4} s ({:+.1}%)",
+            e.estimate.step_time_s,
+            a.step_time_s,
+            err * 100.0
+        );
+        // The breakdown adds up to the step, and compute is the analytical mode's.
+        let b = e.estimate.breakdown;
+        assert!(rel_err(b.total(), e.estimate.step_time_s) < 1e-6, "{text:?}: {b:?}");
+        assert!(rel_err(b.compute, a.breakdown.compute) < 1e-9, "{text:?}");
+    }
+}
+
+/// 1F1B with compute only on the critical path: the pipeline's end in the event run is the
+/// dependency timer of `pipeline.rs` fed with the same op times and the measured transfer
+/// times, to the picosecond rounding of the kernels; and the idle share is the closed form
+/// (p-1)/m up to what the transfers add.
+#[test]
+fn one_f_one_b_bubble_emerges_from_the_dependencies() {
+    let m = model("llama3-8b");
+    let f = built("dgx-h100", 1);
+    // TP 1: no TP collectives; DP 1: no gradient reduction; pipeline transfers overlap.
+    let plan = plan_text(
+        &m,
+        8,
+        "tp = 1\npp = 8\nmbs = 1\ngbs = 16\nseq = 1024\nschedule = \"1f1b\"\npp_comm_overlap = true\n",
+    );
+    let e = step_event(&f, &m, &plan, &EventOpts { sm_slowdown: false, ..EventOpts::default() }).unwrap();
+    let sched = PipelineSchedule::build(Schedule::OneFOneB, 8, 1, 16).unwrap();
+    let op_time = |s: u32, o: &fabricsim::workload::pipeline::PipeOp| -> f64 {
+        let name = format!("stage {s} {:?} mb {} chunk {}", o.pass, o.mb, o.chunk);
+        let j = e.jobs.iter().find(|j| j.name == name).unwrap();
+        (j.end - j.start).as_secs()
+    };
+    let pp_jobs: Vec<f64> =
+        e.jobs.iter().filter(|j| j.kind == StepJobKind::Pp).map(|j| (j.end - j.start).as_secs()).collect();
+    assert_eq!(pp_jobs.len(), 2 * 7 * 16, "one transfer per micro-batch, boundary and direction");
+    let p2p = pp_jobs.iter().sum::<f64>() / pp_jobs.len() as f64;
+    let spread = pp_jobs.iter().map(|t| (t - p2p).abs()).fold(0.0, f64::max);
+    assert!(spread < 1e-3 * p2p, "uncontended transfers take one time: {spread} vs {p2p}");
+    let t = sched.time(op_time, |_, _| p2p).unwrap();
+    let pipe_end =
+        e.jobs.iter().filter(|j| j.kind == StepJobKind::Compute).map(|j| j.end.as_secs()).fold(0.0, f64::max);
+    let ops = 2.0 * 16.0 * 8.0;
+    assert!(
+        (pipe_end - t.makespan).abs() < ops * 2e-12 + 1e-3 * p2p * ops,
+        "event {pipe_end} s vs timer {} s",
+        t.makespan
+    );
+    // The bubble of the breakdown is the timer's without transfers (the stages are not
+    // uniform: embedding on the first, logits on the last, so not exactly (p-1)/m).
+    let ideal = sched.time(op_time, |_, _| 0.0).unwrap();
+    let b = e.estimate.breakdown;
+    let busy = ideal.busy.iter().cloned().fold(0.0, f64::max);
+    assert!(rel_err(b.bubble, ideal.makespan - busy) < 1e-9, "{b:?}");
+}
+
+/// Two DP gradient reductions on groups whose GPUs share a NIC (the PCIe box: four GPUs per
+/// NIC) take longer together than either alone, and longer than on separate NICs.
+#[test]
+fn dp_groups_sharing_a_nic_contend() {
+    use fabricsim::collective::{CollArgs, Collective, Knobs};
+    use fabricsim::exec::simulate::SimOpts;
+    use fabricsim::fabric::Router;
+    use fabricsim::schedule::{DType, RedOp};
+    use fabricsim::workload::concurrent::{CollectiveJob, Concurrent};
+    let f = built("pcie-8gpu", 2);
+    let router = Router::new(&f, 0);
+    let args = CollArgs {
+        coll: Collective::AllReduce,
+        count: 32 << 20,
+        dtype: DType::BF16,
+        redop: RedOp::Sum,
+        root: 0,
+    };
+    let job = |name: &str, ranks: Vec<u32>| CollectiveJob {
+        name: name.into(),
+        ranks,
+        args,
+        choice: None,
+        knobs: Knobs::default(),
+    };
+    let time = |groups: Vec<Vec<u32>>| {
+        let mut w = Concurrent::new(&f, &router);
+        for (i, g) in groups.into_iter().enumerate() {
+            w.add(job(&format!("dp {i}"), g)).unwrap();
+        }
+        w.run(&SimOpts::default()).unwrap().sim.time.as_secs()
+    };
+    let alone = time(vec![vec![0, 8]]);
+    let same_nic = time(vec![vec![0, 8], vec![1, 9]]);
+    let other_nic = time(vec![vec![0, 8], vec![4, 12]]);
+    assert!(same_nic > 1.15 * alone, "sharing a NIC: {same_nic} s vs alone {alone} s");
+    assert!(other_nic < same_nic, "separate NICs: {other_nic} s vs shared {same_nic} s");
+}
+
+/// DP gradient reduction overlapped with the last backward exposes less than the reduction
+/// takes; without overlap it exposes all of it.
+#[test]
+fn overlapped_dp_reduction_exposes_less_than_it_takes() {
+    let m = model("llama3-8b");
+    let f = built("dgx-h100", 2);
+    let text = "tp = 8\ndp = 2\nmbs = 1\ngbs = 4\nseq = 2048\n";
+    let on = plan_text(&m, 16, text);
+    let off = plan_text(&m, 16, &format!("{text}overlap_grad_reduce = false\n"));
+    let opts = EventOpts { sm_slowdown: false, ..EventOpts::default() };
+    let (e_on, e_off) = (step_event(&f, &m, &on, &opts).unwrap(), step_event(&f, &m, &off, &opts).unwrap());
+    let reduce = |e: &fabricsim::workload::lower::EventStep| -> f64 {
+        e.jobs.iter().filter(|j| j.kind == StepJobKind::Dp).map(|j| (j.end - j.start).as_secs()).sum()
+    };
+    let (r_on, r_off) = (reduce(&e_on), reduce(&e_off));
+    assert!(r_on > 0.0 && r_off > 0.0);
+    assert!(
+        e_on.estimate.breakdown.dp < 0.5 * r_on,
+        "overlapped: exposed {} s of {} s",
+        e_on.estimate.breakdown.dp,
+        r_on
+    );
+    // Without overlap the buckets go at once after the backward: the tail is the longest of
+    // them (they share the links), at least the time of the reduction alone.
+    let longest =
+        e_off.jobs.iter().filter(|j| j.kind == StepJobKind::Dp).map(|j| (j.end - j.start).as_secs());
+    let longest = longest.fold(0.0, f64::max);
+    assert!(e_off.estimate.breakdown.dp >= longest * 0.99, "{} vs {longest}", e_off.estimate.breakdown.dp);
+    assert!(e_on.estimate.step_time_s < e_off.estimate.step_time_s);
+}
+
+#[test]
+fn event_mode_is_deterministic_and_names_bad_input() {
+    let m = model("llama3-8b");
+    let f = built("dgx-h100", 1);
+    let plan = plan_text(&m, 8, "tp = 2\npp = 2\ndp = 2\nmbs = 1\ngbs = 4\nseq = 1024\n");
+    let a = step_event(&f, &m, &plan, &EventOpts::default()).unwrap();
+    let b = step_event(&f, &m, &plan, &EventOpts::default()).unwrap();
+    assert_eq!(a, b);
+    let err = step_event(&f, &m, &plan, &EventOpts { max_buckets: 0, ..EventOpts::default() }).unwrap_err();
+    assert!(err.contains("max_buckets"), "{err}");
+    let too_big = Plan { dp: 4, ..plan };
+    let err = step_event(&f, &m, &too_big, &EventOpts::default()).unwrap_err();
+    assert!(err.contains("16") || err.contains("GPUs"), "{err}");
+}

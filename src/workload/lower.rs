@@ -1,0 +1,681 @@
+//! The event-mode training step: one step of a model under a plan lowered to one composed
+//! schedule ([`super::concurrent`]) and timed by the event engine on the fabric, so that the
+//! pipeline bubble, the overlap of gradient reduction with backward, and the contention of
+//! concurrent groups on shared links come out of the dependencies and the links, not out of
+//! a formula.
+//!
+//! What is lowered, per pipeline stage:
+//! - a compute stream: the stage's pipeline ops in the schedule's order ([`PipelineSchedule`]:
+//!   GPipe, 1F1B, interleaved, ZB-H1), each op one kernel per layer of its chunk, whose time
+//!   is the roofline time of the layer's work ([`super::compute`]) plus the exposed part of
+//!   its TP, CP and EP collectives;
+//! - point-to-point transfers between stages as real transfers on the fabric (a two-rank
+//!   broadcast from the sender: one direction, as a pipeline send is), started when the
+//!   producing op ends; the consuming op waits for them; without `pp_comm` overlap the
+//!   sender's next op waits too;
+//! - the data-parallel gradient reduction, bucket by bucket, as real collectives on the
+//!   stage's real data-parallel group (all its replicas), each bucket issued when the
+//!   backward kernels that produce its gradients are done (with `grad_reduce` overlap; at the
+//!   end of the last backward without), buckets in order on one stream; ZeRO-3/FSDP weight
+//!   gathers before every forward and backward (prefetched one op ahead with
+//!   `param_gather`) and gradient reduce-scatters after every backward, on the sharding group;
+//! - the optimizer step after the stage's last reduction, and for ZeRO-1/2 without
+//!   `param_gather` overlap the all-gather of the updated weights after it.
+//!
+//! Overlap costs SMs: an op that runs while collectives of its rank are in flight slows by
+//! the generation's `overlap_slowdown` share of the overlapped time (`gpu_params.toml`). The
+//! overlap is measured on a first run; the ops are lengthened and the step is run again (one
+//! correction, not iterated to a fixed point).
+//!
+//! Symmetry, and what is approximated:
+//! - All data-parallel replicas (and CP and EP peers) run the same program, and the TP ranks
+//!   of a stage run the same program on their own rails. One rank per stage (TP, CP, EP and
+//!   DP index 0) carries the compute stream; every collective of the step that leaves it
+//!   runs on its real group of fabric ranks (a DP bucket on all replicas of the stage), and
+//!   the other ranks of that group start it when the representative reaches the kernel that
+//!   issues it (they reach it at the same time). The other TP ranks' DP groups and pipeline
+//!   transfers are copies on other rails: on a rail-optimized fabric they share no link with
+//!   the representative's except in the spine, whose sharing among them is not simulated.
+//! - TP, CP and EP collectives (several per layer and micro-batch) are timed once per
+//!   distinct (kind, size, group) alone on their real group by the event engine (memoized)
+//!   and enter the layer's kernel with the exposure rules of [`super::analytic`] (TP hidden
+//!   behind the GEMMs with `tp_comm` overlap, ring attention behind the attention core).
+//!   They do not contend with DP or PP traffic in the composed run; inside an NVLink domain
+//!   they share no link with it.
+//! - DP buckets beyond `max_buckets` per gradient reduction are merged into that many
+//!   collectives of the summed size (same bytes, coarser readiness).
+//! - Gradients of a stage become ready evenly over the kernels of the last micro-batch's
+//!   backward (as in the analytical estimate), not layer by layer by parameter count.
+
+use super::analytic::{chunk_costs_and_comms, Breakdown, ChunkComm, StepEstimate};
+use super::comm::{chunk_gather_bytes, grad_reduces, shard_group_kind, CollectiveKind};
+use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
+use super::concurrent::{
+    collective_time, nccl_choice, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError,
+};
+use super::flops::step_flops;
+use super::memory::{memory_by_stage, stage_params};
+use super::model::Model;
+use super::pipeline::{Pass, PipeOp, PipelineSchedule};
+use super::plan::{Coord, Placement, Plan, Sharding};
+use crate::collective::{self, Algo, Choice, CollArgs, Comm, Knobs};
+use crate::exec::simulate::SimOpts;
+use crate::fabric::{Fabric, Router};
+use crate::schedule::{DType, RedOp};
+use crate::units::SimTime;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How to lower a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventOpts {
+    /// Most DP collectives per gradient reduction and stage (more buckets are merged).
+    pub max_buckets: u64,
+    /// Run the second pass that slows overlapped compute by the SM share.
+    pub sm_slowdown: bool,
+}
+
+impl Default for EventOpts {
+    fn default() -> Self {
+        EventOpts { max_buckets: 16, sm_slowdown: true }
+    }
+}
+
+/// What a job of the lowered step is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StepJobKind {
+    /// A pipeline op (forward, backward or weight-gradient pass of one micro-batch).
+    Compute,
+    /// A pipeline transfer between stages.
+    Pp,
+    /// A data-parallel gradient bucket (or the weight all-gather after the optimizer).
+    Dp,
+    /// A ZeRO-3/FSDP weight gather or gradient reduce-scatter.
+    Fsdp,
+    /// The optimizer step.
+    Optimizer,
+}
+
+impl StepJobKind {
+    /// Short name for traces ("compute", "pp", "dp", "fsdp", "optimizer").
+    pub fn name(self) -> &'static str {
+        match self {
+            StepJobKind::Compute => "compute",
+            StepJobKind::Pp => "pp",
+            StepJobKind::Dp => "dp",
+            StepJobKind::Fsdp => "fsdp",
+            StepJobKind::Optimizer => "optimizer",
+        }
+    }
+}
+
+/// One job of the simulated step, with when it ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepJob {
+    /// Its name ("stage 3 F mb 2 chunk 0", "dp bucket 4 stage 3").
+    pub name: String,
+    /// The stage whose representative rank issues it.
+    pub stage: u32,
+    /// What it is.
+    pub kind: StepJobKind,
+    /// Ranks of its communicator (one for compute).
+    pub ranks: usize,
+    /// First op issued.
+    pub start: SimTime,
+    /// Last op done.
+    pub end: SimTime,
+}
+
+/// The event-mode step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventStep {
+    /// Step time, throughput, breakdown and memory, as the analytical estimate reports them.
+    pub estimate: StepEstimate,
+    /// Every job of the final run.
+    pub jobs: Vec<StepJob>,
+    /// Distinct TP/CP/EP collectives timed alone on their groups (memoized).
+    pub memoized: usize,
+    /// Collectives simulated together in the composed step.
+    pub explicit: usize,
+    /// Fabric ranks the composed step touches.
+    pub ranks: usize,
+    /// Engine events of the final run.
+    pub events: u64,
+    /// Runs of the composed step (2 with the SM-slowdown correction).
+    pub runs: u32,
+}
+
+/// Op durations on one stage, in seconds, split for the breakdown.
+#[derive(Clone, Copy, Debug, Default)]
+struct OpParts {
+    compute: f64,
+    tp: f64,
+    cp: f64,
+    ep: f64,
+}
+
+impl OpParts {
+    fn sum(&self) -> f64 {
+        self.compute + self.tp + self.cp + self.ep
+    }
+}
+
+fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool) -> OpParts {
+    match o.pass {
+        Pass::F => OpParts { compute: c.fwd, tp: k.tp_fwd, cp: k.cp_fwd, ep: k.ep_fwd },
+        Pass::B => OpParts {
+            compute: if split { c.bwd_input } else { c.bwd() },
+            tp: k.tp_bwd,
+            cp: k.cp_bwd,
+            ep: k.ep_bwd,
+        },
+        Pass::W => OpParts { compute: c.bwd_weight, ..OpParts::default() },
+    }
+}
+
+/// The simulator's compute rate (it times a kernel by FLOPs over the GPU's BF16 peak, or by
+/// bytes over HBM): kernels carry "effective" FLOPs, the roofline time of
+/// [`super::compute`] times this rate, so that the engine reproduces that time.
+fn engine_rate(f: &Fabric) -> f64 {
+    f.gpu.flops.bf16.max(f.gpu.flops.fp32).max(1.0)
+}
+
+/// A kernel that occupies its GPU for `secs` (rounded to a picosecond).
+fn timed_kernel(rate: f64, label: String, secs: f64) -> Kernel {
+    let ps = (secs.max(0.0) * 1e12).round();
+    let flops = if ps > 0.0 { (ps + 0.5) * rate / 1e12 } else { 0.0 };
+    Kernel { label, flops, bytes: 0 }
+}
+
+/// The call of a collective of `bytes` (nccl-tests' convention) on `n` ranks; `None` when
+/// there is nothing to move.
+fn coll_args(kind: CollectiveKind, bytes: u64, n: u64) -> Option<CollArgs> {
+    use collective::Collective as C;
+    let dtype = DType::BF16;
+    let (coll, per_rank) = match kind {
+        CollectiveKind::AllReduce => (C::AllReduce, false),
+        CollectiveKind::AllGather => (C::AllGather, true),
+        CollectiveKind::ReduceScatter => (C::ReduceScatter, true),
+        CollectiveKind::AllToAll => (C::AllToAll, true),
+        // A pipeline transfer goes one way: a broadcast from the sender (rank 0).
+        CollectiveKind::SendRecv => (C::Broadcast, false),
+    };
+    let count = if per_rank { bytes / n.max(1) / dtype.size() } else { bytes / dtype.size() };
+    (count > 0 && n > 1).then_some(CollArgs { coll, count, dtype, redop: RedOp::Sum, root: 0 })
+}
+
+/// One job of a build: stage, kind, name, communicator size, and for a pipeline transfer
+/// the stage it goes to.
+struct JobMeta {
+    stage: u32,
+    kind: StepJobKind,
+    name: String,
+    ranks: usize,
+    to: Option<u32>,
+    /// For a pipeline transfer, the op that produces what it sends (its receiver is posted
+    /// from the start; the transfer runs from the end of that op).
+    from: Option<JobId>,
+}
+
+/// Where the jobs of one build are.
+struct Built {
+    /// Per stage, per pipeline op: its compute job.
+    ops: Vec<Vec<JobId>>,
+    /// Per stage: the optimizer job.
+    opt: Vec<JobId>,
+    /// Every job, in the order added.
+    jobs: Vec<JobMeta>,
+    /// Fabric ranks the jobs run on.
+    touched: BTreeSet<u32>,
+}
+
+impl Built {
+    fn push(&mut self, stage: u32, kind: StepJobKind, name: String, ranks: &[u32], to: Option<u32>) {
+        self.touched.extend(ranks.iter().copied());
+        self.jobs.push(JobMeta { stage, kind, name, ranks: ranks.len(), to, from: None });
+    }
+}
+
+fn job(name: &str, ranks: &[u32], args: CollArgs) -> CollectiveJob {
+    CollectiveJob {
+        name: name.to_string(),
+        ranks: ranks.to_vec(),
+        args,
+        choice: None,
+        knobs: Knobs::default(),
+    }
+}
+
+/// A collective that runs several times on the same group in one step (DP buckets, FSDP
+/// gathers). Workaround for a simulator limitation: two collectives on the same ranks that
+/// use switch groups (CollNet/SHARP, NVLS) and start at different times deadlock in one
+/// composed schedule, so where NCCL would pick such an algorithm these run as rings (same
+/// protocol and channels). SHARP's in-network reduction is then not used by the event mode's
+/// repeated collectives; the analytical mode and the memoized TP/CP/EP collectives keep it.
+fn repeated_job(f: &Fabric, router: &Router, name: &str, ranks: &[u32], args: CollArgs) -> CollectiveJob {
+    let mut j = job(name, ranks, args);
+    let comm = Comm::from_ranks(f, router, ranks);
+    if let Some(c) = nccl_choice(&comm, &args) {
+        if matches!(c.algo, Algo::CollNetDirect | Algo::CollNetChain | Algo::Nvls | Algo::NvlsTree) {
+            j.choice = Some(Choice { algo: Algo::Ring, proto: c.proto, nchannels: c.nchannels });
+        }
+    }
+    j
+}
+
+/// Simulates one training step of `model` under `plan` on fabric `f` in the event mode. The
+/// plan must have `plan.world()` no larger than the fabric's GPU count.
+pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> Result<EventStep, String> {
+    plan.check(model, plan.world()).map_err(|e| e.to_string())?;
+    plan.check_gpu(&f.gpu).map_err(|e| e.to_string())?;
+    if plan.world() > f.num_gpus() as u64 {
+        return Err(format!("the plan uses {} GPUs but the fabric has {}", plan.world(), f.num_gpus()));
+    }
+    if opts.max_buckets == 0 {
+        return Err("max_buckets must be at least 1".into());
+    }
+    let params = GpuParams::for_generation(f.gpu.generation)?;
+    let r = Roofline::new(&f.gpu, plan.dtype, params)?;
+    let router = Router::new(f, 0);
+    let pl = Placement::new(plan);
+    let m = plan.microbatches();
+    let sched = PipelineSchedule::build(plan.schedule(), plan.pp as u32, plan.vpp as u32, m as u32)?;
+    let pp = plan.pp as usize;
+    let rep = |s: usize| pl.rank(Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: s as u64 });
+
+    // TP, CP and EP collectives: each distinct one timed alone on its real group.
+    type Key = (u8, u64, Vec<u64>);
+    let cache: RefCell<BTreeMap<Key, f64>> = RefCell::new(BTreeMap::new());
+    let failure: RefCell<Option<String>> = RefCell::new(None);
+    let price = |kind: CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
+        let key = (kind as u8, bytes, ranks.to_vec());
+        if let Some(&t) = cache.borrow().get(&key) {
+            return t;
+        }
+        let rr: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
+        let t = collective_time(f, &router, kind, bytes, &rr, DType::BF16).unwrap_or_else(|e| {
+            failure.borrow_mut().get_or_insert(format!("{kind:?} of {bytes} B on ranks {ranks:?}: {e}"));
+            0.0
+        });
+        cache.borrow_mut().insert(key, t);
+        t
+    };
+    let (costs, comms) = chunk_costs_and_comms(model, plan, &r, &pl, &price);
+    if let Some(e) = failure.into_inner() {
+        return Err(format!("a collective of the step could not be simulated: {e}"));
+    }
+    let memoized = cache.borrow().len();
+    let split = sched.splits_backward();
+    let parts: Vec<Vec<OpParts>> = (0..pp)
+        .map(|s| {
+            sched.ops[s]
+                .iter()
+                .map(|o| op_parts(&costs[s][o.chunk as usize], &comms[s][o.chunk as usize], o, split))
+                .collect()
+        })
+        .collect();
+    let index: Vec<BTreeMap<(u32, u32, Pass), usize>> = sched
+        .ops
+        .iter()
+        .map(|l| l.iter().enumerate().map(|(i, o)| ((o.mb, o.chunk, o.pass), i)).collect())
+        .collect();
+    let at = |s: u32, o: &PipeOp| index[s as usize][&(o.mb, o.chunk, o.pass)];
+    let chunk_layers = (model.layers / (plan.pp * plan.vpp)).max(1) as u32;
+    let last_k = chunk_layers - 1;
+    let rate = engine_rate(f);
+    let optimizer: Vec<f64> = (0..pp)
+        .map(|s| {
+            let (dense, experts) = stage_params(model, plan, s as u64);
+            let local = if matches!(plan.sharding, Sharding::Zero(0)) {
+                dense + experts
+            } else {
+                dense / plan.shard_group() + experts / plan.expert_dp()
+            };
+            optimizer_time(&r, local)
+        })
+        .collect();
+    let p2p = super::comm::p2p_bytes(model, plan);
+
+    let build = |extra: &[Vec<f64>]| -> Result<(Concurrent, Built), String> {
+        let e = |x: WorkloadError| x.to_string();
+        let mut w = Concurrent::new(f, &router);
+        let mut b = Built { ops: Vec::new(), opt: Vec::new(), jobs: Vec::new(), touched: BTreeSet::new() };
+        // Compute streams: each pipeline op one kernel per layer of its chunk.
+        for s in 0..pp {
+            let rank = rep(s) as u32;
+            let mut ids: Vec<JobId> = Vec::with_capacity(sched.ops[s].len());
+            for (i, o) in sched.ops[s].iter().enumerate() {
+                let per = (parts[s][i].sum() + extra[s][i]) / chunk_layers as f64;
+                let name = format!("stage {s} {:?} mb {} chunk {}", o.pass, o.mb, o.chunk);
+                let kernels: Vec<Kernel> =
+                    (0..chunk_layers).map(|l| timed_kernel(rate, format!("{name} layer {l}"), per)).collect();
+                let id = w.add_compute(&name, rank, &kernels).map_err(e)?;
+                if let Some(&prev) = ids.last() {
+                    w.after(id, prev);
+                }
+                ids.push(id);
+                b.push(s as u32, StepJobKind::Compute, name, &[rank], None);
+            }
+            b.ops.push(ids);
+        }
+        // Pipeline transfers: after the producing op, before the consuming one.
+        for s in 0..pp {
+            for (i, o) in sched.ops[s].iter().enumerate() {
+                let Some((ds, d)) = sched.dependency(s as u32, o) else { continue };
+                let Some(args) = coll_args(CollectiveKind::SendRecv, p2p, 2) else { continue };
+                if ds as usize == s {
+                    continue;
+                }
+                let ranks = [rep(ds as usize) as u32, rep(s) as u32];
+                let name = format!("pp {:?} mb {} stage {ds} -> {s}", o.pass, o.mb);
+                let id = w.add(job(&name, &ranks, args)).map_err(e)?;
+                let di = at(ds, &d);
+                w.after_kernel(id, b.ops[ds as usize][di], last_k);
+                w.kernel_after(b.ops[s][i], 0, id);
+                if !plan.overlap.pp_comm {
+                    if let Some(&next) = b.ops[ds as usize].get(di + 1) {
+                        w.after(next, id);
+                    }
+                }
+                b.push(ds, StepJobKind::Pp, name, &ranks, Some(s as u32));
+                if let Some(meta) = b.jobs.last_mut() {
+                    meta.from = Some(b.ops[ds as usize][di]);
+                }
+            }
+        }
+        // ZeRO-3 / FSDP: a weight gather before every forward and backward (issued when the
+        // previous op starts with prefetching, when it ends without), a gradient
+        // reduce-scatter after every backward; gathers in order on one stream, reductions
+        // on another.
+        if plan.sharding.shards_params() {
+            for s in 0..pp {
+                let group: Vec<u32> =
+                    pl.group_of(shard_group_kind(plan), rep(s)).iter().map(|&x| x as u32).collect();
+                let n = group.len() as u64;
+                for (i, o) in sched.ops[s].iter().enumerate() {
+                    if o.pass == Pass::W {
+                        continue;
+                    }
+                    let bytes = chunk_gather_bytes(model, plan, s as u64, o.chunk as u64);
+                    if let Some(args) = coll_args(CollectiveKind::AllGather, bytes, n) {
+                        let name =
+                            format!("fsdp gather {:?} mb {} chunk {} stage {s}", o.pass, o.mb, o.chunk);
+                        let id = w.add(repeated_job(f, &router, &name, &group, args)).map_err(e)?;
+                        if i > 0 {
+                            let k = if plan.overlap.param_gather { 0 } else { last_k };
+                            w.after_kernel_on_all_ranks(id, b.ops[s][i - 1], k);
+                        }
+                        w.kernel_after(b.ops[s][i], 0, id);
+                        b.push(s as u32, StepJobKind::Fsdp, name, &group, None);
+                    }
+                    if o.pass == Pass::B {
+                        if let Some(args) = coll_args(CollectiveKind::ReduceScatter, bytes, n) {
+                            let name = format!("fsdp reduce-scatter mb {} chunk {} stage {s}", o.mb, o.chunk);
+                            let id = w.add(repeated_job(f, &router, &name, &group, args)).map_err(e)?;
+                            w.after_kernel_on_all_ranks(id, b.ops[s][i], last_k);
+                            b.push(s as u32, StepJobKind::Fsdp, name, &group, None);
+                        }
+                    }
+                }
+            }
+        }
+        // Data-parallel gradient buckets, then the optimizer.
+        #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
+        for s in 0..pp {
+            let rank = rep(s);
+            // The kernels of the last micro-batch's backward, in the stage's order.
+            let window: Vec<(usize, u32)> = sched.ops[s]
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| o.mb as u64 == m - 1 && o.pass != Pass::F)
+                .flat_map(|(i, _)| (0..chunk_layers).map(move |k| (i, k)))
+                .collect();
+            let last_op = sched.ops[s].len() - 1;
+            let mut buckets: Vec<(usize, CollectiveKind, Vec<u32>, u64, u64)> = Vec::new();
+            let mut gathers = Vec::new();
+            for g in grad_reduces(model, plan, s as u64) {
+                let ranks: Vec<u32> = pl.group_of(g.group, rank).iter().map(|&x| x as u32).collect();
+                let nb = g.buckets.min(opts.max_buckets).max(1);
+                let bytes = g.bytes.div_ceil(nb);
+                for j in 0..nb {
+                    let ready = if plan.overlap.grad_reduce {
+                        ((j + 1) as usize * window.len()).div_ceil(nb as usize).max(1) - 1
+                    } else {
+                        window.len() - 1
+                    };
+                    buckets.push((ready, g.kind, ranks.clone(), bytes, j));
+                }
+                if g.gather_after && !plan.overlap.param_gather {
+                    gathers.push((ranks, g.bytes));
+                }
+            }
+            buckets.sort_by_key(|b| b.0);
+            // Buckets that become ready at the same kernel on the same group go as one.
+            let mut merged: Vec<(usize, CollectiveKind, Vec<u32>, u64, u64)> = Vec::new();
+            for bk in buckets {
+                match merged.last_mut() {
+                    Some(l) if (l.0, l.1, &l.2) == (bk.0, bk.1, &bk.2) => l.3 += bk.3,
+                    _ => merged.push(bk),
+                }
+            }
+            let buckets = merged;
+            let mut dp_jobs = Vec::new();
+            for (ready, kind, ranks, bytes, j) in buckets {
+                let Some(args) = coll_args(kind, bytes, ranks.len() as u64) else { continue };
+                let name = format!("dp {kind:?} bucket {j} on {} ranks, stage {s}", ranks.len());
+                let id = w.add(repeated_job(f, &router, &name, &ranks, args)).map_err(e)?;
+                let (op, k) = window[ready];
+                w.after_kernel_on_all_ranks(id, b.ops[s][op], k);
+                dp_jobs.push(id);
+                b.push(s as u32, StepJobKind::Dp, name, &ranks, None);
+            }
+            let name = format!("stage {s} optimizer");
+            let opt = w
+                .add_compute(&name, rank as u32, &[timed_kernel(rate, name.clone(), optimizer[s])])
+                .map_err(e)?;
+            w.after(opt, b.ops[s][last_op]);
+            for &d in &dp_jobs {
+                w.after(opt, d);
+            }
+            b.push(s as u32, StepJobKind::Optimizer, name, &[rank as u32], None);
+            b.opt.push(opt);
+            for (ranks, bytes) in gathers {
+                let Some(args) = coll_args(CollectiveKind::AllGather, bytes, ranks.len() as u64) else {
+                    continue;
+                };
+                let name = format!("dp weight all-gather on {} ranks, stage {s}", ranks.len());
+                let id = w.add(job(&name, &ranks, args)).map_err(e)?;
+                w.after_kernel_on_all_ranks(id, opt, 0);
+                b.push(s as u32, StepJobKind::Dp, name, &ranks, None);
+            }
+        }
+        Ok((w, b))
+    };
+    let run = |extra: &[Vec<f64>]| -> Result<(Outcome, Built), String> {
+        let (w, b) = build(extra)?;
+        let out = w.run(&SimOpts::default()).map_err(|e| e.to_string())?;
+        Ok((out, b))
+    };
+
+    let zero: Vec<Vec<f64>> = sched.ops.iter().map(|l| vec![0.0; l.len()]).collect();
+    let (mut out, mut built) = run(&zero)?;
+    let mut runs = 1;
+    let share = params.overlap_slowdown;
+    // Per stage and op: the slowdown from PP transfers and from DP/FSDP collectives.
+    let mut slow: Vec<Vec<(f64, f64)>> = sched.ops.iter().map(|l| vec![(0.0, 0.0); l.len()]).collect();
+    if opts.sm_slowdown && share > 0.0 {
+        let ov = overlaps(&out, &built, pp);
+        if ov.iter().flatten().any(|o| o.0 + o.1 > 0.0) {
+            slow = ov.iter().map(|l| l.iter().map(|&(a, b)| (share * a, share * b)).collect()).collect();
+            let extra: Vec<Vec<f64>> = slow.iter().map(|l| l.iter().map(|x| x.0 + x.1).collect()).collect();
+            (out, built) = run(&extra)?;
+            runs = 2;
+        }
+    }
+
+    // The breakdown, read off the run: the busiest stage's work, the pipeline's idle time
+    // split into the bubble (what the dependencies alone leave idle with these op times) and
+    // transfer delays, and the tail after the pipeline (gradient reduction, optimizer).
+    let secs = |t: SimTime| t.as_secs();
+    let span = |id: JobId| {
+        let j = &out.jobs[id.0 as usize];
+        secs(j.end) - secs(j.start)
+    };
+    let dur = |s: usize, i: usize| span(built.ops[s][i]);
+    let busy: Vec<f64> = (0..pp).map(|s| (0..sched.ops[s].len()).map(|i| dur(s, i)).sum()).collect();
+    let star = (0..pp).fold(0, |a, b| if busy[b] > busy[a] { b } else { a });
+    let pipe_end = built.ops.iter().flatten().map(|id| secs(out.jobs[id.0 as usize].end)).fold(0.0, f64::max);
+    let mut sum = OpParts::default();
+    let (mut slow_pp, mut slow_dp) = (0.0, 0.0);
+    for (i, p) in parts[star].iter().enumerate() {
+        sum.compute += p.compute;
+        sum.tp += p.tp;
+        sum.cp += p.cp;
+        sum.ep += p.ep;
+        slow_pp += slow[star][i].0;
+        slow_dp += slow[star][i].1;
+    }
+    let ideal = sched.time(|s, o| dur(s as usize, at(s, o)), |_, _| 0.0)?;
+    let bubble = (ideal.makespan - ideal.busy[star]).max(0.0);
+    let gaps = (pipe_end - busy[star] - bubble).max(0.0);
+    // Under ZeRO-3/FSDP the gaps beyond the bubble are transfers and weight gathers: the
+    // transfers' share is what their measured times add to the dependency timer.
+    let (gap_pp, gap_dp) = if plan.sharding.shards_params() {
+        let mut p2p_t: BTreeMap<u32, (f64, u32)> = BTreeMap::new();
+        for (k, meta) in built.jobs.iter().enumerate() {
+            if meta.kind == StepJobKind::Pp {
+                let (a, z) = interval(&out, &built, k);
+                let e = p2p_t.entry(meta.stage).or_insert((0.0, 0));
+                e.0 += secs(z) - secs(a);
+                e.1 += 1;
+            }
+        }
+        let with = sched.time(
+            |s, o| dur(s as usize, at(s, o)),
+            |from, _| p2p_t.get(&from).map_or(0.0, |&(t, n)| t / n as f64),
+        )?;
+        let pp_part = (with.makespan - ideal.makespan).clamp(0.0, gaps);
+        (pp_part, gaps - pp_part)
+    } else {
+        (gaps, 0.0)
+    };
+    let step = secs(out.sim.time);
+    let opt = built.opt.iter().map(|&id| span(id)).fold(0.0, f64::max);
+    let breakdown = Breakdown {
+        compute: sum.compute,
+        tp: sum.tp,
+        cp: sum.cp,
+        ep: sum.ep,
+        pp: gap_pp + slow_pp,
+        dp: (step - pipe_end - opt).max(0.0) + gap_dp + slow_dp,
+        bubble,
+        optimizer: opt,
+    };
+    let flops = step_flops(model, plan);
+    let gpus = plan.world() as f64;
+    let memory_by_stage = memory_by_stage(model, plan)?;
+    let memory = memory_by_stage
+        .iter()
+        .copied()
+        .max_by_key(|m| (m.total(), std::cmp::Reverse(m.stage)))
+        .ok_or_else(|| "no stage".to_string())?;
+    let model_flops_per_gpu = flops.model / (step * gpus);
+    let estimate = StepEstimate {
+        step_time_s: step,
+        tokens_per_s: (plan.gbs * plan.seq(model)) as f64 / step,
+        model_tflops_per_gpu: model_flops_per_gpu / 1e12,
+        hardware_tflops_per_gpu: flops.hardware / (step * gpus) / 1e12,
+        mfu: model_flops_per_gpu / r.peak_flops,
+        breakdown,
+        memory,
+        memory_by_stage,
+        microbatches: m,
+    };
+    let jobs: Vec<StepJob> = built
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(k, meta)| {
+            let (start, end) = interval(&out, &built, k);
+            StepJob {
+                name: meta.name.clone(),
+                stage: meta.stage,
+                kind: meta.kind,
+                ranks: meta.ranks,
+                start,
+                end,
+            }
+        })
+        .collect();
+    let explicit =
+        jobs.iter().filter(|j| !matches!(j.kind, StepJobKind::Compute | StepJobKind::Optimizer)).count();
+    Ok(EventStep {
+        estimate,
+        jobs,
+        memoized,
+        explicit,
+        ranks: built.touched.len(),
+        events: out.sim.events,
+        runs,
+    })
+}
+
+/// Per stage and op of the representative: how long it overlapped pipeline transfers and
+/// DP/FSDP collectives that involve its rank (the union of their intervals).
+fn overlaps(out: &Outcome, b: &Built, pp: usize) -> Vec<Vec<(f64, f64)>> {
+    // Intervals of collectives per stage and kind (a PP transfer counts on both its ends).
+    let mut pp_iv: Vec<Vec<(SimTime, SimTime)>> = vec![Vec::new(); pp];
+    let mut dp_iv: Vec<Vec<(SimTime, SimTime)>> = vec![Vec::new(); pp];
+    for (k, meta) in b.jobs.iter().enumerate() {
+        let t = interval(out, b, k);
+        let stage = meta.stage as usize;
+        match meta.kind {
+            StepJobKind::Pp => {
+                pp_iv[stage].push(t);
+                if let Some(to) = meta.to {
+                    pp_iv[to as usize].push(t);
+                }
+            }
+            StepJobKind::Dp | StepJobKind::Fsdp => dp_iv[stage].push(t),
+            _ => {}
+        }
+    }
+    (0..pp)
+        .map(|s| {
+            let (pu, du) = (union(&mut pp_iv[s]), union(&mut dp_iv[s]));
+            b.ops[s]
+                .iter()
+                .map(|id| {
+                    let t = &out.jobs[id.0 as usize];
+                    (covered(&pu, t.start, t.end), covered(&du, t.start, t.end))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// When job `k` ran: a pipeline transfer from the end of the op that produces its data (its
+/// receiving side is posted from the start), any other job from its first op.
+fn interval(out: &Outcome, b: &Built, k: usize) -> (SimTime, SimTime) {
+    let t = &out.jobs[k];
+    match b.jobs[k].from {
+        Some(p) => (out.jobs[p.0 as usize].end.min(t.end), t.end),
+        None => (t.start, t.end),
+    }
+}
+
+fn union(iv: &mut [(SimTime, SimTime)]) -> Vec<(SimTime, SimTime)> {
+    iv.sort();
+    let mut out: Vec<(SimTime, SimTime)> = Vec::new();
+    for &(a, b) in iv.iter() {
+        match out.last_mut() {
+            Some(l) if a <= l.1 => l.1 = l.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+fn covered(u: &[(SimTime, SimTime)], a: SimTime, b: SimTime) -> f64 {
+    u.iter().map(|&(x, y)| (y.min(b).as_secs() - x.max(a).as_secs()).max(0.0)).sum()
+}
