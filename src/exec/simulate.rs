@@ -1153,6 +1153,11 @@ impl<'a> Sim<'a> {
     /// Records that op `op` of simulated stream `k` was issued with `n` flows outstanding.
     fn issued(&mut self, k: u32, op: u32, n: u8, now: SimTime) {
         self.streams[k as usize].ops.issue(op, n);
+        if n == 0 {
+            // Complete at issue (a wait, an empty op): whoever waits for it, or for the
+            // whole stream, may go on.
+            self.wake_waiters(k, op);
+        }
         if let Some(log) = &mut self.op_log {
             let span = OpSpan {
                 part: self.streams[k as usize].part,
@@ -1178,19 +1183,8 @@ impl<'a> Sim<'a> {
                 log.spans[i].end = self.now;
             }
         }
+        self.wake_waiters(k, op);
         let ss = &mut self.streams[k as usize];
-        // Wake the streams waiting for exactly this op, and this stream if its next op
-        // depends on it.
-        let all = ss.ops.done_below >= ss.len;
-        let mut i = 0;
-        while i < ss.waiters.len() {
-            if ss.waiters[i].0 == op || (all && ss.waiters[i].0 == OpId::END) {
-                let (_, w) = ss.waiters.swap_remove(i);
-                self.pending_wakes.push(w);
-            } else {
-                i += 1;
-            }
-        }
         let si = self.sim_streams[k as usize] as usize;
         let prog = &self.s.programs[self.s.streams[si].program as usize].instrs;
         if let Some(next) = prog.get(ss.pc as usize) {
@@ -1199,6 +1193,22 @@ impl<'a> Sim<'a> {
             if room || (next.after > 0 && ss.pc - next.after == op) {
                 ss.room_blocked = false;
                 self.pending_wakes.push(k);
+            }
+        }
+    }
+
+    /// Queues the streams waiting for op `op` of stream `k`, or for all of `k` once it is
+    /// complete.
+    fn wake_waiters(&mut self, k: u32, op: u32) {
+        let ss = &mut self.streams[k as usize];
+        let all = ss.ops.done_below >= ss.len;
+        let mut i = 0;
+        while i < ss.waiters.len() {
+            if ss.waiters[i].0 == op || (all && ss.waiters[i].0 == OpId::END) {
+                let (_, w) = ss.waiters.swap_remove(i);
+                self.pending_wakes.push(w);
+            } else {
+                i += 1;
             }
         }
     }

@@ -50,15 +50,13 @@
 use super::analytic::{chunk_costs_and_comms, Breakdown, ChunkComm, StepEstimate};
 use super::comm::{chunk_gather_bytes, grad_reduces, shard_group_kind, CollectiveKind};
 use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
-use super::concurrent::{
-    collective_time, nccl_choice, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError,
-};
+use super::concurrent::{collective_time, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
 use super::flops::step_flops;
 use super::memory::{memory_by_stage, stage_params};
 use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineSchedule};
 use super::plan::{Coord, Placement, Plan, Sharding};
-use crate::collective::{self, Algo, Choice, CollArgs, Comm, Knobs};
+use crate::collective::{self, CollArgs, Knobs};
 use crate::exec::simulate::SimOpts;
 use crate::fabric::{Fabric, Router};
 use crate::schedule::{DType, RedOp};
@@ -246,23 +244,6 @@ fn job(name: &str, ranks: &[u32], args: CollArgs) -> CollectiveJob {
     }
 }
 
-/// A collective that runs several times on the same group in one step (DP buckets, FSDP
-/// gathers). Workaround for a simulator limitation: two collectives on the same ranks that
-/// use switch groups (CollNet/SHARP, NVLS) and start at different times deadlock in one
-/// composed schedule, so where NCCL would pick such an algorithm these run as rings (same
-/// protocol and channels). SHARP's in-network reduction is then not used by the event mode's
-/// repeated collectives; the analytical mode and the memoized TP/CP/EP collectives keep it.
-fn repeated_job(f: &Fabric, router: &Router, name: &str, ranks: &[u32], args: CollArgs) -> CollectiveJob {
-    let mut j = job(name, ranks, args);
-    let comm = Comm::from_ranks(f, router, ranks);
-    if let Some(c) = nccl_choice(&comm, &args) {
-        if matches!(c.algo, Algo::CollNetDirect | Algo::CollNetChain | Algo::Nvls | Algo::NvlsTree) {
-            j.choice = Some(Choice { algo: Algo::Ring, proto: c.proto, nchannels: c.nchannels });
-        }
-    }
-    j
-}
-
 /// Simulates one training step of `model` under `plan` on fabric `f` in the event mode. The
 /// plan must have `plan.world()` no larger than the fabric's GPU count.
 pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> Result<EventStep, String> {
@@ -400,7 +381,7 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
                     if let Some(args) = coll_args(CollectiveKind::AllGather, bytes, n) {
                         let name =
                             format!("fsdp gather {:?} mb {} chunk {} stage {s}", o.pass, o.mb, o.chunk);
-                        let id = w.add(repeated_job(f, &router, &name, &group, args)).map_err(e)?;
+                        let id = w.add(job(&name, &group, args)).map_err(e)?;
                         if i > 0 {
                             let k = if plan.overlap.param_gather { 0 } else { last_k };
                             w.after_kernel_on_all_ranks(id, b.ops[s][i - 1], k);
@@ -411,7 +392,7 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
                     if o.pass == Pass::B {
                         if let Some(args) = coll_args(CollectiveKind::ReduceScatter, bytes, n) {
                             let name = format!("fsdp reduce-scatter mb {} chunk {} stage {s}", o.mb, o.chunk);
-                            let id = w.add(repeated_job(f, &router, &name, &group, args)).map_err(e)?;
+                            let id = w.add(job(&name, &group, args)).map_err(e)?;
                             w.after_kernel_on_all_ranks(id, b.ops[s][i], last_k);
                             b.push(s as u32, StepJobKind::Fsdp, name, &group, None);
                         }
@@ -463,7 +444,7 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
             for (ready, kind, ranks, bytes, j) in buckets {
                 let Some(args) = coll_args(kind, bytes, ranks.len() as u64) else { continue };
                 let name = format!("dp {kind:?} bucket {j} on {} ranks, stage {s}", ranks.len());
-                let id = w.add(repeated_job(f, &router, &name, &ranks, args)).map_err(e)?;
+                let id = w.add(job(&name, &ranks, args)).map_err(e)?;
                 let (op, k) = window[ready];
                 w.after_kernel_on_all_ranks(id, b.ops[s][op], k);
                 dp_jobs.push(id);

@@ -465,3 +465,37 @@ fn a_group_that_is_a_prefix_of_a_larger_fabric_runs_as_on_its_own() {
     let (a, b) = (time(&small), time(&big));
     assert!((b / a - 1.0).abs() < 0.01, "2 nodes {a} s, the same ranks of 8 nodes {b} s");
 }
+
+#[test]
+fn collectives_on_switch_groups_run_one_after_another_on_the_same_ranks() {
+    // Reported by the training layer: two NVLS (or CollNet) collectives on the same ranks in
+    // one composed schedule, one after the other or side by side, stalled. Each must end, the
+    // second after the first when ordered, and alone each takes what it takes on its own.
+    let cases = [
+        ("dgx-h100.toml", None, Algo::Nvls, 0..2u32),
+        ("dgx-h100.toml", None, Algo::Nvls, 0..8),
+        ("superpod-h100.toml", Some(2), Algo::CollNetDirect, 0..16),
+        ("superpod-h100.toml", Some(2), Algo::Nvls, 0..16),
+    ];
+    for (topo, nodes, algo, ranks) in cases {
+        let f = fabric(topo, nodes);
+        let router = Router::new(&f, 0);
+        let c = Some(Choice { algo, proto: Proto::Simple, nchannels: 4 });
+        let a = job("a", ranks.clone(), allreduce(8 << 20, DType::BF16), c);
+        let b = job("b", ranks.clone(), allreduce(4 << 20, DType::BF16), c);
+        let solo = &run(&f, std::slice::from_ref(&b))[0];
+        let alone = solo.end.as_us() - solo.start.as_us();
+        let mut w = Concurrent::new(&f, &router);
+        let ja = w.add(a.clone()).unwrap();
+        let jb = w.add(b.clone()).unwrap();
+        w.after(jb, ja);
+        let t = w.run(&unfolded()).unwrap_or_else(|e| panic!("{topo} {algo:?} ordered: {e}")).jobs;
+        // Each rank starts b when its own streams of a are done: after most of a, and b ends
+        // at least its own time after a's end minus the overlap.
+        let (a_us, b_end) = ((t[0].end.as_us() - t[0].start.as_us()), t[1].end.as_us());
+        assert!(t[1].start.as_us() >= t[0].start.as_us() + 0.5 * a_us, "{topo} {algo:?}: {t:?}");
+        assert!(b_end >= t[0].end.as_us() + 0.5 * alone, "{topo} {algo:?}: {t:?}, alone {alone} us");
+        let side = run(&f, &[a, b]);
+        assert!(side.iter().all(|j| j.end > SimTime::ZERO), "{topo} {algo:?}: {side:?}");
+    }
+}
