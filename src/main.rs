@@ -35,6 +35,8 @@ enum Command {
     Validate(cli::validate::ValidateArgs),
     /// One training step of a model under a plan (--tp --pp --vpp --cp --dp --ep --mbs --gbs ...): time, MFU, breakdown, memory.
     Train(cli::train::TrainArgs),
+    /// Fit the model's parameters to nccl-tests logs or CSVs and write a calibration profile (--topology, -o).
+    Calibrate(cli::calibrate::CalibrateArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         Command::Report(a) => cli::report::run(a),
         Command::Validate(a) => cli::validate::run(a),
         Command::Train(a) => cli::train::run(a),
+        Command::Calibrate(a) => cli::calibrate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

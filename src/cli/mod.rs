@@ -2,6 +2,7 @@
 //! Only this binary-side code prints to the terminal or touches the process.
 
 pub mod bench;
+pub mod calibrate;
 pub mod merge;
 pub mod plot;
 pub mod report;
