@@ -58,11 +58,12 @@ pub struct FitDataset {
     pub measured: Vec<Measured>,
 }
 
-/// What a log header would have said, for a CSV of measurements.
+/// What a log header would have said: the launch of a CSV of measurements, or what a log
+/// that does not say it (rows without a header) was run with.
 #[derive(Clone, Debug, Default)]
 pub struct CsvLaunch {
     /// Collective (`allreduce`, `all_gather`...).
-    pub collective: String,
+    pub collective: Option<String>,
     /// Nodes.
     pub nodes: Option<u32>,
     /// GPUs per node.
@@ -108,23 +109,37 @@ impl FitDataset {
     }
 
     /// Reads an nccl-tests log: the collective, nodes, GPUs per node, `-g` and the NCCL
-    /// variables come from the log itself; the out-of-place times are the measurements.
-    pub fn from_log(path: &Path, spec: Arc<TopologySpec>) -> Result<FitDataset, FitError> {
+    /// variables come from the log itself, and from `launch` where the log does not say
+    /// them (a log that disagrees with `launch` is an error); the out-of-place times are the
+    /// measurements.
+    pub fn from_log(path: &Path, spec: Arc<TopologySpec>, launch: &CsvLaunch) -> Result<FitDataset, FitError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| FitError::Io { file: path.display().to_string(), source })?;
         let log = nccl_log::parse(&text, path)?;
         let at = |line: usize, msg: String| FitError::At { file: path.display().to_string(), line, col: 1, msg };
-        let Some(coll) = log.collective else {
-            let msg = match &log.test {
-                Some((t, _)) => format!("fabricsim does not model {t}; fittable tests: {}", collective_names()),
-                None => "no nccl-tests binary is named (all_reduce_perf, all_gather_perf...): the collective \
-                         is unknown"
-                    .to_string(),
-            };
-            return Err(match &log.test {
-                Some((_, line)) => at(*line, msg),
-                None => invalid(path, msg),
-            });
+        let given = match &launch.collective {
+            Some(c) => Some(Collective::parse(c).ok_or_else(|| {
+                invalid(path, format!("unknown collective {c:?} (-c); valid: {}", collective_names()))
+            })?),
+            None => None,
+        };
+        let coll = match (&log.test, log.collective, given) {
+            (Some((t, line)), None, _) => {
+                return Err(at(*line, format!("fabricsim does not model {t}; fittable: {}", collective_names())))
+            }
+            (Some((t, line)), Some(c), Some(g)) if c != g => {
+                return Err(at(*line, format!("the log is {t} ({}), not {} as -c says", c.name(), g.name())))
+            }
+            (_, Some(c), _) => c,
+            (None, None, Some(g)) => g,
+            (None, None, None) => {
+                return Err(invalid(
+                    path,
+                    "the log names no nccl-tests binary (all_reduce_perf...): its collective is unknown; give \
+                     it with -c"
+                        .into(),
+                ))
+            }
         };
         let measured: Vec<Measured> = log
             .rows
@@ -142,11 +157,22 @@ impl FitDataset {
         let mut cfg = BenchConfig {
             coll,
             sizes: measured.iter().map(|m| m.size_bytes).collect(),
-            gpus_per_thread: log.header.as_ref().map_or(1, |h| h.gpus_per_process.max(1)),
+            gpus_per_thread: log
+                .header
+                .as_ref()
+                .map(|h| h.gpus_per_process)
+                .or(launch.ngpus)
+                .unwrap_or(1)
+                .max(1),
             ..Default::default()
         };
         if let Some(dt) = log.rows.first().and_then(|r| DType::parse(&r.dtype)) {
             cfg.dtype = dt;
+        }
+        for (k, v) in [("NCCL_ALGO", &launch.algo), ("NCCL_PROTO", &launch.proto)] {
+            if let Some(v) = v {
+                cfg.env.set(k, v, coll).map_err(|e| invalid(path, format!("{k}={v}: {e}")))?;
+            }
         }
         for (k, v) in &log.env {
             // NCCL reports many variables (sockets, debug); only those that change the
@@ -157,27 +183,52 @@ impl FitDataset {
                 }
             }
         }
+        let agree = |what: &str, log_v: Option<u32>, flag: Option<u32>| match (log_v, flag) {
+            (Some(l), Some(f)) if l != f => {
+                Err(invalid(path, format!("the log shows {what} = {l} but --{what} {f} was given")))
+            }
+            _ => Ok(log_v.or(flag)),
+        };
         let d = FitDataset {
             name: file_name(path),
             spec,
-            nodes: log.nodes(),
-            gpus: log.gpus_per_node(),
+            nodes: agree("nodes", log.nodes(), launch.nodes)?,
+            gpus: agree("gpus", log.gpus_per_node(), launch.gpus)?,
             cfg,
             measured,
         };
         d.check_ranks(path, log.ranks())?;
+        if let (Some(model), Some(dev)) = (log.gpu_model(), log.devices.first()) {
+            if let Some(family) = gpu_family(model) {
+                if gpu_family(&d.spec.gpu.model) != Some(family) {
+                    return Err(at(
+                        dev.line,
+                        format!(
+                            "the log ran on {model} but topology {} has {}: give the topology of the GPUs measured",
+                            d.spec.source.display(),
+                            d.spec.gpu.model
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(d)
     }
 
     /// Reads a CSV in `validate/reference/`'s layout (`size_bytes`, `time_us`, `busbw_GBps`),
     /// with the launch given by the caller.
     pub fn from_csv(path: &Path, spec: Arc<TopologySpec>, launch: &CsvLaunch) -> Result<FitDataset, FitError> {
-        let coll = Collective::parse(&launch.collective).ok_or_else(|| {
-            invalid(
+        let Some(c) = &launch.collective else {
+            return Err(invalid(
                 path,
-                format!("unknown collective {:?} (-c); valid: {}", launch.collective, collective_names()),
-            )
-        })?;
+                format!(
+                    "a CSV does not say its collective: give -c ({}) and --nodes/--gpus/--algo as the run had them",
+                    collective_names()
+                ),
+            ));
+        };
+        let coll = Collective::parse(c)
+            .ok_or_else(|| invalid(path, format!("unknown collective {c:?} (-c); valid: {}", collective_names())))?;
         let measured = load_csv(path, false).map_err(|e| invalid(path, e.to_string()))?;
         let measured: Vec<Measured> =
             measured.into_iter().filter(|m| m.time_us.is_some_and(|t| t > 0.0) || m.busbw_gbps > 0.0).collect();
@@ -235,6 +286,15 @@ impl FitDataset {
     pub fn generation(&self) -> Generation {
         self.spec.gpu.generation
     }
+}
+
+/// The GPU family a model name names (`NVIDIA H100 80GB HBM3` -> `H100`), for the check
+/// that a log and a topology describe the same GPUs.
+fn gpu_family(model: &str) -> Option<&'static str> {
+    let m = model.to_ascii_uppercase();
+    ["GB200", "B200", "H200", "H100", "H800", "A100", "A800", "V100", "L40S", "L40", "4090"]
+        .into_iter()
+        .find(|f| m.contains(f))
 }
 
 fn file_name(p: &Path) -> String {
@@ -442,6 +502,10 @@ pub struct FitOptions {
     pub min_sensitivity: f64,
     /// Only these parameters (empty: every [`FITTABLE`] one).
     pub only: Vec<&'static str>,
+    /// Check the fit with the event simulator (the fitted point and halfway back to the
+    /// prior) and keep whichever of those and the prior has the lowest event loss: the
+    /// corrected analytical model can mislead where the algorithm choice changes.
+    pub verify: bool,
 }
 
 impl Default for FitOptions {
@@ -453,6 +517,7 @@ impl Default for FitOptions {
             huber: 0.05,
             min_sensitivity: 0.02,
             only: Vec::new(),
+            verify: true,
         }
     }
 }
@@ -826,9 +891,47 @@ fn fit_with_prior(
             }
         }
     }
-    let fitted: Vec<(ParamDef, f64)> = values(&x, &active);
-    let table = overlay(&fitted);
-    let event_after = simulate_all(datasets, &table, Fidelity::Event)?;
+    let mut fitted: Vec<(ParamDef, f64)> = values(&x, &active);
+    let mut table = overlay(&fitted);
+    let mut event_after = simulate_all(datasets, &table, Fidelity::Event)?;
+    let mut verified = 1;
+    if opts.verify && k > 0 && opts.fidelity != Fidelity::Event {
+        let event_loss = |sims: &[Vec<Option<SimPoint>>]| -> f64 {
+            let mut r = Vec::new();
+            for (i, d) in datasets.iter().enumerate() {
+                for (j, m) in d.measured.iter().enumerate() {
+                    if prob.correction[i][j].is_none() {
+                        continue;
+                    }
+                    let v = sims[i][j].as_ref().and_then(|s| residual(m, s)).unwrap_or(MISSING);
+                    r.push(prob.weight[i] * v);
+                }
+            }
+            huber_loss(&r, opts.huber)
+        };
+        let mut best = (event_loss(event_prior), 0.0f64);
+        let l1 = event_loss(&event_after);
+        if l1 < best.0 {
+            best = (l1, 1.0);
+        }
+        let half: Vec<f64> = x.iter().zip(&x0).map(|(a, b)| 0.5 * (a + b)).collect();
+        let half_table = overlay(&values(&half, &active));
+        let half_sims = simulate_all(datasets, &half_table, Fidelity::Event)?;
+        verified += 1;
+        let lh = event_loss(&half_sims);
+        if lh < best.0 {
+            best = (lh, 0.5);
+        }
+        if best.1 == 0.5 {
+            x = half;
+            event_after = half_sims;
+        } else if best.1 == 0.0 {
+            x = x0.clone();
+            event_after = event_prior.to_vec();
+        }
+        fitted = values(&x, &active);
+        table = if best.1 == 0.0 { toml::Table::new() } else { overlay(&fitted) };
+    }
     let mut dfits = Vec::new();
     for (i, d) in datasets.iter().enumerate() {
         let mut points = Vec::new();
@@ -867,7 +970,7 @@ fn fit_with_prior(
         generation,
         params,
         datasets: dfits,
-        evaluations: prob.evaluations.load(std::sync::atomic::Ordering::Relaxed) + 2 * datasets.len(),
+        evaluations: prob.evaluations.load(std::sync::atomic::Ordering::Relaxed) + (1 + verified) * datasets.len(),
         loss: (loss0, c),
         overlay: table,
     })
@@ -926,7 +1029,8 @@ pub fn leave_one_out(datasets: &[FitDataset], opts: &FitOptions) -> Result<Vec<G
                     idx.iter().filter(|&&i| i != held).map(|&i| datasets[i].clone()).collect();
                 let prior: Vec<Vec<Option<SimPoint>>> =
                     idx.iter().filter(|&&i| i != held).map(|&i| event_prior[i].clone()).collect();
-                let rep = fit_with_prior(&train, &prior, opts)?;
+                let opts = FitOptions { verify: false, ..opts.clone() };
+                let rep = fit_with_prior(&train, &prior, &opts)?;
                 let test = &datasets[held];
                 let after = simulate(test, &rep.overlay, Fidelity::Event)?;
                 let mut points = Vec::new();

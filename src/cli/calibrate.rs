@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 
 use fabricsim::calibrate::fit::{fit, CsvLaunch, FitDataset, FitOptions, FitReport, Unit, BANDS};
@@ -31,7 +31,7 @@ pub struct CalibrateArgs {
     /// The calibration profile to write (TOML); figures go to its folder.
     #[arg(short = 'o', long = "out")]
     pub out: PathBuf,
-    /// Collective of the CSV inputs (a log names its own).
+    /// Collective of the CSV inputs, and of logs that do not name their test.
     #[arg(short = 'c', long = "collective")]
     pub collective: Option<String>,
     /// Nodes of the CSV inputs.
@@ -76,29 +76,21 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     let spec = fabricsim::fabric::load_topology(&a.topology)?;
     let spec = Arc::new(spec);
     let mut datasets = Vec::new();
+    let launch = CsvLaunch {
+        collective: a.collective.clone(),
+        nodes: a.nodes,
+        gpus: a.gpus,
+        algo: a.algo.clone(),
+        proto: a.proto.clone(),
+        ngpus: a.ngpus,
+    };
     for p in &a.inputs {
         let is_csv = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-        let d = if is_csv {
-            let Some(c) = &a.collective else {
-                bail!(
-                    "{}: a CSV does not say its collective: give -c (allreduce, allgather, reducescatter, \
-                     broadcast, reduce, alltoall, sendrecv) and --nodes/--gpus/--algo as the run had them",
-                    p.display()
-                );
-            };
-            let launch = CsvLaunch {
-                collective: c.clone(),
-                nodes: a.nodes,
-                gpus: a.gpus,
-                algo: a.algo.clone(),
-                proto: a.proto.clone(),
-                ngpus: a.ngpus,
-            };
+        datasets.push(if is_csv {
             FitDataset::from_csv(p, spec.clone(), &launch)?
         } else {
-            FitDataset::from_log(p, spec.clone())?
-        };
-        datasets.push(d);
+            FitDataset::from_log(p, spec.clone(), &launch)?
+        });
     }
     let opts = FitOptions {
         fidelity: Fidelity::from(a.fidelity),
@@ -250,11 +242,11 @@ fn plot(rep: &FitReport, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
         };
         let (b, af) = d.all();
         let chart = LineChart::new(
-            format!("{}: simulated vs measured", d.name.trim_end_matches(".csv").trim_end_matches(".log")),
+            "simulated vs measured bus bandwidth, before and after calibration",
             Axis::bytes("message size"),
             Axis::linear("bus bandwidth (GB/s)"),
         )
-        .subtitle(format!("median |error| {} before, {} after calibration", pct(b), pct(af)))
+        .subtitle(format!("{}: median |error| {} before, {} after", d.name, pct(b), pct(af)))
         .series(Series::new("measured", pts(&|p| p.measured_busbw)).markers())
         .series(Series::new("simulated before", pts(&|p| p.before_busbw)).dashed())
         .series(Series::new("simulated after", pts(&|p| p.after_busbw)));
