@@ -506,6 +506,18 @@ pub struct FitOptions {
     /// prior) and keep whichever of those and the prior has the lowest event loss: the
     /// corrected analytical model can mislead where the algorithm choice changes.
     pub verify: bool,
+    /// Keep the Jacobian of the first iteration (a chord method: fewer simulations, for
+    /// cross-validation) instead of recomputing it at every iteration.
+    pub frozen_jacobian: bool,
+    /// Compute each parameter's confidence (one more Jacobian at the optimum).
+    pub confidence: bool,
+    /// Simulate every dataset with the event simulator at the fit for the report's "after"
+    /// errors (off in cross-validation, whose folds score only the held-out table; the
+    /// report then repeats the "before" errors).
+    pub score_after: bool,
+    /// Values laid over the generation's parameters before fitting (the prior the fit
+    /// starts from and is pulled towards); None: the shipped parameters.
+    pub start: Option<toml::Table>,
 }
 
 impl Default for FitOptions {
@@ -518,6 +530,10 @@ impl Default for FitOptions {
             min_sensitivity: 0.02,
             only: Vec::new(),
             verify: true,
+            frozen_jacobian: false,
+            confidence: true,
+            score_after: true,
+            start: None,
         }
     }
 }
@@ -616,6 +632,36 @@ struct Problem<'a> {
     /// Per dataset weight (1 / sqrt(points)).
     weight: Vec<f64>,
     evaluations: std::sync::atomic::AtomicUsize,
+    /// Simulations already run, shared across the folds of a cross-validation.
+    cache: Option<&'a SimCache>,
+    /// The overlay every evaluation starts from ([`FitOptions::start`]).
+    base: toml::Table,
+}
+
+/// `base` with `values` laid over it.
+fn on_base(base: &toml::Table, values: &[(ParamDef, f64)]) -> toml::Table {
+    let mut t = base.clone();
+    crate::fabric::file::merge_tables(&mut t, overlay(values));
+    t
+}
+
+/// Simulations by (dataset, overlay, fidelity): the folds of a leave-one-out share the
+/// sensitivity screen and the Jacobian at the prior, which are the same simulations.
+#[derive(Default)]
+pub struct SimCache(std::sync::Mutex<std::collections::BTreeMap<(String, String, &'static str), Vec<Option<SimPoint>>>>);
+
+impl SimCache {
+    fn run(&self, d: &FitDataset, table: &toml::Table, key: &str, fidelity: Fidelity) -> Result<Vec<Option<SimPoint>>, String> {
+        let k = (d.name.clone(), key.to_string(), fidelity.name());
+        if let Some(v) = self.0.lock().ok().and_then(|m| m.get(&k).cloned()) {
+            return Ok(v);
+        }
+        let v = simulate(d, table, fidelity)?;
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(k, v.clone());
+        }
+        Ok(v)
+    }
 }
 
 /// Penalty residual of a point the model cannot time under some parameters.
@@ -623,10 +669,17 @@ const MISSING: f64 = 2.0;
 
 impl Problem<'_> {
     fn residuals(&self, values: &[(ParamDef, f64)]) -> Option<Vec<f64>> {
-        let table = overlay(values);
+        let table = on_base(&self.base, values);
         self.evaluations.fetch_add(self.datasets.len(), std::sync::atomic::Ordering::Relaxed);
-        let sims: Vec<Result<Vec<Option<SimPoint>>, String>> =
-            self.datasets.par_iter().map(|d| simulate(d, &table, self.fidelity)).collect();
+        let key = toml::to_string(&table).unwrap_or_default();
+        let sims: Vec<Result<Vec<Option<SimPoint>>, String>> = self
+            .datasets
+            .par_iter()
+            .map(|d| match self.cache {
+                Some(c) => c.run(d, &table, &key, self.fidelity),
+                None => simulate(d, &table, self.fidelity),
+            })
+            .collect();
         let mut out = Vec::new();
         for (i, (d, s)) in self.datasets.iter().zip(sims).enumerate() {
             let s = s.ok()?;
@@ -691,8 +744,9 @@ fn log_bounds(def: &ParamDef) -> (f64, f64) {
 
 /// Fits the parameters of one generation to `datasets` (all of that generation).
 pub fn fit(datasets: &[FitDataset], opts: &FitOptions) -> Result<FitReport, String> {
-    let event_prior = simulate_all(datasets, &toml::Table::new(), Fidelity::Event)?;
-    fit_with_prior(datasets, &event_prior, opts)
+    let base = opts.start.clone().unwrap_or_default();
+    let event_prior = simulate_all(datasets, &base, Fidelity::Event)?;
+    fit_with_prior(datasets, &event_prior, opts, None)
 }
 
 /// Every dataset simulated under one overlay.
@@ -709,6 +763,7 @@ fn fit_with_prior(
     datasets: &[FitDataset],
     event_prior: &[Vec<Option<SimPoint>>],
     opts: &FitOptions,
+    cache: Option<&SimCache>,
 ) -> Result<FitReport, String> {
     let Some(first) = datasets.first() else { return Err("no datasets to fit".into()) };
     let generation = first.generation();
@@ -722,7 +777,7 @@ fn fit_with_prior(
         ));
     }
     let mut prior_params = ModelParams::for_generation(generation);
-    if let Some(t) = &first.spec.params {
+    for t in [first.spec.params.as_ref(), opts.start.as_ref()].into_iter().flatten() {
         prior_params = prior_params.overlay(t).map_err(|e| e.to_string())?;
     }
     let defs: Vec<ParamDef> =
@@ -736,7 +791,7 @@ fn fit_with_prior(
     let fit_prior = if opts.fidelity == Fidelity::Event || !opts.correct {
         None
     } else {
-        Some(simulate_all(datasets, &toml::Table::new(), opts.fidelity)?)
+        Some(simulate_all(datasets, &opts.start.clone().unwrap_or_default(), opts.fidelity)?)
     };
     let mut correction = Vec::new();
     for (i, d) in datasets.iter().enumerate() {
@@ -765,10 +820,14 @@ fn fit_with_prior(
         correction,
         weight,
         evaluations: std::sync::atomic::AtomicUsize::new(0),
+        cache,
+        base: opts.start.clone().unwrap_or_default(),
     };
     let x0: Vec<f64> = defs.iter().zip(&prior).map(|(d, &v)| to_log(d, v)).collect();
+    // Only values away from the prior go into the overlay, so that the same simulation
+    // always has the same overlay (and is found in the cache).
     let values = |x: &[f64], active: &[usize]| -> Vec<(ParamDef, f64)> {
-        active.iter().map(|&j| (defs[j], x[j].exp())).collect()
+        active.iter().filter(|&&j| x[j] != x0[j]).map(|&j| (defs[j], x[j].exp())).collect()
     };
     let all: Vec<usize> = (0..defs.len()).collect();
     let r0 = prob.residuals(&values(&x0, &[])).ok_or("the model cannot run the datasets at the prior")?;
@@ -802,7 +861,7 @@ fn fit_with_prior(
     let mut lambda = 1e-2;
     let k = active.len();
     let jacobian = |x: &[f64], r: &[f64]| -> Vec<Vec<f64>> {
-        let hj = 0.05;
+        let hj = h;
         active
             .iter()
             .map(|&j| {
@@ -832,12 +891,17 @@ fn fit_with_prior(
         }
         (a, g, w)
     };
-    let mut last_jac = None;
+    let mut frozen: Option<Vec<Vec<f64>>> = None;
     if k > 0 {
         for _ in 0..opts.max_iter {
-            let jac = jacobian(&x, &r);
+            let jac = match &frozen {
+                Some(j) => j.clone(),
+                None => jacobian(&x, &r),
+            };
             let (a, g, _) = normal(&jac, &r);
-            last_jac = Some(jac);
+            if opts.frozen_jacobian {
+                frozen = Some(jac);
+            }
             let mut accepted = false;
             for _ in 0..5 {
                 let mut m = a.clone();
@@ -873,10 +937,9 @@ fn fit_with_prior(
     }
     // Curvature at the optimum: covariance = s^2 (J' W J)^-1 in log-space.
     let mut rel_stderr = vec![None; defs.len()];
-    if k > 0 {
+    if k > 0 && opts.confidence {
         let jac = jacobian(&x, &r);
         let (a, _, w) = normal(&jac, &r);
-        let _ = last_jac;
         let dof = (r.len() as f64 - k as f64).max(1.0);
         let s2 = r.iter().zip(&w).map(|(ri, wi)| wi * ri * ri).sum::<f64>() / dof;
         for p in 0..k {
@@ -892,8 +955,12 @@ fn fit_with_prior(
         }
     }
     let mut fitted: Vec<(ParamDef, f64)> = values(&x, &active);
-    let mut table = overlay(&fitted);
-    let mut event_after = simulate_all(datasets, &table, Fidelity::Event)?;
+    let mut table = on_base(&prob.base, &fitted);
+    let mut event_after = if opts.score_after {
+        simulate_all(datasets, &table, Fidelity::Event)?
+    } else {
+        event_prior.to_vec()
+    };
     let mut verified = 1;
     if opts.verify && k > 0 && opts.fidelity != Fidelity::Event {
         let event_loss = |sims: &[Vec<Option<SimPoint>>]| -> f64 {
@@ -915,7 +982,7 @@ fn fit_with_prior(
             best = (l1, 1.0);
         }
         let half: Vec<f64> = x.iter().zip(&x0).map(|(a, b)| 0.5 * (a + b)).collect();
-        let half_table = overlay(&values(&half, &active));
+        let half_table = on_base(&prob.base, &values(&half, &active));
         let half_sims = simulate_all(datasets, &half_table, Fidelity::Event)?;
         verified += 1;
         let lh = event_loss(&half_sims);
@@ -930,7 +997,7 @@ fn fit_with_prior(
             event_after = event_prior.to_vec();
         }
         fitted = values(&x, &active);
-        table = if best.1 == 0.0 { toml::Table::new() } else { overlay(&fitted) };
+        table = on_base(&prob.base, &fitted);
     }
     let mut dfits = Vec::new();
     for (i, d) in datasets.iter().enumerate() {
@@ -1007,7 +1074,9 @@ fn median_large(d: &DatasetFit, after: bool) -> f64 {
 
 /// Leave-one-dataset-out per generation: for every dataset of a generation with at least
 /// two, fit on the others (analytical model corrected by the event model, as [`fit`] does)
-/// and score the held-out one with the event simulator.
+/// and score the held-out one with the same corrected model (its event time at the prior,
+/// scaled by the analytical model's change from the prior to the fit): one event run per
+/// dataset in all, so that `validate` stays fast.
 pub fn leave_one_out(datasets: &[FitDataset], opts: &FitOptions) -> Result<Vec<GenerationLodo>, String> {
     let event_prior = simulate_all(datasets, &toml::Table::new(), Fidelity::Event)?;
     let mut gens: Vec<Generation> = Vec::new();
@@ -1016,6 +1085,7 @@ pub fn leave_one_out(datasets: &[FitDataset], opts: &FitOptions) -> Result<Vec<G
             gens.push(d.generation());
         }
     }
+    let cache = SimCache::default();
     let mut out = Vec::new();
     for g in gens {
         let idx: Vec<usize> = (0..datasets.len()).filter(|&i| datasets[i].generation() == g).collect();
@@ -1029,14 +1099,36 @@ pub fn leave_one_out(datasets: &[FitDataset], opts: &FitOptions) -> Result<Vec<G
                     idx.iter().filter(|&&i| i != held).map(|&i| datasets[i].clone()).collect();
                 let prior: Vec<Vec<Option<SimPoint>>> =
                     idx.iter().filter(|&&i| i != held).map(|&i| event_prior[i].clone()).collect();
-                let opts = FitOptions { verify: false, ..opts.clone() };
-                let rep = fit_with_prior(&train, &prior, &opts)?;
+                let opts = FitOptions {
+                    verify: false,
+                    frozen_jacobian: true,
+                    confidence: false,
+                    score_after: false,
+                    max_iter: opts.max_iter.min(6),
+                    ..opts.clone()
+                };
+                let rep = fit_with_prior(&train, &prior, &opts, Some(&cache))?;
                 let test = &datasets[held];
-                let after = simulate(test, &rep.overlay, Fidelity::Event)?;
+                // The held-out table is scored with the same corrected analytical model: its
+                // event time at the shipped parameters times the analytical model's ratio
+                // between the fitted and the shipped parameters.
+                let an_prior = cache.run(test, &toml::Table::new(), "", Fidelity::Analytical)?;
+                let an_after = simulate(test, &rep.overlay, Fidelity::Analytical)?;
                 let mut points = Vec::new();
                 for (j, m) in test.measured.iter().enumerate() {
-                    let (Some(b), Some(a)) = (&event_prior[held][j], &after[j]) else { continue };
-                    let (Some(rb), Some(ra)) = (residual(m, b), residual(m, a)) else { continue };
+                    let (Some(b), Some(ap), Some(aa)) = (&event_prior[held][j], &an_prior[j], &an_after[j]) else {
+                        continue;
+                    };
+                    let (Some(rb), Some(rap), Some(raa)) = (residual(m, b), residual(m, ap), residual(m, aa))
+                    else {
+                        continue;
+                    };
+                    let ra = rb + (raa - rap);
+                    let a = SimPoint {
+                        time_us: b.time_us * (raa - rap).exp(),
+                        busbw_gbps: b.busbw_gbps / (raa - rap).exp(),
+                        choice: aa.choice.clone(),
+                    };
                     points.push(PointFit {
                         size_bytes: m.size_bytes,
                         measured_busbw: m.busbw_gbps,
