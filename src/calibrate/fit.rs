@@ -31,11 +31,11 @@ use rayon::prelude::*;
 use super::nccl_log;
 use super::reference::{self, load_csv, median, Measured};
 use crate::collective::{Algo, Collective};
-use crate::schedule::{DType, Proto};
 use crate::fabric::build::{build, BuildOpts};
 use crate::fabric::file::FileError;
 use crate::fabric::{Generation, ModelParams, TopologySpec};
 use crate::scenario::bench::{run_bench, BenchConfig, Fidelity};
+use crate::schedule::{DType, Proto};
 use crate::units;
 
 /// Why measurements cannot be fitted.
@@ -112,11 +112,16 @@ impl FitDataset {
     /// variables come from the log itself, and from `launch` where the log does not say
     /// them (a log that disagrees with `launch` is an error); the out-of-place times are the
     /// measurements.
-    pub fn from_log(path: &Path, spec: Arc<TopologySpec>, launch: &CsvLaunch) -> Result<FitDataset, FitError> {
+    pub fn from_log(
+        path: &Path,
+        spec: Arc<TopologySpec>,
+        launch: &CsvLaunch,
+    ) -> Result<FitDataset, FitError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| FitError::Io { file: path.display().to_string(), source })?;
         let log = nccl_log::parse(&text, path)?;
-        let at = |line: usize, msg: String| FitError::At { file: path.display().to_string(), line, col: 1, msg };
+        let at =
+            |line: usize, msg: String| FitError::At { file: path.display().to_string(), line, col: 1, msg };
         let given = match &launch.collective {
             Some(c) => Some(Collective::parse(c).ok_or_else(|| {
                 invalid(path, format!("unknown collective {c:?} (-c); valid: {}", collective_names()))
@@ -125,21 +130,22 @@ impl FitDataset {
         };
         let coll = match (&log.test, log.collective, given) {
             (Some((t, line)), None, _) => {
-                return Err(at(*line, format!("fabricsim does not model {t}; fittable: {}", collective_names())))
+                return Err(at(
+                    *line,
+                    format!("fabricsim does not model {t}; fittable: {}", collective_names()),
+                ))
             }
             (Some((t, line)), Some(c), Some(g)) if c != g => {
                 return Err(at(*line, format!("the log is {t} ({}), not {} as -c says", c.name(), g.name())))
             }
             (_, Some(c), _) => c,
             (None, None, Some(g)) => g,
-            (None, None, None) => {
-                return Err(invalid(
-                    path,
-                    "the log names no nccl-tests binary (all_reduce_perf...): its collective is unknown; give \
+            (None, None, None) => return Err(invalid(
+                path,
+                "the log names no nccl-tests binary (all_reduce_perf...): its collective is unknown; give \
                      it with -c"
-                        .into(),
-                ))
-            }
+                    .into(),
+            )),
         };
         let measured: Vec<Measured> = log
             .rows
@@ -152,7 +158,10 @@ impl FitDataset {
             })
             .collect();
         if measured.is_empty() {
-            return Err(invalid(path, "no measurement rows (a table row with a positive size and time)".into()));
+            return Err(invalid(
+                path,
+                "no measurement rows (a table row with a positive size and time)".into(),
+            ));
         }
         let mut cfg = BenchConfig {
             coll,
@@ -217,7 +226,11 @@ impl FitDataset {
 
     /// Reads a CSV in `validate/reference/`'s layout (`size_bytes`, `time_us`, `busbw_GBps`),
     /// with the launch given by the caller.
-    pub fn from_csv(path: &Path, spec: Arc<TopologySpec>, launch: &CsvLaunch) -> Result<FitDataset, FitError> {
+    pub fn from_csv(
+        path: &Path,
+        spec: Arc<TopologySpec>,
+        launch: &CsvLaunch,
+    ) -> Result<FitDataset, FitError> {
         let Some(c) = &launch.collective else {
             return Err(invalid(
                 path,
@@ -227,11 +240,14 @@ impl FitDataset {
                 ),
             ));
         };
-        let coll = Collective::parse(c)
-            .ok_or_else(|| invalid(path, format!("unknown collective {c:?} (-c); valid: {}", collective_names())))?;
+        let coll = Collective::parse(c).ok_or_else(|| {
+            invalid(path, format!("unknown collective {c:?} (-c); valid: {}", collective_names()))
+        })?;
         let measured = load_csv(path, false).map_err(|e| invalid(path, e.to_string()))?;
-        let measured: Vec<Measured> =
-            measured.into_iter().filter(|m| m.time_us.is_some_and(|t| t > 0.0) || m.busbw_gbps > 0.0).collect();
+        let measured: Vec<Measured> = measured
+            .into_iter()
+            .filter(|m| m.time_us.is_some_and(|t| t > 0.0) || m.busbw_gbps > 0.0)
+            .collect();
         if measured.is_empty() {
             return Err(invalid(path, "no measurement rows (size_bytes with time_us or busbw_GBps)".into()));
         }
@@ -246,7 +262,8 @@ impl FitDataset {
                 cfg.env.set(k, v, coll).map_err(|e| invalid(path, format!("{k}={v}: {e}")))?;
             }
         }
-        let d = FitDataset { name: file_name(path), spec, nodes: launch.nodes, gpus: launch.gpus, cfg, measured };
+        let d =
+            FitDataset { name: file_name(path), spec, nodes: launch.nodes, gpus: launch.gpus, cfg, measured };
         d.check_ranks(path, None)?;
         Ok(d)
     }
@@ -442,11 +459,9 @@ pub fn simulate(
     params: &toml::Table,
     fidelity: Fidelity,
 ) -> Result<Vec<Option<SimPoint>>, String> {
-    let f = build(
-        &d.spec,
-        &BuildOpts { nodes: d.nodes, gpus_per_node: d.gpus, params: Some(params.clone()) },
-    )
-    .map_err(|e| format!("{}: {e}", d.name))?;
+    let f =
+        build(&d.spec, &BuildOpts { nodes: d.nodes, gpus_per_node: d.gpus, params: Some(params.clone()) })
+            .map_err(|e| format!("{}: {e}", d.name))?;
     let cfg = BenchConfig { fidelity, ..d.cfg.clone() };
     let rows = run_bench(&f, &cfg).map_err(|e| format!("{}: {e}", d.name))?;
     let slack = 64 * f.num_gpus() as u64;
@@ -591,7 +606,8 @@ pub const BANDS: [(&str, u64, u64); 3] =
 impl DatasetFit {
     /// Median |error| before and after of the points in `[lo, hi)` (None when there are none).
     pub fn band(&self, lo: u64, hi: u64) -> Option<(f64, f64)> {
-        let pts: Vec<&PointFit> = self.points.iter().filter(|p| p.size_bytes >= lo && p.size_bytes < hi).collect();
+        let pts: Vec<&PointFit> =
+            self.points.iter().filter(|p| p.size_bytes >= lo && p.size_bytes < hi).collect();
         if pts.is_empty() {
             return None;
         }
@@ -648,10 +664,18 @@ fn on_base(base: &toml::Table, values: &[(ParamDef, f64)]) -> toml::Table {
 /// Simulations by (dataset, overlay, fidelity): the folds of a leave-one-out share the
 /// sensitivity screen and the Jacobian at the prior, which are the same simulations.
 #[derive(Default)]
-pub struct SimCache(std::sync::Mutex<std::collections::BTreeMap<(String, String, &'static str), Vec<Option<SimPoint>>>>);
+pub struct SimCache(
+    std::sync::Mutex<std::collections::BTreeMap<(String, String, &'static str), Vec<Option<SimPoint>>>>,
+);
 
 impl SimCache {
-    fn run(&self, d: &FitDataset, table: &toml::Table, key: &str, fidelity: Fidelity) -> Result<Vec<Option<SimPoint>>, String> {
+    fn run(
+        &self,
+        d: &FitDataset,
+        table: &toml::Table,
+        key: &str,
+        fidelity: Fidelity,
+    ) -> Result<Vec<Option<SimPoint>>, String> {
         let k = (d.name.clone(), key.to_string(), fidelity.name());
         if let Some(v) = self.0.lock().ok().and_then(|m| m.get(&k).cloned()) {
             return Ok(v);
@@ -846,13 +870,13 @@ fn fit_with_prior(
             sensitivity[j] = (d2 / nd).sqrt() / h;
         }
     }
-    let active: Vec<usize> = all.iter().copied().filter(|&j| sensitivity[j] >= opts.min_sensitivity).collect();
+    let active: Vec<usize> =
+        all.iter().copied().filter(|&j| sensitivity[j] >= opts.min_sensitivity).collect();
 
     // Levenberg-Marquardt on the active parameters, Huber weights, a weak pull to the prior.
     let ridge = 1e-4;
     let cost = |r: &[f64], x: &[f64]| {
-        huber_loss(r, opts.huber)
-            + 0.5 * ridge * active.iter().map(|&j| (x[j] - x0[j]).powi(2)).sum::<f64>()
+        huber_loss(r, opts.huber) + 0.5 * ridge * active.iter().map(|&j| (x[j] - x0[j]).powi(2)).sum::<f64>()
     };
     let mut x = x0.clone();
     let mut r = r0.clone();
@@ -1037,7 +1061,8 @@ fn fit_with_prior(
         generation,
         params,
         datasets: dfits,
-        evaluations: prob.evaluations.load(std::sync::atomic::Ordering::Relaxed) + (1 + verified) * datasets.len(),
+        evaluations: prob.evaluations.load(std::sync::atomic::Ordering::Relaxed)
+            + (1 + verified) * datasets.len(),
         loss: (loss0, c),
         overlay: table,
     })
@@ -1116,7 +1141,8 @@ pub fn leave_one_out(datasets: &[FitDataset], opts: &FitOptions) -> Result<Vec<G
                 let an_after = simulate(test, &rep.overlay, Fidelity::Analytical)?;
                 let mut points = Vec::new();
                 for (j, m) in test.measured.iter().enumerate() {
-                    let (Some(b), Some(ap), Some(aa)) = (&event_prior[held][j], &an_prior[j], &an_after[j]) else {
+                    let (Some(b), Some(ap), Some(aa)) = (&event_prior[held][j], &an_prior[j], &an_after[j])
+                    else {
                         continue;
                     };
                     let (Some(rb), Some(rap), Some(raa)) = (residual(m, b), residual(m, ap), residual(m, aa))

@@ -107,7 +107,8 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     println!("wrote {}", a.out.display());
     if !a.no_plot {
         let dir = a.out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let stem = a.out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "profile".into());
+        let stem =
+            a.out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "profile".into());
         for p in plot(&rep, dir, &stem)? {
             println!("wrote {}", p.display());
         }
@@ -154,10 +155,7 @@ fn print_report(rep: &FitReport) {
         );
     }
     println!();
-    println!(
-        "robust loss {:.5} -> {:.5}; {} dataset simulations",
-        rep.loss.0, rep.loss.1, rep.evaluations
-    );
+    println!("robust loss {:.5} -> {:.5}; {} dataset simulations", rep.loss.0, rep.loss.1, rep.evaluations);
 }
 
 /// The profile: `[params]` (fitted values) and `[calibration]` (inputs, residuals, confidence).
@@ -250,7 +248,8 @@ fn plot(rep: &FitReport, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
         .series(Series::new("measured", pts(&|p| p.measured_busbw)).markers())
         .series(Series::new("simulated before", pts(&|p| p.before_busbw)).dashed())
         .series(Series::new("simulated after", pts(&|p| p.after_busbw)));
-        let name = if rep.datasets.len() == 1 { format!("{stem}-busbw") } else { format!("{stem}-busbw-{i}") };
+        let name =
+            if rep.datasets.len() == 1 { format!("{stem}-busbw") } else { format!("{stem}-busbw-{i}") };
         written.extend(chart.render(dir, &name).with_context(|| format!("plotting into {}", dir.display()))?);
     }
     Ok(written)

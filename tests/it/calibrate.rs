@@ -7,9 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use fabricsim::calibrate::fit::{
-    fit, median_abs, simulate, CsvLaunch, FitDataset, FitOptions, SimPoint,
-};
+use fabricsim::calibrate::fit::{fit, median_abs, simulate, CsvLaunch, FitDataset, FitOptions, SimPoint};
 use fabricsim::calibrate::reference::load_manifest;
 use fabricsim::fabric::{load_topology, ModelParams};
 use fabricsim::scenario::bench::Fidelity;
@@ -103,7 +101,8 @@ fn a_log_written_at_known_parameters_is_fitted_back() {
         text.push_str(&format!("{s},1.0,0\n"));
     }
     std::fs::write(&csv, text).unwrap();
-    let launch = CsvLaunch { collective: Some("allreduce".into()), algo: Some("ring".into()), ..Default::default() };
+    let launch =
+        CsvLaunch { collective: Some("allreduce".into()), algo: Some("ring".into()), ..Default::default() };
     let shape = FitDataset::from_csv(&csv, spec.clone(), &launch).unwrap();
     let sims = simulate(&shape, &truth, Fidelity::Event).unwrap();
     let log = dir.join("all_reduce.log");
@@ -207,7 +206,8 @@ fn bad_inputs_give_located_errors() {
     let out = dir.join("p.toml");
     let out = out.to_str().unwrap();
     let csv = "validate/reference/h100sxm-together-1node-8gpu-allreduce-ring-nccl2.26.2.csv";
-    let (rc, _, e) = fabricsim(&["calibrate", "--topology", "topologies/dgx-h100.toml", csv, "-c", "allredux", "-o", out]);
+    let (rc, _, e) =
+        fabricsim(&["calibrate", "--topology", "topologies/dgx-h100.toml", csv, "-c", "allredux", "-o", out]);
     assert_eq!(rc, 2);
     assert!(e.contains(csv) && e.contains("allredux") && e.contains("allreduce"), "{e}");
     let (rc, _, e) = fabricsim(&["calibrate", "--topology", "topologies/dgx-h100.toml", csv, "-o", out]);
@@ -217,8 +217,16 @@ fn bad_inputs_give_located_errors() {
     let empty = dir.join("empty.log");
     std::fs::write(&empty, "# nThread 1 nGpus 1 minBytes 8 maxBytes 8 step: 2(factor)\n").unwrap();
     let empty_s = empty.to_str().unwrap();
-    let (rc, _, e) =
-        fabricsim(&["calibrate", "--topology", "topologies/dgx-h100.toml", empty_s, "-c", "allreduce", "-o", out]);
+    let (rc, _, e) = fabricsim(&[
+        "calibrate",
+        "--topology",
+        "topologies/dgx-h100.toml",
+        empty_s,
+        "-c",
+        "allreduce",
+        "-o",
+        out,
+    ]);
     assert_eq!(rc, 2);
     assert!(e.contains(empty_s) && e.contains("no measurement rows"), "{e}");
 
@@ -226,12 +234,29 @@ fn bad_inputs_give_located_errors() {
     let log_path = root().join(log);
     if log_path.is_file() {
         let l = log_path.to_str().unwrap();
-        let (rc, _, e) =
-            fabricsim(&["calibrate", "--topology", "topologies/dgx-a100.toml", l, "-c", "allreduce", "-o", out]);
+        let (rc, _, e) = fabricsim(&[
+            "calibrate",
+            "--topology",
+            "topologies/dgx-a100.toml",
+            l,
+            "-c",
+            "allreduce",
+            "-o",
+            out,
+        ]);
         assert_eq!(rc, 2);
         assert!(e.contains(&format!("{l}:5:1:")) && e.contains("A100") && e.contains("H100"), "{e}");
         let (rc, _, e) = fabricsim(&[
-            "calibrate", "--topology", "topologies/dgx-h100.toml", l, "-c", "allreduce", "--nodes", "4", "-o", out,
+            "calibrate",
+            "--topology",
+            "topologies/dgx-h100.toml",
+            l,
+            "-c",
+            "allreduce",
+            "--nodes",
+            "4",
+            "-o",
+            out,
         ]);
         assert_eq!(rc, 2);
         assert!(e.contains(l) && e.contains("nodes = 2") && e.contains("--nodes 4"), "{e}");
