@@ -664,9 +664,10 @@ fn on_base(base: &toml::Table, values: &[(ParamDef, f64)]) -> toml::Table {
 /// Simulations by (dataset, overlay, fidelity): the folds of a leave-one-out share the
 /// sensitivity screen and the Jacobian at the prior, which are the same simulations.
 #[derive(Default)]
-pub struct SimCache(
-    std::sync::Mutex<std::collections::BTreeMap<(String, String, &'static str), Vec<Option<SimPoint>>>>,
-);
+pub struct SimCache(std::sync::Mutex<std::collections::BTreeMap<SimKey, Vec<Option<SimPoint>>>>);
+
+/// (dataset name, overlay as TOML, fidelity name).
+type SimKey = (String, String, &'static str);
 
 impl SimCache {
     fn run(
@@ -860,8 +861,8 @@ fn fit_with_prior(
     // Sensitivity screen at the prior.
     let h = 0.1f64;
     let mut sensitivity = vec![0.0; defs.len()];
-    for j in 0..defs.len() {
-        let (lo, hi) = log_bounds(&defs[j]);
+    for (j, def) in defs.iter().enumerate() {
+        let (lo, hi) = log_bounds(def);
         let mut x = x0.clone();
         let step = if x0[j] + h <= hi { h } else { -h };
         x[j] = (x0[j] + step).clamp(lo, hi);
