@@ -743,8 +743,9 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
         for r in c + 1..n {
             let f = a[r][c] / a[c][c];
             if f != 0.0 {
-                for k in c..n {
-                    a[r][k] -= f * a[c][k];
+                let (top, bottom) = a.split_at_mut(r);
+                for (x, y) in bottom[0][c..n].iter_mut().zip(&top[c][c..n]) {
+                    *x -= f * y;
                 }
                 b[r] -= f * b[c];
             }
