@@ -39,6 +39,8 @@ enum Command {
     GpuInfo(cli::gpu::GpuInfoArgs),
     /// Search every parallelism plan of a model on a cluster for the fastest that fits (--constraint, --fix, --objective; several --topology compare fabrics).
     Plan(cli::plan::PlanArgs),
+    /// Fit the model's parameters to nccl-tests logs or CSVs and write a calibration profile (--topology, -o).
+    Calibrate(cli::calibrate::CalibrateArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::Train(a) => cli::train::run(a),
         Command::GpuInfo(a) => cli::gpu::run_info(a),
         Command::Plan(a) => cli::plan::run(a),
+        Command::Calibrate(a) => cli::calibrate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,6 +4,7 @@
 //! Architecture invariant: calibration reads measurements and drives the benchmark
 //! workload; it never changes the model itself, only the parameters a profile carries.
 
+pub mod fit;
 pub mod nccl_log;
 pub mod reference;
 pub mod training;

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod gpu;
+pub mod calibrate;
 pub mod merge;
 pub mod plan;
 pub mod plot;

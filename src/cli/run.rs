@@ -46,6 +46,10 @@ pub struct RunArgs {
     /// that crosses) or all (every rank: large files on large fabrics).
     #[arg(long, value_enum, ignore_case = true, default_value = "node", requires = "trace")]
     pub trace_ranks: TraceRanksArg,
+    /// Calibration profile (TOML, as `fabricsim calibrate` writes) for every point, in place
+    /// of the scenario's `calibration`.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
 }
 
 /// One fabric of the results: the rows of one (topology, nodes, gpus).
@@ -224,7 +228,8 @@ fn plot(plan: &Plan, res: &Results, out: &std::path::Path) -> Result<Vec<PathBuf
 
 /// Runs `run`.
 pub fn run(a: RunArgs) -> Result<()> {
-    let plan = load_plan(&a.scenario)?;
+    let mut plan = load_plan(&a.scenario)?;
+    super::sweep::apply_calibration(&mut plan, a.calibration.as_deref())?;
     if a.trace.is_some() && a.trace_point >= plan.points.len() {
         anyhow::bail!(
             "--trace-point {}: the scenario has {} point(s) (valid: 0..={})",

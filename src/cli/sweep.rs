@@ -35,6 +35,27 @@ pub struct SweepArgs {
     /// Only list the points (number, hash, swept values) and exit.
     #[arg(long)]
     pub list: bool,
+    /// Calibration profile (TOML, as `fabricsim calibrate` writes) for every point, in place
+    /// of the scenario's `calibration`.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+}
+
+/// Lays the calibration profile given on the command line over every point of a plan (in
+/// place of the scenario's own); the points' canonical texts and hashes follow, so resumed
+/// results of other parameters are never mixed in.
+pub fn apply_calibration(plan: &mut Plan, profile: Option<&Path>) -> Result<()> {
+    let Some(path) = profile else { return Ok(()) };
+    let params = std::sync::Arc::new(fabricsim::calibrate::profile::load_profile(path)?);
+    for p in &mut plan.points {
+        p.scenario.calibration = Some(fabricsim::scenario::file::Calibration {
+            written: path.display().to_string(),
+            params: params.clone(),
+        });
+        p.canonical = p.scenario.canonical();
+        p.hash = sweep::fnv1a64(p.canonical.as_bytes());
+    }
+    Ok(())
 }
 
 /// `out/<name>/`, the default output folder of a scenario.
@@ -133,7 +154,8 @@ pub fn execute(plan: &Plan, out: &Path, opts: &RunOpts) -> Result<RunSummary> {
 
 /// Runs `sweep`.
 pub fn run(a: SweepArgs) -> Result<()> {
-    let plan = load_plan(&a.scenario)?;
+    let mut plan = load_plan(&a.scenario)?;
+    apply_calibration(&mut plan, a.calibration.as_deref())?;
     let shard = a.shard.unwrap_or_default();
     if a.list {
         let mode = match plan.mode {

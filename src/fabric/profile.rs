@@ -46,10 +46,17 @@ pub fn parse_profile(text: &str, file: &str) -> Result<toml::Table, ProfileError
     let DeValue::Table(user) = value.get_ref() else {
         return Err(at(key.span(), "`params` must be a table".into()));
     };
-    if let Some((k, _)) = doc.get_ref().iter().find(|(k, _)| k.get_ref() != "params") {
+    // `[calibration]` is what `fabricsim calibrate` says about the fit (inputs, residuals,
+    // confidence): metadata, accepted and not read.
+    let known_top = |k: &str| k == "params" || k == "calibration";
+    if let Some((k, _)) = doc.get_ref().iter().find(|(k, _)| !known_top(k.get_ref())) {
         return Err(at(
             k.span(),
-            format!("unknown key `{}`; a calibration profile holds one [params] table", k.get_ref()),
+            format!(
+                "unknown key `{}`; a calibration profile holds a [params] table and an optional \
+                 [calibration] table of metadata",
+                k.get_ref()
+            ),
         ));
     }
     // Any generation's defaults name every key; the values are checked on top of them.
@@ -148,5 +155,8 @@ mod tests {
         assert!(e.starts_with("p.toml:2:") && e.contains("table"), "{e}");
         let e = parse_profile("[params]\n[other]\n", "p.toml").unwrap_err().to_string();
         assert!(e.starts_with("p.toml:2:") && e.contains("other"), "{e}");
+        // calibrate's metadata table is accepted and not read.
+        let p = parse_profile("[params]\n[calibration]\ninputs = [\"a.log\"]\n", "p.toml").unwrap();
+        assert!(p.is_empty());
     }
 }

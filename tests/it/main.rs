@@ -2,6 +2,7 @@
 
 mod accuracy;
 mod bounds;
+mod calibrate;
 mod cli;
 mod docs;
 mod exec_cpu;

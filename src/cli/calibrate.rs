@@ -1,0 +1,256 @@
+//! `fabricsim calibrate --topology T LOGS_OR_CSVS... -o profile.toml`: fits the model's
+//! parameters to nccl-tests logs (or CSVs in `validate/reference/`'s layout, with the launch
+//! given by `-c/--nodes/--gpus/--algo/--proto/-g`), prints the error before and after per
+//! dataset and size band and every parameter's outcome, writes the calibration profile
+//! (a `[params]` table of the fitted values plus a `[calibration]` table of what it was
+//! fitted on, its residual error and each parameter's confidence) and, beside it, a figure
+//! per dataset of simulated against measured busbw before and after.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use fabricsim::calibrate::fit::{fit, CsvLaunch, FitDataset, FitOptions, FitReport, Unit, BANDS};
+use fabricsim::calibrate::profile::parse_profile;
+use fabricsim::report::plot::{Axis, LineChart, Series};
+use fabricsim::scenario::bench::Fidelity;
+
+use super::values::FidelityArg;
+
+/// Arguments of `calibrate`.
+#[derive(Args, Debug)]
+pub struct CalibrateArgs {
+    /// Topology the measurements were taken on (its GPU generation's parameters are fitted).
+    #[arg(long)]
+    pub topology: PathBuf,
+    /// nccl-tests logs, or CSVs with size_bytes,time_us[,busbw_GBps] columns (`.csv`).
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// The calibration profile to write (TOML); figures go to its folder.
+    #[arg(short = 'o', long = "out")]
+    pub out: PathBuf,
+    /// Collective of the CSV inputs, and of logs that do not name their test.
+    #[arg(short = 'c', long = "collective")]
+    pub collective: Option<String>,
+    /// Nodes of the CSV inputs.
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// GPUs per node of the CSV inputs.
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// NCCL_ALGO of the CSV inputs.
+    #[arg(long)]
+    pub algo: Option<String>,
+    /// NCCL_PROTO of the CSV inputs.
+    #[arg(long)]
+    pub proto: Option<String>,
+    /// nccl-tests -g of the CSV inputs (GPUs per thread).
+    #[arg(short = 'g', long = "ngpus")]
+    pub ngpus: Option<u32>,
+    /// Model inside the fit: analytical (corrected point by point by the event simulator
+    /// at the prior; fast) or event (every evaluation simulated; slow).
+    #[arg(long, value_enum, ignore_case = true, default_value = "analytical")]
+    pub fidelity: FidelityArg,
+    /// Do not draw the before/after figures.
+    #[arg(long)]
+    pub no_plot: bool,
+}
+
+fn pct(v: f64) -> String {
+    format!("{:.1}%", v * 100.0)
+}
+
+fn show(unit: Unit, v: f64) -> String {
+    match unit {
+        Unit::Fraction => format!("{v:.4}"),
+        Unit::Micros => format!("{v:.3}us"),
+        Unit::Gbps => format!("{v:.2} GB/s"),
+    }
+}
+
+/// Runs `calibrate`.
+pub fn run(a: CalibrateArgs) -> Result<()> {
+    super::check_writable("-o", &a.out)?;
+    let spec = fabricsim::fabric::load_topology(&a.topology)?;
+    let spec = Arc::new(spec);
+    let mut datasets = Vec::new();
+    let launch = CsvLaunch {
+        collective: a.collective.clone(),
+        nodes: a.nodes,
+        gpus: a.gpus,
+        algo: a.algo.clone(),
+        proto: a.proto.clone(),
+        ngpus: a.ngpus,
+    };
+    for p in &a.inputs {
+        let is_csv = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+        datasets.push(if is_csv {
+            FitDataset::from_csv(p, spec.clone(), &launch)?
+        } else {
+            FitDataset::from_log(p, spec.clone(), &launch)?
+        });
+    }
+    let opts = FitOptions {
+        fidelity: Fidelity::from(a.fidelity),
+        correct: Fidelity::from(a.fidelity) == Fidelity::Analytical,
+        ..Default::default()
+    };
+    let rep = fit(&datasets, &opts).map_err(anyhow::Error::msg)?;
+    print_report(&rep);
+    let text = profile_text(&a, &rep)?;
+    // The profile must be readable as one: check it with the reader every command uses.
+    parse_profile(&text, &a.out.display().to_string()).context("the written profile does not read back")?;
+    std::fs::write(&a.out, &text).with_context(|| format!("writing {}", a.out.display()))?;
+    println!();
+    println!("wrote {}", a.out.display());
+    if !a.no_plot {
+        let dir = a.out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let stem =
+            a.out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "profile".into());
+        for p in plot(&rep, dir, &stem)? {
+            println!("wrote {}", p.display());
+        }
+    }
+    Ok(())
+}
+
+fn print_report(rep: &FitReport) {
+    println!("median |busbw error| (event simulator) before -> after, by size band:");
+    print!("{:<72}", "dataset");
+    for (b, _, _) in BANDS {
+        print!(" {b:>18}");
+    }
+    println!(" {:>18}", "all");
+    for d in &rep.datasets {
+        print!("{:<72}", d.name);
+        for (_, lo, hi) in BANDS {
+            let cell = d.band(lo, hi).map(|(b, a)| format!("{} -> {}", pct(b), pct(a))).unwrap_or("-".into());
+            print!(" {cell:>18}");
+        }
+        let (b, a) = d.all();
+        println!(" {:>18}", format!("{} -> {}", pct(b), pct(a)));
+    }
+    println!();
+    println!(
+        "{:<38} {:>12} {:>12} {:>10} {:>12}  note",
+        "parameter", "prior", "fitted", "±1 s.e.", "sensitivity"
+    );
+    for p in &rep.params {
+        let note = if !p.constrained {
+            "not constrained by these data: left at the prior"
+        } else if p.at_bound {
+            "at its bound"
+        } else {
+            ""
+        };
+        println!(
+            "{:<38} {:>12} {:>12} {:>10} {:>12.3}  {note}",
+            p.def.key,
+            show(p.def.unit, p.prior),
+            if p.constrained { show(p.def.unit, p.value) } else { "-".into() },
+            p.rel_stderr.map(pct).unwrap_or("-".into()),
+            p.sensitivity
+        );
+    }
+    println!();
+    println!("robust loss {:.5} -> {:.5}; {} dataset simulations", rep.loss.0, rep.loss.1, rep.evaluations);
+}
+
+/// The profile: `[params]` (fitted values) and `[calibration]` (inputs, residuals, confidence).
+fn profile_text(a: &CalibrateArgs, rep: &FitReport) -> Result<String> {
+    let mut meta = toml::Table::new();
+    meta.insert("topology".into(), a.topology.display().to_string().into());
+    meta.insert("generation".into(), format!("{:?}", rep.generation).to_lowercase().into());
+    meta.insert(
+        "inputs".into(),
+        toml::Value::Array(a.inputs.iter().map(|p| p.display().to_string().into()).collect()),
+    );
+    meta.insert(
+        "method".into(),
+        format!(
+            "Huber (5%) least squares on ln(t_sim/t_meas), {} model{}",
+            Fidelity::from(a.fidelity).name(),
+            if Fidelity::from(a.fidelity) == Fidelity::Analytical {
+                " corrected per point by the event simulator at the prior"
+            } else {
+                ""
+            }
+        )
+        .into(),
+    );
+    let all: Vec<&_> = rep.datasets.iter().flat_map(|d| &d.points).collect();
+    let med = |after: bool| {
+        fabricsim::calibrate::fit::median_abs(all.iter().map(|p| if after { p.after } else { p.before }))
+    };
+    meta.insert("median_abs_error_before".into(), round4(med(false)).into());
+    meta.insert("median_abs_error_after".into(), round4(med(true)).into());
+    let mut per = toml::Table::new();
+    for d in &rep.datasets {
+        let (b, af) = d.all();
+        let mut t = toml::Table::new();
+        t.insert("before".into(), round4(b).into());
+        t.insert("after".into(), round4(af).into());
+        per.insert(d.name.clone(), toml::Value::Table(t));
+    }
+    meta.insert("error".into(), toml::Value::Table(per));
+    meta.insert(
+        "unconstrained".into(),
+        toml::Value::Array(
+            rep.params.iter().filter(|p| !p.constrained).map(|p| p.def.key.to_string().into()).collect(),
+        ),
+    );
+    let mut conf = toml::Table::new();
+    for p in rep.params.iter().filter(|p| p.constrained) {
+        let mut t = toml::Table::new();
+        t.insert("prior".into(), fabricsim::calibrate::fit::format_value(&p.def, p.prior));
+        t.insert("rel_stderr".into(), round4(p.rel_stderr.unwrap_or(f64::NAN)).into());
+        t.insert("sensitivity".into(), round4(p.sensitivity).into());
+        t.insert("at_bound".into(), p.at_bound.into());
+        conf.insert(p.def.key.to_string(), toml::Value::Table(t));
+    }
+    meta.insert("confidence".into(), toml::Value::Table(conf));
+    let mut doc = toml::Table::new();
+    doc.insert("params".into(), toml::Value::Table(rep.overlay.clone()));
+    doc.insert("calibration".into(), toml::Value::Table(meta));
+    let body = toml::to_string(&doc)?;
+    Ok(format!(
+        "# fabricsim calibration profile, written by `fabricsim calibrate` (fabricsim {}).\n\
+         # [params] holds the fitted parameters (the keys of src/fabric/params.toml); parameters the\n\
+         # data did not constrain are left out (listed in calibration.unconstrained). Use it with\n\
+         # --calibration (bench, run, sweep, train, validate) or `calibration =` in a scenario.\n\n{body}",
+        env!("CARGO_PKG_VERSION")
+    ))
+}
+
+fn round4(v: f64) -> f64 {
+    if v.is_finite() {
+        (v * 1e4).round() / 1e4
+    } else {
+        -1.0
+    }
+}
+
+fn plot(rep: &FitReport, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    for (i, d) in rep.datasets.iter().enumerate() {
+        let pts = |f: &dyn Fn(&fabricsim::calibrate::fit::PointFit) -> f64| -> Vec<(f64, f64)> {
+            d.points.iter().map(|p| (p.size_bytes as f64, f(p))).filter(|&(_, y)| y > 0.0).collect()
+        };
+        let (b, af) = d.all();
+        let chart = LineChart::new(
+            "simulated vs measured bus bandwidth, before and after calibration",
+            Axis::bytes("message size"),
+            Axis::linear("bus bandwidth (GB/s)"),
+        )
+        .subtitle(format!("{}: median |error| {} before, {} after", d.name, pct(b), pct(af)))
+        .series(Series::new("measured", pts(&|p| p.measured_busbw)).markers())
+        .series(Series::new("simulated before", pts(&|p| p.before_busbw)).dashed())
+        .series(Series::new("simulated after", pts(&|p| p.after_busbw)));
+        let name =
+            if rep.datasets.len() == 1 { format!("{stem}-busbw") } else { format!("{stem}-busbw-{i}") };
+        written.extend(chart.render(dir, &name).with_context(|| format!("plotting into {}", dir.display()))?);
+    }
+    Ok(written)
+}
