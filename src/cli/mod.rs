@@ -2,8 +2,8 @@
 //! Only this binary-side code prints to the terminal or touches the process.
 
 pub mod bench;
-pub mod gpu;
 pub mod calibrate;
+pub mod gpu;
 pub mod merge;
 pub mod plan;
 pub mod plot;
