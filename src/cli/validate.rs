@@ -162,7 +162,7 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     let first = |c: &str| order.iter().position(|o| o == c).unwrap_or(0);
     sets.sort_by_key(|d| first(&d.cluster_name()));
     let mut last_cluster = String::new();
-    for d in sets {
+    for &d in &sets {
         if d.topology.is_some() && d.cluster_name() != last_cluster {
             last_cluster = d.cluster_name();
             if md {
@@ -225,9 +225,9 @@ pub fn run(a: ValidateArgs) -> Result<()> {
 /// The leave-one-dataset-out score per generation: the shipped parameters are themselves
 /// fitted to these tables, so the in-sample figure flatters them; fitting without a table and
 /// scoring on it says how well the model predicts a table it has not seen.
-fn lodo(a: &ValidateArgs, sets: &[fabricsim::calibrate::reference::Dataset], md: bool) -> Result<()> {
+fn lodo(a: &ValidateArgs, sets: &[&fabricsim::calibrate::reference::Dataset], md: bool) -> Result<()> {
     let mut data = Vec::new();
-    for d in sets.iter().filter(|d| d.file.contains(&a.filter)) {
+    for d in sets.iter().copied().filter(|d| d.file.contains(&a.filter)) {
         if let Some(fd) = FitDataset::from_manifest(&a.root, d).map_err(anyhow::Error::msg)? {
             data.push(fd);
         }

@@ -336,6 +336,18 @@ pub fn estimate(
         bubble: ideal.makespan - ideal.busy[busiest],
         optimizer: opt,
     };
+    summarize(model, plan, r.peak_flops, step, breakdown)
+}
+
+/// The step's figures from its time and breakdown: throughput, MFU (against `peak_flops`)
+/// and memory per stage. Shared by the analytical and the event mode.
+pub(crate) fn summarize(
+    model: &Model,
+    plan: &Plan,
+    peak_flops: f64,
+    step: f64,
+    breakdown: Breakdown,
+) -> Result<StepEstimate, String> {
     let flops = step_flops(model, plan);
     let gpus = plan.world() as f64;
     let memory_by_stage = memory_by_stage(model, plan)?;
@@ -350,10 +362,10 @@ pub fn estimate(
         tokens_per_s: (plan.gbs * plan.seq(model)) as f64 / step,
         model_tflops_per_gpu: model_flops_per_gpu / 1e12,
         hardware_tflops_per_gpu: flops.hardware / (step * gpus) / 1e12,
-        mfu: model_flops_per_gpu / r.peak_flops,
+        mfu: model_flops_per_gpu / peak_flops,
         breakdown,
         memory,
         memory_by_stage,
-        microbatches: m,
+        microbatches: plan.microbatches(),
     })
 }

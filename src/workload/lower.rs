@@ -47,12 +47,11 @@
 //! - Gradients of a stage become ready evenly over the kernels of the last micro-batch's
 //!   backward (as in the analytical estimate), not layer by layer by parameter count.
 
-use super::analytic::{chunk_costs_and_comms, Breakdown, ChunkComm, StepEstimate};
+use super::analytic::{chunk_costs_and_comms, summarize, Breakdown, ChunkComm, StepEstimate};
 use super::comm::{chunk_gather_bytes, grad_reduces, shard_group_kind, CollectiveKind};
 use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{collective_time, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
-use super::flops::step_flops;
-use super::memory::{memory_by_stage, stage_params};
+use super::memory::stage_params;
 use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineSchedule};
 use super::plan::{Coord, Placement, Plan, Sharding};
@@ -552,26 +551,7 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
         bubble,
         optimizer: opt,
     };
-    let flops = step_flops(model, plan);
-    let gpus = plan.world() as f64;
-    let memory_by_stage = memory_by_stage(model, plan)?;
-    let memory = memory_by_stage
-        .iter()
-        .copied()
-        .max_by_key(|m| (m.total(), std::cmp::Reverse(m.stage)))
-        .ok_or_else(|| "no stage".to_string())?;
-    let model_flops_per_gpu = flops.model / (step * gpus);
-    let estimate = StepEstimate {
-        step_time_s: step,
-        tokens_per_s: (plan.gbs * plan.seq(model)) as f64 / step,
-        model_tflops_per_gpu: model_flops_per_gpu / 1e12,
-        hardware_tflops_per_gpu: flops.hardware / (step * gpus) / 1e12,
-        mfu: model_flops_per_gpu / r.peak_flops,
-        breakdown,
-        memory,
-        memory_by_stage,
-        microbatches: m,
-    };
+    let estimate = summarize(model, plan, r.peak_flops, step, breakdown)?;
     let jobs: Vec<StepJob> = built
         .jobs
         .iter()
