@@ -45,7 +45,7 @@ const EXPECTED: &[(&str, Option<Collective>, usize, u64, u64, Option<u32>, Optio
     ("gcm_single.log", None, 6, 32 << 20, 1 << 30, None, None, true),
     (
         "h100sxm-vmware-4node-32gpu-ib8x400g-allreduce-default-nccl2.26.2-issue309.log",
-        None,
+        AR, // all_reduce_perf_mpi, the MPI build's name
         32,
         8,
         16 << 30,
@@ -55,7 +55,7 @@ const EXPECTED: &[(&str, Option<Collective>, usize, u64, u64, Option<u32>, Optio
     ),
     (
         "h100sxm-xe9680-2node-16gpu-ib8x400g-allreduce-default-nccl2.26.2-issue309.log",
-        None,
+        AR, // all_reduce_perf_mpi, the MPI build's name
         32,
         8,
         16 << 30,
