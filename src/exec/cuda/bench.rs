@@ -9,7 +9,9 @@ use std::ffi::c_void;
 use cudarc::cublas::{result as br, sys as bs};
 use cudarc::driver::result;
 
-use super::driver::{call, copy, launch, require, DevBuf, Devices, Event, HostBuf, Kernels, Stream};
+use super::driver::{
+    call, copy, launch, launch_reduce, require, DevBuf, Devices, Event, HostBuf, Kernels, Stream,
+};
 use super::kernels;
 use super::{guard, CudaError, Library};
 use crate::schedule::{DType, RedOp};
@@ -125,21 +127,7 @@ pub fn run_all(devs: &Devices, k: &Kernels, max_bytes: u64) -> Result<Vec<Micro>
             let f = k.func(0, &kernels::reduce_kernel_name(d, RedOp::Sum))?;
             let grid = kernels::grid(n, k.sms[0] * 4);
             let t = best_of(devs, &s, 5, || {
-                let (mut dp, mut a, mut b) = (z.ptr, x.ptr, y.ptr);
-                let (mut c, mut e) = (0u64, 0u64);
-                let (mut nin, mut nn, mut post, mut nr) = (2i32, n, 0i32, 1u32);
-                let mut p: [*mut c_void; 9] = [
-                    &mut dp as *mut _ as *mut c_void,
-                    &mut a as *mut _ as *mut c_void,
-                    &mut b as *mut _ as *mut c_void,
-                    &mut c as *mut _ as *mut c_void,
-                    &mut e as *mut _ as *mut c_void,
-                    &mut nin as *mut _ as *mut c_void,
-                    &mut nn as *mut _ as *mut c_void,
-                    &mut post as *mut _ as *mut c_void,
-                    &mut nr as *mut _ as *mut c_void,
-                ];
-                launch(&s, f, grid, &mut p)
+                launch_reduce(&s, f, grid, z.ptr, [x.ptr, y.ptr, 0, 0], 2, n, false, 1)
             })?;
             let bytes = 3 * n * d.size();
             out.push(Micro {

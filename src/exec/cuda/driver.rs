@@ -448,6 +448,36 @@ impl Drop for Kernels {
 
 /// Launches `f` with `grid` blocks of [`kernels::BLOCK`] threads on `s`; `params` point at
 /// the argument values, in order.
+/// Launches a reduction kernel (`kernels::reduce_kernel_name`): `dst` = the reduction of
+/// the first `nin` of `ins` over `n` elements, divided by `nranks` after when `postop`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_reduce(
+    s: &Stream,
+    f: sys::CUfunction,
+    grid: u32,
+    dst: u64,
+    ins: [u64; 4],
+    nin: i32,
+    n: u64,
+    postop: bool,
+    nranks: u32,
+) -> Result<(), CudaError> {
+    let (mut d, [mut a, mut b, mut c, mut e]) = (dst, ins);
+    let (mut nin, mut n, mut post, mut nranks) = (nin, n, i32::from(postop), nranks);
+    let mut params: [*mut c_void; 9] = [
+        &mut d as *mut _ as *mut c_void,
+        &mut a as *mut _ as *mut c_void,
+        &mut b as *mut _ as *mut c_void,
+        &mut c as *mut _ as *mut c_void,
+        &mut e as *mut _ as *mut c_void,
+        &mut nin as *mut _ as *mut c_void,
+        &mut n as *mut _ as *mut c_void,
+        &mut post as *mut _ as *mut c_void,
+        &mut nranks as *mut _ as *mut c_void,
+    ];
+    launch(s, f, grid, &mut params)
+}
+
 pub(crate) fn launch(
     s: &Stream,
     f: sys::CUfunction,

@@ -10,7 +10,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::result;
 
-use super::driver::{call, copy, launch, DevBuf, Devices, Event, Kernels, Stream};
+use super::driver::{call, copy, launch, launch_reduce, DevBuf, Devices, Event, Kernels, Stream};
 use super::kernels;
 use super::plan::{Action, BufferKind, GpuPlan};
 use super::{guard, CudaError};
@@ -115,30 +115,14 @@ impl<'a> Resident<'a> {
                     let es = p.dtype.size();
                     let f = k.func(s.device, &kernels::reduce_kernel_name(p.dtype, p.redop))?;
                     let ptr = |r: &super::plan::Region| self.bufs[r.buffer as usize].ptr + r.offset * es;
-                    let mut d = ptr(dst);
                     let mut ins = [0u64; 4];
                     for (j, r) in inputs.iter().enumerate().take(4) {
                         ins[j] = ptr(r);
                     }
-                    let mut nin = inputs.len() as i32;
-                    let mut n = dst.len;
-                    let mut post = i32::from(*postop);
-                    let mut nranks = p.nranks;
-                    let [mut a, mut b, mut c, mut e] = ins;
-                    let mut params: [*mut c_void; 9] = [
-                        &mut d as *mut _ as *mut c_void,
-                        &mut a as *mut _ as *mut c_void,
-                        &mut b as *mut _ as *mut c_void,
-                        &mut c as *mut _ as *mut c_void,
-                        &mut e as *mut _ as *mut c_void,
-                        &mut nin as *mut _ as *mut c_void,
-                        &mut n as *mut _ as *mut c_void,
-                        &mut post as *mut _ as *mut c_void,
-                        &mut nranks as *mut _ as *mut c_void,
-                    ];
                     self.devs.bind(s.device)?;
-                    let grid = kernels::grid(n, k.sms[s.device as usize] * 4);
-                    launch(s, f, grid, &mut params)?;
+                    let grid = kernels::grid(dst.len, k.sms[s.device as usize] * 4);
+                    let nin = inputs.len() as i32;
+                    launch_reduce(s, f, grid, ptr(dst), ins, nin, dst.len, *postop, p.nranks)?;
                 }
             }
             if let Some(e) = &self.events[i] {
