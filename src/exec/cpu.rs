@@ -250,16 +250,21 @@ pub enum ExecError {
 /// `s.buf_elems[Input]` elements); output and scratch start filled with
 /// [`Element::sentinel`]. `seed` draws the interleaving (see [`interp::run`]).
 pub fn execute<T: Element>(s: &Schedule, inputs: &[Vec<T>], seed: u64) -> Result<Vec<Buffers<T>>, ExecError> {
+    execute_with(s, initial_buffers(s, inputs), seed).map(|(b, _)| b)
+}
+
+/// The buffers [`execute`] starts from: each rank's input, output and scratch filled with
+/// [`Element::sentinel`] at the sizes of the schedule's (single) part.
+pub fn initial_buffers<T: Element>(s: &Schedule, inputs: &[Vec<T>]) -> Vec<Buffers<T>> {
     let [_, o, sc] = s.part0().buf_elems;
-    let init = inputs
+    inputs
         .iter()
         .map(|i| Buffers {
             input: i.clone(),
             output: vec![T::sentinel(); o as usize],
             scratch: vec![T::sentinel(); sc as usize],
         })
-        .collect();
-    execute_with(s, init, seed).map(|(b, _)| b)
+        .collect()
 }
 
 /// Runs a single-part `s` on the given initial buffers (one per rank, each of the

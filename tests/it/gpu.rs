@@ -6,7 +6,7 @@
 //! it, `--gpu` says how to rebuild.
 
 use fabricsim::collective::{self, Choice, CollArgs, Collective, Comm, Knobs};
-use fabricsim::exec::cpu::{self, Buffers, Element};
+use fabricsim::exec::cpu::{self, Element};
 use fabricsim::exec::cuda::plan::{self, Action, BufferKind};
 use fabricsim::schedule::{DType, RedOp, Schedule};
 use half::{bf16, f16};
@@ -36,15 +36,7 @@ fn check<T: Element>(s: &Schedule, inputs: &[Vec<T>], what: &str) {
         let place = plan::round_robin(n, devices);
         let p = plan::lower(s, &place).unwrap_or_else(|e| panic!("{what}: lower: {e}"));
         for seed in [0, 1, 2] {
-            let [_, o, sc] = s.part0().buf_elems;
-            let init = inputs
-                .iter()
-                .map(|i| Buffers {
-                    input: i.clone(),
-                    output: vec![T::sentinel(); o as usize],
-                    scratch: vec![T::sentinel(); sc as usize],
-                })
-                .collect();
+            let init = cpu::initial_buffers(s, inputs);
             let got = plan::emulate(&p, vec![init], seed).unwrap_or_else(|e| panic!("{what}: emulate: {e}"));
             for (r, (g, w)) in got[0].iter().zip(&want).enumerate() {
                 let bits = |v: &[T]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
