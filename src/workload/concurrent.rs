@@ -201,7 +201,7 @@ impl<'f> Concurrent<'f> {
     /// event: the layer needs the gathered weights).
     pub fn kernel_after(&mut self, compute: JobId, kernel: u32, job: JobId) {
         let Some((cp, jp, rank)) = self.compute_and_job(compute, job) else { return };
-        for e in self.done_ops(jp, rank) {
+        for e in self.composer.all_ops(jp, rank) {
             self.composer.after(LocalOp { part: cp, stream: 0, op: kernel }, e);
         }
     }
@@ -253,35 +253,8 @@ impl<'f> Concurrent<'f> {
         ranks.sort_unstable();
         ranks.dedup();
         for r in ranks {
-            let ends = self.done_ops(fp, r);
-            for start in self.composer.first_ops(lp, r) {
-                for &end in &ends {
-                    self.composer.after(start, end);
-                }
-            }
+            self.composer.after_on_rank(lp, fp, r);
         }
-    }
-
-    /// The ops that mark addition `part` done on `rank`: per stream of the rank, its last op
-    /// that moves data or computes. A trailing `Wait` completes with its stream's other ops
-    /// (it waits for one of them), and waiting on the last real op instead of the whole
-    /// stream sidesteps a simulator gap: a stream whose last op completes without a flow
-    /// does not wake the streams waiting for its end.
-    fn done_ops(&self, part: PartId, rank: u32) -> Vec<LocalOp> {
-        let Some(s) = self.composer.get(part) else { return Vec::new() };
-        s.streams
-            .iter()
-            .enumerate()
-            .filter(|(_, st)| st.rank == rank)
-            .filter_map(|(i, st)| {
-                let ins = s.instrs(st);
-                if ins.is_empty() {
-                    return None;
-                }
-                let op = ins.iter().rposition(|x| !matches!(x.op, Op::Wait { .. })).unwrap_or(ins.len() - 1);
-                Some(LocalOp { part, stream: i as u32, op: op as u32 })
-            })
-            .collect()
     }
 
     fn compose(self) -> Result<(Schedule, Vec<Placed>), WorkloadError> {
