@@ -684,40 +684,26 @@ impl<'a> Sim<'a> {
                 group_links(f, router, g.kind, &g.members).map_err(|e| SimError::Group(gi as u32, e))?;
             group_paths.insert(gi as u32, (ups, downs));
         }
-        // The part of each group: that of the first stream bound to it.
-        let mut group_part = vec![u32::MAX; s.groups.len()];
-        for st in &s.streams {
+        // Per group: its part (that of the first stream bound to it), whether a simulated
+        // stream is bound to it, and how many simulated members join each of its instances
+        // (one op per member rank; the other members are images).
+        let mut group_part: Vec<Option<u32>> = vec![None; s.groups.len()];
+        let mut group_used_by_rep = vec![false; s.groups.len()];
+        for (i, st) in s.streams.iter().enumerate() {
             for b in s.stream_bindings(st) {
                 if let Binding::Group(g) = *b {
-                    if group_part[g as usize] == u32::MAX {
-                        group_part[g as usize] = st.part;
-                    }
+                    group_part[g as usize].get_or_insert(st.part);
+                    group_used_by_rep[g as usize] |= stream_index[i] != u32::MAX;
                 }
             }
         }
-        // Groups a simulated stream is bound to, and how many simulated members join each of
-        // their instances (one op per member rank; the other members are images).
-        let mut group_used_by_rep = vec![false; s.groups.len()];
-        for &i in &sim_streams {
-            for b in s.stream_bindings(&s.streams[i as usize]) {
-                if let Binding::Group(g) = *b {
-                    group_used_by_rep[g as usize] = true;
-                }
-            }
-        }
+        let simulated_members =
+            |g: &crate::schedule::Group| g.members.iter().filter(|&&r| fold(r) == r).count();
         let group_expect: Vec<u32> = s
             .groups
             .iter()
             .zip(&group_used_by_rep)
-            .map(
-                |(g, &used)| {
-                    if used {
-                        g.members.iter().filter(|&&r| fold(r) == r).count() as u32
-                    } else {
-                        0
-                    }
-                },
-            )
+            .map(|(g, &used)| if used { simulated_members(g) as u32 } else { 0 })
             .collect();
         for (gi, (ups, downs)) in &group_paths {
             for l in ups.iter().chain(downs.iter()).flatten() {
@@ -830,10 +816,7 @@ impl<'a> Sim<'a> {
                 down_refs.push(engine.add_path(&rs));
             }
             group_index.insert(gi, groups.len() as u32);
-            let part = match group_part[gi as usize] {
-                u32::MAX => 0,
-                p => p,
-            };
+            let part = group_part[gi as usize].unwrap_or(0);
             let expect = group_expect[gi as usize];
             groups.push(GroupState {
                 part,
