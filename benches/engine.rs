@@ -110,6 +110,18 @@ fn collectives(c: &mut Criterion) {
     }
     g.finish();
 
+    // NCCL's pick on a SuperPOD without SHARP (NVLS-Tree), folded by rank classes.
+    let mut g = c.benchmark_group("default_pick_1GiB");
+    g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(20));
+    for nodes in [128u32, 2048] {
+        let f = superpod(nodes);
+        let cfg = BenchConfig { sizes: vec![1 << 30], fidelity: Fidelity::Event, ..Default::default() };
+        g.bench_function(format!("{}", nodes * 8), |b| {
+            b.iter(|| black_box(run_bench(&f, &cfg).expect("runs")))
+        });
+    }
+    g.finish();
+
     let f = superpod(128);
     let sizes = sweep_sizes(8, 8 << 30, Some(2), None).expect("valid sweep");
     let cfg = ring(sizes, Fidelity::Analytical);

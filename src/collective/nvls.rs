@@ -122,7 +122,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     s.set_channels(used.max(1));
     // NVLS across nodes (SHARP between the heads) treats every node alike: the schedule is
     // invariant under a shift by one node. NVLS-Tree is not (a node's place in the tree
-    // decides its role).
+    // decides its role): the simulator folds it by rank classes instead.
     if nodes > 1 && choice.algo == Algo::Nvls {
         s.part0_mut().rank_period = Some(comm.ppn());
     }

@@ -9,4 +9,5 @@
 pub mod analytic;
 pub mod cpu;
 pub mod cuda;
+pub mod fold;
 pub mod simulate;

@@ -23,7 +23,13 @@
 //! of their real traffic; a switch group (NVLS, SHARP) starts an instance when the period's
 //! members have joined, over every member's real paths. This is exact where every node is
 //! alike (tests hold it within 1%; all-to-all within 3% where a scalable unit is partly
-//! filled). Runs still big after that (more than
+//! filled). A schedule without a period (Tree, NVLS-Tree: a node's role in the tree decides
+//! its program) is folded by rank classes ([`super::fold`]): a few whole nodes that hold
+//! every role of every channel are simulated. Each message into a simulated rank comes from
+//! the representative of its real sender: down the real route into the receiver, and up
+//! the representative's own route (or, when the representative already feeds another
+//! receiver, the real sender's route from an engine of its own), so the simulated nodes'
+//! links carry their real traffic (tests hold it within 3% on 33 nodes). Runs still big after that (more than
 //! [`FOLD_MIN_OPS`] ops) also fold channels: one representative channel of each symmetry
 //! class is simulated, and every link's bandwidth is scaled by the share of the class's
 //! traffic the representative carries on it (computed from the routes of all channels).
@@ -339,6 +345,11 @@ struct ConnState {
     window: u32,
     sender: u32,
     receiver: u32,
+    /// Under class folding, the next connection that the same send also feeds.
+    next: u32,
+    /// Under class folding, a connection whose messages no simulated rank receives: the
+    /// credit comes back on arrival.
+    absorbed: bool,
     path: PathRef,
     reduce_path: PathRef,
     step_latency: SimTime,
@@ -527,20 +538,26 @@ impl<'a> Sim<'a> {
         // period are delivered to its image inside it, over the real route).
         let n = s.nranks;
         let period = s.rank_period().filter(|&p| opts.fold_ranks && p > 0 && p < n && n.is_multiple_of(p));
+        // Without a period, ranks may still fall into classes (a node's role in a tree):
+        // one set of whole nodes is simulated and stands in for the others.
+        let cf = if period.is_none() && opts.fold_ranks { super::fold::classes(f, s) } else { None };
+        let cf = cf.as_ref();
         let fold = |r: u32| period.map_or(r, |p| r % p);
+        let sim_rank = |r: u32| cf.map_or(fold(r) == r, |c| c.simulated(r));
         // Channels fold only when the simulation would otherwise be long: a folded channel
         // sees its share of a link as a slower link of its own, so it cannot use the gaps
         // the other channels leave between their messages (a few % slower than the full
         // simulation on bandwidth-bound runs, more on latency-bound ones).
         let unfolded_ops: u64 =
-            s.streams.iter().filter(|st| fold(st.rank) == st.rank).map(|st| s.instrs(st).len() as u64).sum();
+            s.streams.iter().filter(|st| sim_rank(st.rank)).map(|st| s.instrs(st).len() as u64).sum();
         // Dependencies name streams one by one: every stream is then simulated.
-        let fold_channels = opts.fold_channels && unfolded_ops > opts.fold_min_ops && s.deps.is_empty();
+        let fold_channels =
+            opts.fold_channels && unfolded_ops > opts.fold_min_ops && s.deps.is_empty() && cf.is_none();
         let rep = |ch: u32| !fold_channels || s.channel_class.get(ch as usize).copied().unwrap_or(ch) == ch;
         let sim_streams: Vec<u32> = (0..s.streams.len() as u32)
             .filter(|&i| {
                 let st = &s.streams[i as usize];
-                rep(st.channel) && fold(st.rank) == st.rank
+                rep(st.channel) && sim_rank(st.rank)
             })
             .collect();
         let mut stream_index = vec![u32::MAX; s.streams.len()];
@@ -558,7 +575,7 @@ impl<'a> Sim<'a> {
         // ranks are not even computed (all-to-all would need n^2 of them).
         let channels_folded =
             fold_channels && s.channel_class.iter().enumerate().any(|(c, &k)| k as usize != c);
-        let count_all = channels_folded || period.is_none();
+        let count_all = channels_folded || (period.is_none() && cf.is_none());
         // Routes of the simulated ranks' connections (cached: lanes share them).
         let mut route_cache: BTreeMap<(u32, u32, u32), (Vec<LinkId>, PathType)> = BTreeMap::new();
         let mut route = |a: u32, b: u32, ch: u32| -> Result<(Vec<LinkId>, PathType), SimError> {
@@ -568,7 +585,7 @@ impl<'a> Sim<'a> {
             let ro = RouteOpts { rail: None, pxn: opts.pxn, flow: ch as u64 };
             let r = router.route(a, b, &ro).ok_or(SimError::NoRoute { a, b })?;
             let v = (r.links, r.path_type);
-            if fold(a) == a {
+            if sim_rank(a) {
                 route_cache.insert((a, b, ch), v.clone());
             }
             Ok(v)
@@ -579,6 +596,12 @@ impl<'a> Sim<'a> {
         let mut conns: Vec<ConnState> = Vec::new();
         let mut conn_routes: Vec<(Vec<LinkId>, PathType)> = Vec::new();
         let mut conn_part: Vec<u32> = Vec::new();
+        // Per connection: the real sender it stands for when its messages leave from an
+        // image's own engine (class folding), else u32::MAX.
+        let mut conn_image: Vec<u32> = Vec::new();
+        // Class folding: receive connections by (sender stream, sender slot, from an image,
+        // connection, real sender rank).
+        let mut class_in: Vec<(u32, u32, u32, u32, u32)> = Vec::new();
         // Routes hash the part-local channel: a part's routes do not depend on the parts
         // composed before it.
         let local_channel =
@@ -625,6 +648,40 @@ impl<'a> Sim<'a> {
                         if !simulated {
                             continue;
                         }
+                        if let Some(cf) = cf {
+                            // Class folding: what arrives on this slot is sent by the real
+                            // peer's representative, on the slot by which the peer really
+                            // sends to this rank. Send sides are joined up below.
+                            let x = cf.rep(rank, st.channel);
+                            let sender = by_lane.get(&(st.lane, x)).copied().unwrap_or(u32::MAX);
+                            let peer_slot = by_lane.get(&(st.lane, rank)).and_then(|&q| {
+                                s.stream_bindings(&s.streams[q as usize])
+                                    .iter()
+                                    .position(|b| *b == Binding::Peer { rank: st.rank, port })
+                            });
+                            let id = conns.len() as u32;
+                            let fed = peer_slot.is_some() && sender != u32::MAX;
+                            conns.push(ConnState {
+                                path: PathRef::EMPTY,
+                                reduce_path: PathRef::EMPTY,
+                                step_latency: SimTime::ZERO,
+                                queue: Fifo::default(),
+                                inflight: 0,
+                                window: s.part_of(st).window,
+                                sender: if fed { sender } else { u32::MAX },
+                                receiver: i as u32,
+                                next: u32::MAX,
+                                absorbed: false,
+                            });
+                            conn_routes.push((Vec::new(), PathType::Net));
+                            conn_part.push(st.part);
+                            conn_image.push(u32::MAX);
+                            if let (Some(ps), true) = (peer_slot, fed) {
+                                class_in.push((sender, ps as u32, (x != rank) as u32, id, rank));
+                            }
+                            binds.push((u32::MAX, id));
+                            continue;
+                        }
                         // A connection is named by its sender's image, the rank offset and the
                         // port (exactly the peer pair when nothing is folded).
                         let mut conn = |a: u32, b: u32| -> Result<u32, SimError> {
@@ -646,7 +703,10 @@ impl<'a> Sim<'a> {
                                 window: s.part_of(st).window,
                                 sender,
                                 receiver,
+                                next: u32::MAX,
+                                absorbed: false,
                             });
+                            conn_image.push(u32::MAX);
                             // A message that leaves the period goes up the sender's real route
                             // and comes down the route by which the receiver's image really
                             // receives it (from the rank `delta` before it): the period's
@@ -677,6 +737,73 @@ impl<'a> Sim<'a> {
                 stream_conns.push(binds);
             }
         }
+        if cf.is_some() {
+            // Send sides under class folding. A slot's message goes to every simulated
+            // receiver it stands for: the first (the real receiver when it is simulated) over
+            // the sender's route up to its apex and the receiver's real route down; each
+            // other over the route of the real sender it stands for, from an engine of that
+            // sender's own, so that every simulated rank's links carry their real traffic.
+            // A message no simulated rank receives still loads the sender's route.
+            class_in.sort_unstable();
+            let mut j = 0;
+            for (k, &i) in sim_streams.iter().enumerate() {
+                let st = &s.streams[i as usize];
+                let binds = s.stream_bindings(st);
+                let ch = local_channel(st);
+                for (slot, b) in binds.iter().enumerate() {
+                    let Binding::Peer { rank: peer, .. } = *b else { continue };
+                    if !sends[st.program as usize].get(slot).copied().unwrap_or(false) {
+                        continue;
+                    }
+                    while j < class_in.len() && (class_in[j].0, class_in[j].1) < (i, slot as u32) {
+                        j += 1;
+                    }
+                    let first = j;
+                    while j < class_in.len() && (class_in[j].0, class_in[j].1) == (i, slot as u32) {
+                        j += 1;
+                    }
+                    let own = route(st.rank, peer, ch)?;
+                    if first == j {
+                        let id = conns.len() as u32;
+                        conns.push(ConnState {
+                            path: PathRef::EMPTY,
+                            reduce_path: PathRef::EMPTY,
+                            step_latency: SimTime::ZERO,
+                            queue: Fifo::default(),
+                            inflight: 0,
+                            window: s.part_of(st).window,
+                            sender: i,
+                            receiver: u32::MAX,
+                            next: u32::MAX,
+                            absorbed: true,
+                        });
+                        conn_routes.push(own);
+                        conn_part.push(st.part);
+                        conn_image.push(u32::MAX);
+                        stream_conns[k][slot].0 = id;
+                        continue;
+                    }
+                    for (e, &(_, _, image, c, q)) in class_in[first..j].iter().enumerate() {
+                        let y = s.streams[conns[c as usize].receiver as usize].rank;
+                        let real = route(q, y, ch)?;
+                        conn_routes[c as usize] = if image == 0 {
+                            real
+                        } else if e == 0 {
+                            let mut links = own.0[..apex(f, &own.0)].to_vec();
+                            links.extend_from_slice(&real.0[apex(f, &real.0)..]);
+                            (links, own.1)
+                        } else {
+                            conn_image[c as usize] = by_lane.get(&(st.lane, q)).copied().unwrap_or(u32::MAX);
+                            real
+                        };
+                        if e + 1 < j - first {
+                            conns[c as usize].next = class_in[first + e + 1].3;
+                        }
+                    }
+                    stream_conns[k][slot].0 = class_in[first].3;
+                }
+            }
+        }
         // Switch groups: paths of every member (all channels count for the shares).
         let mut group_paths: BTreeMap<u32, TreePaths> = BTreeMap::new();
         for (gi, g) in s.groups.iter().enumerate() {
@@ -698,7 +825,7 @@ impl<'a> Sim<'a> {
             }
         }
         let simulated_members =
-            |g: &crate::schedule::Group| g.members.iter().filter(|&&r| fold(r) == r).count();
+            |g: &crate::schedule::Group| g.members.iter().filter(|&&r| sim_rank(r)).count();
         let group_expect: Vec<u32> = s
             .groups
             .iter()
@@ -775,6 +902,7 @@ impl<'a> Sim<'a> {
             });
         }
         // Connection paths: sender's engine, then the links.
+        let mut image_engines: BTreeMap<u32, (ResourceId, ResourceId)> = BTreeMap::new();
         for (ci, c) in conns.iter_mut().enumerate() {
             let (links, ty) = &conn_routes[ci];
             let class = match ty {
@@ -786,9 +914,24 @@ impl<'a> Sim<'a> {
             if c.sender == u32::MAX || stream_index[c.sender as usize] == u32::MAX {
                 continue;
             }
-            let ss = &streams[stream_index[c.sender as usize] as usize];
-            let mut servers: Vec<ResourceId> = engine.path(ss.engine_path).to_vec();
-            let mut rservers: Vec<ResourceId> = engine.path(ss.reducer_path).to_vec();
+            let (mut servers, mut rservers): (Vec<ResourceId>, Vec<ResourceId>) = match conn_image[ci] {
+                u32::MAX => {
+                    let ss = &streams[stream_index[c.sender as usize] as usize];
+                    (engine.path(ss.engine_path).to_vec(), engine.path(ss.reducer_path).to_vec())
+                }
+                q => {
+                    // The copy engine and reducer of the real sender an image stands for.
+                    let (eng, red) = *image_engines.entry(q).or_insert_with(|| {
+                        let proto = proto_of(&s.streams[q as usize]);
+                        let eng = engine.add_resource(proto.channel_bw, SimTime::ZERO, 4096);
+                        roles.push(ResourceRole::Channel(q));
+                        let red = engine.add_resource(p.reduce_channel_bw, SimTime::ZERO, 4096);
+                        roles.push(ResourceRole::Reducer(q));
+                        (eng, red)
+                    });
+                    (vec![eng], vec![red, eng])
+                }
+            };
             for &l in links {
                 let r = res_of(l, &mut engine, &mut roles);
                 servers.push(r);
@@ -960,10 +1103,13 @@ impl<'a> Sim<'a> {
                         }
                     }
                     for &b in step.send.as_slice() {
-                        let sc = self.stream_conns[(ss.conn_base + b as u32) as usize].0;
-                        let c = &self.conns[sc as usize];
-                        if c.inflight >= c.window {
-                            return;
+                        let mut sc = self.stream_conns[(ss.conn_base + b as u32) as usize].0;
+                        while sc != u32::MAX {
+                            let c = &self.conns[sc as usize];
+                            if c.inflight >= c.window {
+                                return;
+                            }
+                            sc = c.next;
                         }
                     }
                     let (elem, payload, part) = (ss.elem, ss.payload, ss.part);
@@ -984,9 +1130,19 @@ impl<'a> Sim<'a> {
                     }
                     let bytes = bytes.unwrap_or(0);
                     let mut n = 0u8;
-                    for &b in step.send.as_slice() {
-                        let sc =
-                            self.stream_conns[(self.streams[ku].conn_base + b as u32) as usize].0 as usize;
+                    let mut chain = step.send.as_slice().iter().copied();
+                    let mut next = u32::MAX;
+                    loop {
+                        if next == u32::MAX {
+                            match chain.next() {
+                                Some(b) => {
+                                    next = self.stream_conns[(self.streams[ku].conn_base + b as u32) as usize].0
+                                }
+                                None => break,
+                            }
+                        }
+                        let sc = next as usize;
+                        next = self.conns[sc].next;
                         self.conns[sc].inflight += 1;
                         let c = &self.conns[sc];
                         let path = if step.reduce { c.reduce_path } else { c.path };
@@ -1268,6 +1424,14 @@ impl Handler for Sim<'_> {
                 match rec.kind {
                     FlowKind::Send { conn } => {
                         let c = &mut self.conns[conn as usize];
+                        if c.absorbed {
+                            // No simulated rank receives it: the credit comes back now.
+                            c.inflight -= 1;
+                            self.pending_wakes.push(rec.stream);
+                            self.op_done(rec.stream, rec.op);
+                            self.run_wakes(api);
+                            return;
+                        }
                         c.queue.push(rec.bytes);
                         let recv = c.receiver;
                         self.op_done(rec.stream, rec.op);

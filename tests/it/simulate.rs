@@ -325,3 +325,43 @@ fn node_folding_holds_across_scalable_units() {
     }
     eprintln!("{}", text.join("\n"));
 }
+
+#[test]
+fn class_folding_tracks_the_full_simulation_of_trees() {
+    // Tree and NVLS-Tree are not invariant under a node shift: a node's role in each of the
+    // two binary trees decides its program. Class folding simulates a few whole nodes that
+    // hold every role of every channel and lets them stand in for the others. On 33 nodes
+    // (two scalable units, a tree of depth 5) it must stay within 3% of the full simulation
+    // with at most a third of the streams, and it must not engage where it saves nothing.
+    let f = fabric("superpod-h100.toml", Some(33), None);
+    let full = unfolded();
+    let mut text = Vec::new();
+    for (algo, proto, bytes) in [
+        (Algo::Tree, Proto::LL128, 4u64 << 20),
+        (Algo::Tree, Proto::Simple, 64 << 20),
+        (Algo::NvlsTree, Proto::Simple, 4 << 20),
+        (Algo::NvlsTree, Proto::Simple, 64 << 20),
+    ] {
+        let c = ch(algo, proto, 4);
+        let folded = run(&f, Collective::AllReduce, bytes, c, &SimOpts::default());
+        let reference = run(&f, Collective::AllReduce, bytes, c, &full);
+        let e = folded.time.as_us() / reference.time.as_us() - 1.0;
+        text.push(format!(
+            "{algo:?} {proto:?} {bytes}: {} of {} streams, {:.2} vs {:.2} us ({:+.2}%)",
+            folded.streams,
+            reference.streams,
+            folded.time.as_us(),
+            reference.time.as_us(),
+            e * 100.0
+        ));
+        assert!(folded.streams * 3 <= reference.streams, "{}", text.join("\n"));
+        assert!(e.abs() <= 0.03, "{}", text.join("\n"));
+    }
+    eprintln!("{}", text.join("\n"));
+    // Three nodes: every node has its own role, nothing is folded.
+    let f = fabric("superpod-h100.toml", Some(3), None);
+    let c = ch(Algo::Tree, Proto::Simple, 4);
+    let a = run(&f, Collective::AllReduce, 8 << 20, c, &SimOpts::default());
+    let b = run(&f, Collective::AllReduce, 8 << 20, c, &full);
+    assert_eq!((a.time, a.streams), (b.time, b.streams));
+}

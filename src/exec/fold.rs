@@ -1,0 +1,256 @@
+//! Class folding for the simulator: which host nodes of a schedule are simulated, and which
+//! simulated rank stands in for each rank of the others, channel by channel.
+//!
+//! The ranks of each channel are partitioned by colour refinement into the coarsest classes
+//! in which ranks run the same programs from the same place in their node (local index,
+//! stream offset and position where addresses depend on it) and have peers of the same
+//! classes on the same connection slots and switch groups of the same classes: a node's
+//! role in one of NCCL's binary trees (root, inner node of some height, leaf), for
+//! example. A set of whole nodes that holds a member of every class of every channel is then
+//! simulated (greedy cover, lowest node first on ties); every rank outside it is represented,
+//! in each channel, by the lowest simulated rank of its class.
+//!
+//! Ranks of one class issue the same ops in the same order, and their peers are alike slot
+//! by slot; what differs is the traffic that other channels (and, for the double binary
+//! tree, the other tree) put on the same NICs and switches, which this does not see. The
+//! simulator makes up for part of it by sending every message into a simulated rank over its
+//! real route (see `simulate.rs`), so the simulated nodes' links carry their real traffic.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, DefaultHasher};
+
+use crate::fabric::Fabric;
+use crate::schedule::{Binding, Op, Schedule};
+
+/// Refinement stops here: bindings visited per round (all-to-all between many ranks would
+/// cost more to partition than to simulate).
+const MAX_BINDINGS: usize = 20_000_000;
+
+/// Simulated nodes and the representative of every rank in every channel.
+#[derive(Clone, Debug)]
+pub struct ClassFold {
+    nranks: u32,
+    /// Whether each rank's node is simulated.
+    simulated: Vec<bool>,
+    /// `rep[c * nranks + r]`: the simulated rank that stands in for `r` on channel `c`.
+    rep: Vec<u32>,
+    /// Host nodes simulated, and in all.
+    pub nodes: (u32, u32),
+}
+
+impl ClassFold {
+    /// Whether `rank` is simulated.
+    #[inline]
+    pub fn simulated(&self, rank: u32) -> bool {
+        self.simulated[rank as usize]
+    }
+    /// The simulated rank standing in for `rank` on `channel`.
+    #[inline]
+    pub fn rep(&self, rank: u32, channel: u32) -> u32 {
+        if self.simulated[rank as usize] {
+            return rank;
+        }
+        self.rep.get((channel * self.nranks + rank) as usize).copied().unwrap_or(rank)
+    }
+}
+
+type Interner = HashMap<Vec<u32>, u32, BuildHasherDefault<DefaultHasher>>;
+
+fn intern(map: &mut Interner, sig: &[u32]) -> u32 {
+    if let Some(&c) = map.get(sig) {
+        return c;
+    }
+    let c = map.len() as u32;
+    map.insert(sig.to_vec(), c);
+    c
+}
+
+/// Partitions the ranks of a one-part schedule without cross-stream dependencies into
+/// classes and picks the nodes to simulate; `None` when nothing would be saved.
+pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
+    let n = s.nranks;
+    if s.parts.len() != 1 || !s.deps.is_empty() || n == 0 || n > f.num_gpus() {
+        return None;
+    }
+    let node_of: Vec<u32> = (0..n).map(|r| f.node_of_rank(r)).collect();
+    let mut node_ids: Vec<u32> = node_of.clone();
+    node_ids.sort_unstable();
+    node_ids.dedup();
+    if node_ids.len() < 3 {
+        return None;
+    }
+    let bindings: usize = s.streams.iter().map(|st| st.bindings.len()).sum();
+    if bindings > MAX_BINDINGS {
+        return None;
+    }
+    let nch = s.streams.iter().map(|st| st.channel + 1).max().unwrap_or(0);
+    // Streams of each (channel, rank), in lane order.
+    let mut by_cr: Vec<Vec<u32>> = vec![Vec::new(); (nch * n) as usize];
+    for (i, st) in s.streams.iter().enumerate() {
+        if st.rank >= n {
+            return None;
+        }
+        by_cr[(st.channel * n + st.rank) as usize].push(i as u32);
+    }
+    for v in &mut by_cr {
+        v.sort_by_key(|&i| s.streams[i as usize].lane);
+    }
+    // Programs whose lengths depend on the stream's position (chunked addresses).
+    let pos_dependent: Vec<bool> = s
+        .programs
+        .iter()
+        .map(|p| {
+            let chunked = |a: &Option<crate::schedule::Addr>| a.is_some_and(|a| a.modulus != 0);
+            p.instrs.iter().any(|ins| match &ins.op {
+                Op::Step(st) => chunked(&st.local) || chunked(&st.write),
+                Op::Switch(sw) => chunked(&sw.src) || chunked(&sw.dst),
+                _ => false,
+            })
+        })
+        .collect();
+    let mut rep = vec![u32::MAX; (nch * n) as usize];
+    // Per channel: the class of each rank (offset so that channels do not share ids).
+    let mut class = vec![u32::MAX; (nch * n) as usize];
+    let mut next_class = 0u32;
+    let mut sig: Vec<u32> = Vec::new();
+    for c in 0..nch {
+        let base = (c * n) as usize;
+        let ranks: Vec<u32> = (0..n).filter(|&r| !by_cr[base + r as usize].is_empty()).collect();
+        if ranks.is_empty() {
+            continue;
+        }
+        // Initial colours: place in the node and the shape of every stream.
+        let mut map = Interner::default();
+        let mut col = vec![u32::MAX; n as usize];
+        for &r in &ranks {
+            sig.clear();
+            sig.push(f.local_rank(r));
+            for &i in &by_cr[base + r as usize] {
+                let st = &s.streams[i as usize];
+                sig.extend([st.lane, st.program, (st.offset >> 32) as u32, st.offset as u32]);
+                if pos_dependent[st.program as usize] {
+                    sig.extend([st.pos, st.perm]);
+                }
+                for b in s.stream_bindings(st) {
+                    match *b {
+                        Binding::Peer { rank, port } => {
+                            sig.extend([0, port as u32, (node_of.get(rank as usize) == Some(&node_of[r as usize])) as u32])
+                        }
+                        Binding::Group(g) => {
+                            let g = &s.groups[g as usize];
+                            sig.extend([1, g.kind as u32, g.members.len() as u32]);
+                        }
+                    }
+                }
+            }
+            col[r as usize] = intern(&mut map, &sig);
+        }
+        let mut ncol = map.len();
+        // Refine until the partition is stable.
+        loop {
+            let mut gmap = Interner::default();
+            let mut gcol: HashMap<u32, u32, BuildHasherDefault<DefaultHasher>> = HashMap::default();
+            let mut map = Interner::default();
+            let mut next = vec![u32::MAX; n as usize];
+            for &r in &ranks {
+                sig.clear();
+                sig.push(col[r as usize]);
+                for &i in &by_cr[base + r as usize] {
+                    let st = &s.streams[i as usize];
+                    for b in s.stream_bindings(st) {
+                        match *b {
+                            Binding::Peer { rank, .. } => {
+                                sig.push(col.get(rank as usize).copied().unwrap_or(u32::MAX))
+                            }
+                            Binding::Group(g) => {
+                                let gc = *gcol.entry(g).or_insert_with(|| {
+                                    let mut m: Vec<u32> = s.groups[g as usize]
+                                        .members
+                                        .iter()
+                                        .map(|&x| col.get(x as usize).copied().unwrap_or(u32::MAX))
+                                        .collect();
+                                    m.sort_unstable();
+                                    intern(&mut gmap, &m)
+                                });
+                                sig.push(gc);
+                            }
+                        }
+                    }
+                }
+                next[r as usize] = intern(&mut map, &sig);
+            }
+            col = next;
+            if map.len() == ncol {
+                break;
+            }
+            ncol = map.len();
+        }
+        for &r in &ranks {
+            class[base + r as usize] = next_class + col[r as usize];
+        }
+        next_class += ncol as u32;
+    }
+    // Cover every class with as few whole nodes as possible.
+    let nodes_max = *node_ids.last().unwrap_or(&0) as usize + 1;
+    let mut node_classes: Vec<Vec<u32>> = vec![Vec::new(); nodes_max];
+    for c in 0..nch {
+        for r in 0..n {
+            let k = class[(c * n + r) as usize];
+            if k != u32::MAX {
+                node_classes[node_of[r as usize] as usize].push(k);
+            }
+        }
+    }
+    for v in &mut node_classes {
+        v.sort_unstable();
+        v.dedup();
+    }
+    let mut covered = vec![false; next_class as usize];
+    let mut sim_node = vec![false; nodes_max];
+    let mut left = next_class as usize;
+    let mut chosen = 0u32;
+    while left > 0 {
+        let mut best = (0usize, 0usize);
+        for &d in &node_ids {
+            if sim_node[d as usize] {
+                continue;
+            }
+            let gain = node_classes[d as usize].iter().filter(|&&k| !covered[k as usize]).count();
+            if gain > best.0 {
+                best = (gain, d as usize);
+            }
+        }
+        if best.0 == 0 {
+            break;
+        }
+        sim_node[best.1] = true;
+        chosen += 1;
+        for &k in &node_classes[best.1] {
+            if !covered[k as usize] {
+                covered[k as usize] = true;
+                left -= 1;
+            }
+        }
+    }
+    if chosen as usize >= node_ids.len() {
+        return None;
+    }
+    let simulated: Vec<bool> = (0..n).map(|r| sim_node[node_of[r as usize] as usize]).collect();
+    // Representative of each class: its lowest simulated rank.
+    let mut first = vec![u32::MAX; next_class as usize];
+    for c in 0..nch {
+        for r in 0..n {
+            let k = class[(c * n + r) as usize];
+            if k != u32::MAX && simulated[r as usize] && first[k as usize] == u32::MAX {
+                first[k as usize] = r;
+            }
+        }
+    }
+    for c in 0..nch {
+        for r in 0..n {
+            let k = class[(c * n + r) as usize];
+            rep[(c * n + r) as usize] = if k == u32::MAX { r } else { first[k as usize] };
+        }
+    }
+    Some(ClassFold { nranks: n, simulated, rep, nodes: (chosen, node_ids.len() as u32) })
+}
