@@ -20,6 +20,8 @@ pub struct Chunking {
     pub min_slice_bytes: u64,
     /// Messages a connection may hold (NCCL_STEPS / steps per slice).
     pub window: u32,
+    /// Loops built per channel at most ([`Knobs::max_loops`]; `u64::MAX`: all).
+    pub max_loops: u64,
 }
 
 /// Step size of a protocol's buffer, in payload bytes.
@@ -35,6 +37,10 @@ pub fn step_bytes(proto: Proto, k: &Knobs) -> u64 {
 
 /// The chunking NCCL uses for `algo`/`proto` on `coll`.
 pub fn chunking(coll: Collective, algo: Algo, proto: Proto, k: &Knobs) -> Chunking {
+    Chunking { max_loops: k.max_loops.unwrap_or(u64::MAX).max(2), ..nccl_chunking(coll, algo, proto, k) }
+}
+
+fn nccl_chunking(coll: Collective, algo: Algo, proto: Proto, k: &Knobs) -> Chunking {
     let step = step_bytes(proto, k).max(16);
     let ring_simple = algo == Algo::Ring
         && proto == Proto::Simple
@@ -46,6 +52,7 @@ pub fn chunking(coll: Collective, algo: Algo, proto: Proto, k: &Knobs) -> Chunki
             slices: 2,
             min_slice_bytes: step * 2 / 32,
             window: NCCL_STEPS / 2,
+            max_loops: u64::MAX,
         };
     }
     let chunk = match (algo, proto) {
@@ -59,9 +66,21 @@ pub fn chunking(coll: Collective, algo: Algo, proto: Proto, k: &Knobs) -> Chunki
         // 8 KiB each) so that the next hop starts halfway: one message per step was 15-30%
         // slow in the 2-8 MiB knee of the H100 tables, four overshoot (validate/reference,
         // README "Accuracy").
-        return Chunking { chunk_bytes: chunk, slices: 2, min_slice_bytes: 8 << 10, window: NCCL_STEPS };
+        return Chunking {
+            chunk_bytes: chunk,
+            slices: 2,
+            min_slice_bytes: 8 << 10,
+            window: NCCL_STEPS,
+            max_loops: u64::MAX,
+        };
     }
-    Chunking { chunk_bytes: chunk, slices: 1, min_slice_bytes: step / 32, window: NCCL_STEPS }
+    Chunking {
+        chunk_bytes: chunk,
+        slices: 1,
+        min_slice_bytes: step / 32,
+        window: NCCL_STEPS,
+        max_loops: u64::MAX,
+    }
 }
 
 /// Splits a loop's chunk of `rc_elems` into slices: (slices, elements per slice), with the

@@ -66,6 +66,8 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
             );
         }
     }
+    let per_loop = if choice.algo == Algo::CollNetChain { 1 } else { heads.len() as u64 };
+    super::ring::note_truncation(&mut s, &parts, per_loop, &ch, elem);
     s.set_channels(used.max(1));
     // CollNet Direct channels are alike (one symmetry class; folding them agrees with the
     // full simulation). CollNet Chain keeps every channel: its chain pipelines overlap

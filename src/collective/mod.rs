@@ -233,6 +233,9 @@ pub struct Knobs {
     pub pxn_disable: bool,
     /// `NCCL_NCHANNELS_PER_NET_PEER` (None: NCCL's own rule, see `alltoall::p2p_op_channels`).
     pub net_channels_per_peer: Option<u32>,
+    /// Not an NCCL variable: build at most this many loops per channel (the first ones and
+    /// the last), for a backend that extrapolates the steady state (`exec::steady`).
+    pub max_loops: Option<u64>,
 }
 
 impl Default for Knobs {
@@ -246,6 +249,7 @@ impl Default for Knobs {
             p2p_nvl_chunksize: 512 << 10,
             pxn_disable: false,
             net_channels_per_peer: None,
+            max_loops: None,
         }
     }
 }

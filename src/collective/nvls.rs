@@ -119,6 +119,8 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
             }
         }
     }
+    let per_loop = if args.coll == Collective::AllReduce { heads.len() as u64 } else { 1 };
+    super::ring::note_truncation(&mut s, &parts, per_loop, &ch, elem);
     s.set_channels(used.max(1));
     // NVLS across nodes (SHARP between the heads) treats every node alike: the schedule is
     // invariant under a shift by one node. NVLS-Tree is not (a node's place in the tree

@@ -83,6 +83,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
             s.add_stream_at(r, c, c, r, prog, &binds, off);
         }
     }
+    super::ring::note_truncation(&mut s, &parts, 1, &ch, elem);
     s.set_channels(used.max(1));
     // One GPU per node and rank-relative peers: every rank behaves alike.
     s.part0_mut().rank_period = Some(1);

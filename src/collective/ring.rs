@@ -27,23 +27,56 @@ pub(crate) struct Loop {
     pub sl: u64,
 }
 
-/// Cuts `[off, off+len)` into loops of `n` chunks (`n = 1` for per-block loops).
+/// Cuts `[off, off+len)` into loops of `n` chunks (`n = 1` for per-block loops). With
+/// [`Chunking::max_loops`] below the count, only the first `max_loops - 1` loops and the
+/// last one are returned (a truncated call, see [`loop_count`]).
 pub(crate) fn loops(off: u64, len: u64, n: u64, ch: &Chunking, elem: u64) -> Vec<Loop> {
+    let mut out = Vec::new();
+    let mut last = None;
+    for_loops(off, len, n, ch, elem, |i, l| {
+        if i + 1 < ch.max_loops {
+            out.push(l);
+        } else {
+            last = Some(l);
+        }
+    });
+    out.extend(last);
+    out
+}
+
+/// Loops of `[0, len)` in loops of `n` chunks, and how many of them [`loops`] builds.
+pub(crate) fn loop_count(len: u64, n: u64, ch: &Chunking, elem: u64) -> (u64, u64) {
+    let mut total = 0;
+    for_loops(0, len, n, ch, elem, |_, _| total += 1);
+    (total.min(ch.max_loops), total)
+}
+
+fn for_loops(off: u64, len: u64, n: u64, ch: &Chunking, elem: u64, mut f: impl FnMut(u64, Loop)) {
     let align = (16 / elem).max(1);
     let chunk = (ch.chunk_bytes / elem).max(1);
     let end = off + len;
-    let mut out = Vec::new();
     let mut lb = off;
+    let mut i = 0;
     while lb < end {
         let rem = end - lb;
         let rc = chunk.min(rem.div_ceil(n)).div_ceil(align) * align;
         let (nsl, sl) = slices_for(ch, rc, elem);
         let sl = sl.div_ceil(align) * align;
         let rc = nsl * sl;
-        out.push(Loop { lb, rc, nsl, sl });
+        f(i, Loop { lb, rc, nsl, sl });
         lb += n * rc;
+        i += 1;
     }
-    out
+}
+
+/// Records on the schedule that its channels were truncated to [`Chunking::max_loops`]
+/// loops of `n` chunks (the longest channel's count), if they were.
+pub(crate) fn note_truncation(s: &mut Schedule, parts: &[(u64, u64)], n: u64, ch: &Chunking, elem: u64) {
+    let longest = parts.iter().map(|p| p.1).max().unwrap_or(0);
+    let (built, total) = loop_count(longest, n, ch, elem);
+    if built < total {
+        s.part0_mut().truncated = Some((built, total));
+    }
 }
 
 /// A single-rank collective: a local copy (or nothing).
@@ -139,6 +172,8 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
             }
         }
     }
+    let per_loop = if args.coll == Collective::AllReduce { n as u64 } else { 1 };
+    note_truncation(&mut s, &parts, per_loop, &ch, elem);
     s.set_channels(used.max(1));
     // All ring channels are rotations of one another: one symmetry class. Over identical
     // nodes, every rank behaves like the rank one node further (broadcast and reduce have a

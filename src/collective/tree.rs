@@ -195,6 +195,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
             s.add_stream_at(r, 2 * c + 1, c, r, down_prog, &binds, off);
         }
     }
+    super::ring::note_truncation(&mut s, &parts, 1, &ch, elem);
     s.set_channels(used.max(1));
     s.channel_class = (0..used.max(1)).map(|c| c % 2).collect();
     Ok(s)

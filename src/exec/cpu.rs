@@ -295,6 +295,12 @@ pub fn execute_parts<T: Element>(
     init: Vec<Vec<Buffers<T>>>,
     seed: u64,
 ) -> Result<(PartBuffers<T>, Stats), ExecError> {
+    if let Some(p) = s.parts.iter().find(|p| p.truncated.is_some()) {
+        return Err(ExecError::Buffers(format!(
+            "part \"{}\" is a call truncated for timing (Knobs::max_loops): it does not write its whole output",
+            p.name
+        )));
+    }
     if init.len() != s.parts.len() {
         return Err(ExecError::Buffers(format!(
             "the schedule has {} parts but buffers for {} were given",

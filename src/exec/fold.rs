@@ -133,9 +133,11 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
                 }
                 for b in s.stream_bindings(st) {
                     match *b {
-                        Binding::Peer { rank, port } => {
-                            sig.extend([0, port as u32, (node_of.get(rank as usize) == Some(&node_of[r as usize])) as u32])
-                        }
+                        Binding::Peer { rank, port } => sig.extend([
+                            0,
+                            port as u32,
+                            (node_of.get(rank as usize) == Some(&node_of[r as usize])) as u32,
+                        ]),
                         Binding::Group(g) => {
                             let g = &s.groups[g as usize];
                             sig.extend([1, g.kind as u32, g.members.len() as u32]);

@@ -11,3 +11,4 @@ pub mod cpu;
 pub mod cuda;
 pub mod fold;
 pub mod simulate;
+pub mod steady;

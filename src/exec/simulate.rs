@@ -1136,7 +1136,8 @@ impl<'a> Sim<'a> {
                         if next == u32::MAX {
                             match chain.next() {
                                 Some(b) => {
-                                    next = self.stream_conns[(self.streams[ku].conn_base + b as u32) as usize].0
+                                    next =
+                                        self.stream_conns[(self.streams[ku].conn_base + b as u32) as usize].0
                                 }
                                 None => break,
                             }

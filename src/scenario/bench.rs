@@ -8,7 +8,8 @@
 use crate::collective::{self, tuner, Algo, Choice, CollArgs, Collective, Comm, Knobs};
 use crate::engine::Granularity;
 use crate::exec::analytic;
-use crate::exec::simulate::{simulate, SimOpts};
+use crate::exec::simulate::SimOpts;
+use crate::exec::steady;
 use crate::fabric::{Fabric, Router};
 use crate::schedule::{DType, Proto, RedOp};
 
@@ -505,8 +506,10 @@ fn time_one(
                      --fidelity analytical (fidelity = \"analytical\" in a scenario) for them"
                 )));
             }
-            let s = collective::build_schedule(comm, args, &choice, &cfg.env.knobs)?;
-            let r = simulate(f, router, &s, &cfg.sim_opts())?;
+            let r = steady::simulate_call(f, router, &cfg.sim_opts(), |max_loops| {
+                let knobs = Knobs { max_loops, ..cfg.env.knobs.clone() };
+                collective::build_schedule(comm, args, &choice, &knobs).map_err(BenchError::from)
+            })?;
             Ok((r.time.as_us(), choice.nchannels, r.events))
         }
     }

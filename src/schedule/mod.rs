@@ -529,6 +529,11 @@ pub struct Part {
     /// period of ranks when the part runs alone. Message sizes may differ by the last
     /// uneven chunk.
     pub rank_period: Option<u32>,
+    /// A truncated call: (loops built, loops of the full call) of its longest channel. The
+    /// algorithm built only the first loops and the last one of every channel, so that a
+    /// backend times a prefix of the steady state and extrapolates it (`exec::steady`);
+    /// the buffers are then not fully written, and only timing is meaningful.
+    pub truncated: Option<(u64, u64)>,
 }
 
 impl Part {
@@ -545,6 +550,7 @@ impl Part {
             channel_base: 0,
             channels: 1,
             rank_period: None,
+            truncated: None,
         }
     }
 }

@@ -365,3 +365,63 @@ fn class_folding_tracks_the_full_simulation_of_trees() {
     let b = run(&f, Collective::AllReduce, 8 << 20, c, &full);
     assert_eq!((a.time, a.streams), (b.time, b.streams));
 }
+
+#[test]
+fn steady_state_extrapolation_tracks_the_unrolled_simulation() {
+    // Calls longer than FULL_LOOPS loops per channel are simulated as two truncations (the
+    // first loops and the last one) and extrapolated along their steady state. Against the
+    // unrolled simulation of the same call: within 0.5%, for every algorithm that loops.
+    use fabricsim::exec::steady::{simulate_call, FULL_LOOPS};
+    type Case = (&'static str, Option<u32>, Collective, Algo, Proto, u32, u64);
+    let cases: [Case; 7] = [
+        ("dgx-h100.toml", None, Collective::AllReduce, Algo::Ring, Proto::Simple, 2, 12 << 30),
+        ("dgx-h100.toml", None, Collective::AllGather, Algo::Ring, Proto::LL128, 2, 3 << 30),
+        ("dgx-h100.toml", None, Collective::AllReduce, Algo::Nvls, Proto::Simple, 2, 800 << 20),
+        ("superpod-h100.toml", Some(4), Collective::AllReduce, Algo::Tree, Proto::Simple, 2, 400 << 20),
+        ("superpod-h100.toml", Some(4), Collective::AllReduce, Algo::NvlsTree, Proto::Simple, 2, 400 << 20),
+        (
+            "superpod-h100.toml",
+            Some(4),
+            Collective::AllReduce,
+            Algo::CollNetChain,
+            Proto::Simple,
+            2,
+            200 << 20,
+        ),
+        ("superpod-h100.toml", Some(4), Collective::AllReduce, Algo::Ring, Proto::Simple, 1, 20 << 30),
+    ];
+    let mut text = Vec::new();
+    let mut fails = 0;
+    for (topo, nodes, coll, algo, proto, nch, bytes) in cases {
+        let f = fabric(topo, nodes, None);
+        let router = Router::new(&f, 0);
+        let comm = Comm::from_fabric(&f, &router);
+        let a = args(coll, bytes, comm.nranks);
+        let c = ch(algo, proto, nch);
+        let build = |max_loops| {
+            let knobs = Knobs { max_loops, ..Knobs::default() };
+            build_schedule(&comm, &a, &c, &knobs)
+                .map_err(|e| fabricsim::exec::simulate::SimError::Deadlock(e.to_string()))
+        };
+        let opts = SimOpts::default();
+        let full_schedule = build(None).unwrap();
+        let long = build(Some(FULL_LOOPS)).unwrap();
+        let total = long.part0().truncated.map_or(0, |t| t.1);
+        let steady = simulate_call(&f, &router, &opts, build).unwrap();
+        let full = simulate(&f, &router, &full_schedule, &opts).unwrap();
+        let e = steady.time.as_us() / full.time.as_us() - 1.0;
+        let ok = total > FULL_LOOPS && e.abs() <= 0.005 && steady.events * 2 < full.events;
+        fails += !ok as u32;
+        text.push(format!(
+            "{topo} {nodes:?} {coll} {algo:?}/{proto:?} {bytes} B, {total} loops: {:.2} vs {:.2} us ({:+.3}%), {} vs {} events{}",
+            steady.time.as_us(),
+            full.time.as_us(),
+            e * 100.0,
+            steady.events,
+            full.events,
+            if ok { "" } else { "  <--" }
+        ));
+    }
+    eprintln!("{}", text.join("\n"));
+    assert_eq!(fails, 0, "{}", text.join("\n"));
+}
