@@ -34,7 +34,7 @@ pub struct ClassFold {
     simulated: Vec<bool>,
     /// `rep[c * nranks + r]`: the simulated rank that stands in for `r` on channel `c`.
     rep: Vec<u32>,
-    /// Host nodes simulated, and in all.
+    /// Host nodes simulated, and those that run streams.
     pub nodes: (u32, u32),
 }
 
@@ -234,7 +234,9 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
             }
         }
     }
-    if chosen as usize >= node_ids.len() {
+    // Nodes that run streams at all: folding must leave some of them out to save anything.
+    let busy = node_classes.iter().filter(|v| !v.is_empty()).count();
+    if chosen as usize >= busy {
         return None;
     }
     let simulated: Vec<bool> = (0..n).map(|r| sim_node[node_of[r as usize] as usize]).collect();
@@ -254,5 +256,5 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
             rep[(c * n + r) as usize] = if k == u32::MAX { r } else { first[k as usize] };
         }
     }
-    Some(ClassFold { nranks: n, simulated, rep, nodes: (chosen, node_ids.len() as u32) })
+    Some(ClassFold { nranks: n, simulated, rep, nodes: (chosen, busy as u32) })
 }
