@@ -602,7 +602,7 @@ impl<'a> Sim<'a> {
         // Class folding: receive connections by (sender stream, sender slot, from an image,
         // connection, real sender rank).
         let mut class_in: Vec<(u32, u32, u32, u32, u32)> = Vec::new();
-        let mut class_conns: BTreeMap<(u32, u32, u32, u8), u32> = BTreeMap::new();
+        let mut class_conns: BTreeMap<(u32, u32, u8), u32> = BTreeMap::new();
         // Routes hash the part-local channel: a part's routes do not depend on the parts
         // composed before it.
         let local_channel =
@@ -663,7 +663,7 @@ impl<'a> Sim<'a> {
                             let fed = peer_slot.is_some() && sender != u32::MAX;
                             // Several slots bound alike (a send slot and a receive slot to the
                             // same peer and port) share the connection.
-                            let key = (i as u32, sender, peer_slot.unwrap_or(usize::MAX) as u32, fed as u8);
+                            let key = (i as u32, rank, port);
                             if let (true, Some(&c)) = (fed, class_conns.get(&key)) {
                                 binds.push((u32::MAX, c));
                                 continue;
