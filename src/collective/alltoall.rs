@@ -145,6 +145,8 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let (i, o) = args.buffer_elems(n);
     s.part0_mut().buf_elems = [i, o, 0];
     s.part0_mut().window = NCCL_STEPS;
+    // One p2p channel drives what NCCL sizes its per-peer channels by over the network.
+    s.part0_mut().net_conn_bw = Some(crate::units::Bandwidth::from_gbytes(P2P_PER_CHANNEL_NET_GBPS));
     if n == 1 {
         single_rank(args, &mut s);
         return Ok(s);

@@ -529,6 +529,10 @@ pub struct Part {
     /// period of ranks when the part runs alone. Message sizes may differ by the last
     /// uneven chunk.
     pub rank_period: Option<u32>,
+    /// The most one of the part's network connections (one channel to one peer) carries,
+    /// when the algorithm's channels are slower than the NIC (NCCL's p2p channels: its
+    /// `NCCL_P2P_PER_CHANNEL_NET_BW`); None: only the links limit it.
+    pub net_conn_bw: Option<crate::units::Bandwidth>,
 }
 
 impl Part {
@@ -545,6 +549,7 @@ impl Part {
             channel_base: 0,
             channels: 1,
             rank_period: None,
+            net_conn_bw: None,
         }
     }
 }
