@@ -70,7 +70,7 @@ fn recv_lag(ops_per_chunk: usize) -> usize {
 /// NCCL's `NCCL_P2P_PER_CHANNEL_NET_BW` default (GB/s one p2p channel is expected to drive
 /// over the network; NCCL_FACTS §3.7 and the variable table): it sets how many channels a
 /// remote peer gets.
-const P2P_PER_CHANNEL_NET_GBPS: f64 = 14.0;
+pub const P2P_PER_CHANNEL_NET_GBPS: f64 = 14.0;
 
 /// Channels NCCL gives one point-to-point operation of `bytes` (NCCL_FACTS §3.7, NCCL
 /// 2.29's `ncclTopoGetNchannels` and `addP2pToPlan`, restated): every peer gets the minimum
