@@ -227,7 +227,10 @@ fn healthy_and_multi_node_tables_meet_the_issue_medians() {
     assert!(every <= 0.05, "healthy tables: median {:.1}% over all sizes", every * 100.0);
     let (large, every) = medians(&multi);
     assert!(large <= 0.06, "multi-node tables: median {:.1}% at >= 1 MiB", large * 100.0);
-    assert!(every <= 0.07, "multi-node tables: median {:.1}% over all sizes", every * 100.0);
+    // 8% (was 7%): the 80-GPU send/recv table (8.1%) joined the asserted multi-node set once
+    // one p2p channel carries NCCL's 14 GB/s, which moved the median of the five to the B200
+    // 2-node table's 7.0%; the issue's target is 10%.
+    assert!(every <= 0.08, "multi-node tables: median {:.1}% over all sizes", every * 100.0);
     for s in &all {
         assert!(s.median_large <= 0.15, "{}: {:.1}% at >= 1 MiB", s.file, s.median_large * 100.0);
     }
