@@ -57,6 +57,12 @@ pub struct Dataset {
     pub nccl: toml::Table,
     /// Free note.
     pub note: Option<String>,
+    /// Whether a shipped parameter value (`src/fabric/params.toml`, docs/PARAMETERS.md) was
+    /// chosen with this table. A cluster none of whose tables is tuned is held out: its
+    /// error is what the model does on a cluster it has not seen (`validate`'s
+    /// leave-one-cluster-out split).
+    #[serde(default)]
+    pub tuned: bool,
 }
 
 impl Dataset {
@@ -277,6 +283,85 @@ pub fn score_upto(
         nccl_median_all: nccl_median(&points.iter().collect::<Vec<_>>()),
         points,
     }))
+}
+
+/// Median errors of one regime (in one node or across nodes) and size band, pooled over the
+/// points of every scored table that is not tagged degraded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BandScore {
+    /// Points in the band.
+    pub points: usize,
+    /// fabricsim's median |error| over them.
+    pub ours: f64,
+    /// Points NCCL's model covers (it has no model of all-to-all and send/recv).
+    pub covered: usize,
+    /// fabricsim's median |error| over the covered points.
+    pub ours_covered: f64,
+    /// NCCL's model's median |error| over the covered points.
+    pub nccl: f64,
+}
+
+/// The score of the tables of one regime (`multi_node`) over sizes in `lo..hi` bytes.
+pub fn band_score(scores: &[(&Dataset, &Score)], multi_node: bool, lo: u64, hi: u64) -> BandScore {
+    let (mut ours, mut covered, mut nccl) = (Vec::new(), Vec::new(), Vec::new());
+    let tables = scores.iter().filter(|(d, _)| d.multi_node() == multi_node && d.quality != "degraded");
+    for p in tables.flat_map(|(_, s)| &s.points).filter(|p| (lo..hi).contains(&p.size_bytes)) {
+        ours.push(p.error.abs());
+        if let Some(n) = p.nccl_error {
+            covered.push(p.error.abs());
+            nccl.push(n.abs());
+        }
+    }
+    BandScore {
+        points: ours.len(),
+        ours: median(ours),
+        covered: covered.len(),
+        ours_covered: median(covered),
+        nccl: median(nccl),
+    }
+}
+
+/// The size bands `validate` and the accuracy tests report: latency-bound, the knee, and
+/// bandwidth-bound sizes.
+pub const BANDS: [(&str, u64, u64); 3] =
+    [("< 1 MiB", 0, 1 << 20), ("1-64 MiB", 1 << 20, 64 << 20), (">= 64 MiB", 64 << 20, u64::MAX)];
+
+/// One cluster's tables: whether any shipped parameter was chosen with them, and the median
+/// over its tables of each table's median |error| at >= 1 MiB.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterScore {
+    /// Cluster name ([`Dataset::cluster_name`]).
+    pub cluster: String,
+    /// Some table of the cluster is tuned.
+    pub tuned: bool,
+    /// Tables scored.
+    pub tables: usize,
+    /// Median over the tables of their median |error| at >= 1 MiB.
+    pub median_large: f64,
+}
+
+/// Per cluster (first appearance order), the leave-one-cluster-out split of `scores`.
+pub fn cluster_scores(scores: &[(&Dataset, &Score)]) -> Vec<ClusterScore> {
+    let mut out: Vec<ClusterScore> = Vec::new();
+    let mut errs: Vec<Vec<f64>> = Vec::new();
+    for (d, s) in scores {
+        let c = d.cluster_name();
+        let i = match out.iter().position(|x| x.cluster == c) {
+            Some(i) => i,
+            None => {
+                out.push(ClusterScore { cluster: c, tuned: false, tables: 0, median_large: 0.0 });
+                errs.push(Vec::new());
+                out.len() - 1
+            }
+        };
+        out[i].tuned |= d.tuned;
+        out[i].tables += 1;
+        errs[i].push(s.median_large);
+    }
+    for (c, e) in out.iter_mut().zip(errs) {
+        c.median_large = median(e);
+    }
+    out
 }
 
 /// The reference folder under a crate root.

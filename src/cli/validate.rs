@@ -9,7 +9,9 @@ use clap::Args;
 
 use fabricsim::calibrate::fit::{leave_one_out, FitDataset, FitOptions};
 use fabricsim::calibrate::profile::load_profile;
-use fabricsim::calibrate::reference::{load_manifest, reference_dir, score};
+use fabricsim::calibrate::reference::{
+    band_score, cluster_scores, load_manifest, reference_dir, score, Dataset, Score, BANDS,
+};
 use fabricsim::calibrate::training::{score_training, training_runs_path, Use};
 use fabricsim::scenario::bench::Fidelity;
 
@@ -162,6 +164,7 @@ pub fn run(a: ValidateArgs) -> Result<()> {
     let first = |c: &str| order.iter().position(|o| o == c).unwrap_or(0);
     sets.sort_by_key(|d| first(&d.cluster_name()));
     let mut last_cluster = String::new();
+    let mut scored: Vec<(&Dataset, Score)> = Vec::new();
     for &d in &sets {
         if d.topology.is_some() && d.cluster_name() != last_cluster {
             last_cluster = d.cluster_name();
@@ -208,6 +211,7 @@ pub fn run(a: ValidateArgs) -> Result<()> {
                 );
             }
         }
+        scored.push((d, s));
     }
     if !uncovered.is_empty() {
         println!();
@@ -216,10 +220,94 @@ pub fn run(a: ValidateArgs) -> Result<()> {
             println!("  {f}: {why}");
         }
     }
+    let pairs: Vec<(&Dataset, &Score)> = scored.iter().map(|(d, s)| (*d, s)).collect();
+    print_bands(&pairs, md);
+    print_clusters(&pairs, md);
     if !a.no_lodo && a.calibration.is_none() {
         lodo(&a, &sets, md)?;
     }
     Ok(())
+}
+
+/// Median |busbw error| per regime (one node, across nodes) and size band, pooled over the
+/// points of the non-degraded tables, with NCCL's model on the points it covers.
+fn print_bands(scores: &[(&Dataset, &Score)], md: bool) {
+    println!();
+    println!(
+        "by regime and size band (median |busbw error| over the points of every table not tagged degraded; \
+         `covered`: the points NCCL's model has a time for, no all-to-all or send/recv):"
+    );
+    if md {
+        println!("| regime | sizes | points | fabricsim | covered | fabricsim (covered) | NCCL model |");
+        println!("|---|---|---:|---:|---:|---:|---:|");
+    }
+    for (regime, multi) in [("one node", false), ("across nodes", true)] {
+        for (name, lo, hi) in BANDS {
+            let b = band_score(scores, multi, lo, hi);
+            if b.points == 0 {
+                continue;
+            }
+            let (o, oc, n) = (pct(Some(b.ours)), pct(Some(b.ours_covered)), pct(Some(b.nccl)));
+            if md {
+                println!("| {regime} | {name} | {} | {o} | {} | {oc} | {n} |", b.points, b.covered);
+            } else {
+                println!(
+                    "  {regime:<13} {name:<10} {:>4} points {o:>7}   covered {:>4}: {oc:>7} vs NCCL model {n:>7}",
+                    b.points, b.covered
+                );
+            }
+        }
+    }
+}
+
+/// The leave-one-cluster-out split: clusters some shipped parameter was chosen with
+/// (`tuned` in datasets.toml) against clusters none was, each with the median of its tables'
+/// errors at >= 1 MiB. Nothing is refitted per cluster: a held-out cluster's figure is the
+/// model's error on tables that played no part in any parameter choice.
+fn print_clusters(scores: &[(&Dataset, &Score)], md: bool) {
+    let cs = cluster_scores(scores);
+    println!();
+    println!(
+        "leave-one-cluster-out (held out: no shipped parameter was chosen with any table of the cluster; \
+         median over its tables of the median |busbw error| >= 1 MiB):"
+    );
+    if md {
+        println!("| cluster | parameters chosen with it | tables | median ≥1 MiB |");
+        println!("|---|---|---:|---:|");
+    }
+    for c in &cs {
+        let role = if c.tuned { "in-sample" } else { "held out" };
+        if md {
+            println!(
+                "| {} | {} | {} | {} |",
+                c.cluster,
+                if c.tuned { "yes" } else { "no" },
+                c.tables,
+                pct(Some(c.median_large))
+            );
+        } else {
+            println!(
+                "  {:<28} {role:<10} {:>3} tables {:>7}",
+                c.cluster,
+                c.tables,
+                pct(Some(c.median_large))
+            );
+        }
+    }
+    let med = |tuned: bool| {
+        let v: Vec<f64> = cs.iter().filter(|c| c.tuned == tuned).map(|c| c.median_large).collect();
+        (v.len(), fabricsim::calibrate::reference::median(v))
+    };
+    let ((ni, mi), (no, mo)) = (med(true), med(false));
+    let line = format!(
+        "in-sample clusters: {ni}, median {}; held-out clusters: {no}, median {}",
+        pct(Some(mi)),
+        pct(Some(mo))
+    );
+    if md {
+        println!();
+    }
+    println!("  {line}");
 }
 
 /// The leave-one-dataset-out score per generation: the shipped parameters are themselves

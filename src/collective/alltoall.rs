@@ -70,7 +70,7 @@ fn recv_lag(ops_per_chunk: usize) -> usize {
 /// NCCL's `NCCL_P2P_PER_CHANNEL_NET_BW` default (GB/s one p2p channel is expected to drive
 /// over the network; NCCL_FACTS §3.7 and the variable table): it sets how many channels a
 /// remote peer gets.
-const P2P_PER_CHANNEL_NET_GBPS: f64 = 14.0;
+pub const P2P_PER_CHANNEL_NET_GBPS: f64 = 14.0;
 
 /// Channels NCCL gives one point-to-point operation of `bytes` (NCCL_FACTS §3.7, NCCL
 /// 2.29's `ncclTopoGetNchannels` and `addP2pToPlan`, restated): every peer gets the minimum
@@ -145,6 +145,8 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let (i, o) = args.buffer_elems(n);
     s.part0_mut().buf_elems = [i, o, 0];
     s.part0_mut().window = NCCL_STEPS;
+    // One p2p channel drives what NCCL sizes its per-peer channels by over the network.
+    s.part0_mut().net_conn_bw = Some(crate::units::Bandwidth::from_gbytes(P2P_PER_CHANNEL_NET_GBPS));
     if n == 1 {
         single_rank(args, &mut s);
         return Ok(s);

@@ -312,7 +312,15 @@ impl<'a> Model<'a> {
                     let (load, routes) = loads(router, &edges);
                     let scale = used as f64 / steps.len().max(1) as f64;
                     (
-                        weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, scale))),
+                        weighted(routes.iter().map(|(l, ty)| {
+                            let mut h = hop_of(f, p, proto, l, *ty, &load, scale);
+                            // A p2p channel drives at most NCCL's per-channel rate over the
+                            // network (as the simulator's per-connection server).
+                            if class_of(*ty) == LinkClass::Net {
+                                h.bw = h.bw.min(crate::collective::alltoall::P2P_PER_CHANNEL_NET_GBPS * 1e3);
+                            }
+                            h
+                        })),
                         TreeShape::default(),
                     )
                 });

@@ -941,6 +941,14 @@ impl<'a> Sim<'a> {
                     (vec![eng], vec![red, eng])
                 }
             };
+            // A part whose channels drive less than the NIC over the network: the connection
+            // has a server of its own at that rate.
+            if let (LinkClass::Net, Some(bw)) = (class, s.parts[conn_part[ci] as usize].net_conn_bw) {
+                let r = engine.add_resource(bw, SimTime::ZERO, granule(LinkKind::Net));
+                roles.push(ResourceRole::Channel(c.sender));
+                servers.push(r);
+                rservers.push(r);
+            }
             for &l in links {
                 let r = res_of(l, &mut engine, &mut roles);
                 servers.push(r);

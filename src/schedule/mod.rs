@@ -534,6 +534,10 @@ pub struct Part {
     /// backend times a prefix of the steady state and extrapolates it (`exec::steady`);
     /// the buffers are then not fully written, and only timing is meaningful.
     pub truncated: Option<(u64, u64)>,
+    /// The most one of the part's network connections (one channel to one peer) carries,
+    /// when the algorithm's channels are slower than the NIC (NCCL's p2p channels: its
+    /// `NCCL_P2P_PER_CHANNEL_NET_BW`); None: only the links limit it.
+    pub net_conn_bw: Option<crate::units::Bandwidth>,
 }
 
 impl Part {
@@ -551,6 +555,7 @@ impl Part {
             channels: 1,
             rank_period: None,
             truncated: None,
+            net_conn_bw: None,
         }
     }
 }

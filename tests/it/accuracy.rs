@@ -6,7 +6,9 @@ use std::path::Path;
 
 use std::sync::OnceLock;
 
-use fabricsim::calibrate::reference::{load_manifest, median, reference_dir, score_upto, Dataset, Score};
+use fabricsim::calibrate::reference::{
+    band_score, cluster_scores, load_manifest, median, reference_dir, score_upto, Dataset, Score,
+};
 use fabricsim::scenario::bench::Fidelity;
 
 /// Every dataset's score, computed once for all the tests of this module (the 10-node
@@ -93,18 +95,17 @@ fn every_dataset_scores_and_unasserted_ones_say_why() {
     for s in scores(false).iter().filter(|s| !s.asserted) {
         assert!(!s.points.is_empty(), "{}: no points", s.file);
         // Exempt, each with its reason in the manifest: the a3ultra pair and SHARP on A100
-        // (as before); the 10-node ring all-gather / reduce-scatter mid sizes, the 10-node
-        // and 8/32-node B200 send/recv (per-channel network rate and fabric contention not
-        // modelled) and the OCI RoCE example (added with issue 10).
+        // (as before); the 10-node ring all-gather / reduce-scatter mid sizes, the 8-node
+        // B200 send/recv (one channel per peer where the measurement shows two) and the OCI
+        // RoCE example (added with issue 10). The 10-node H100 and 32-node B200 send/recv
+        // are no longer exempt: one p2p channel drives NCCL's 14 GB/s over the network.
         let exempt = [
             "a3ultra",
             "sharp",
             "80gpu-allreduce",
             "80gpu-allgather",
             "80gpu-reducescatter",
-            "80gpu-sendrecv",
             "b200-dgxc-8node",
-            "b200-dgxc-32node",
             "oci",
         ];
         if !exempt.iter().any(|e| s.file.contains(e)) {
@@ -226,7 +227,10 @@ fn healthy_and_multi_node_tables_meet_the_issue_medians() {
     assert!(every <= 0.05, "healthy tables: median {:.1}% over all sizes", every * 100.0);
     let (large, every) = medians(&multi);
     assert!(large <= 0.06, "multi-node tables: median {:.1}% at >= 1 MiB", large * 100.0);
-    assert!(every <= 0.07, "multi-node tables: median {:.1}% over all sizes", every * 100.0);
+    // 8% (was 7%): the 80-GPU send/recv table (8.1%) joined the asserted multi-node set once
+    // one p2p channel carries NCCL's 14 GB/s, which moved the median of the five to the B200
+    // 2-node table's 7.0%; the issue's target is 10%.
+    assert!(every <= 0.08, "multi-node tables: median {:.1}% over all sizes", every * 100.0);
     for s in &all {
         assert!(s.median_large <= 0.15, "{}: {:.1}% at >= 1 MiB", s.file, s.median_large * 100.0);
     }
@@ -234,21 +238,12 @@ fn healthy_and_multi_node_tables_meet_the_issue_medians() {
 
 #[test]
 fn across_nodes_beats_nccls_model_below_1_mib_and_above_64_mib() {
-    // Every multi-node table NCCL's model covers (healthy and caveat), pooled by size band.
+    // Every multi-node table NCCL's model covers (healthy and caveat), pooled by size band
+    // (the figures `validate` prints under "by regime and size band").
+    let pairs: Vec<(&Dataset, &Score)> = all_scores().iter().map(|(d, s)| (d, s)).collect();
     let band = |lo: u64, hi: u64| -> (f64, f64, usize) {
-        let mut ours = Vec::new();
-        let mut nccl = Vec::new();
-        let tables = all_scores().iter().filter(|(d, _)| d.multi_node() && d.quality != "degraded");
-        for s in tables.map(|(_, s)| s) {
-            for p in s.points.iter().filter(|p| (lo..hi).contains(&p.size_bytes)) {
-                if let Some(n) = p.nccl_error {
-                    ours.push(p.error.abs());
-                    nccl.push(n.abs());
-                }
-            }
-        }
-        let k = ours.len();
-        (median(ours), median(nccl), k)
+        let b = band_score(&pairs, true, lo, hi);
+        (b.ours_covered, b.nccl, b.covered)
     };
     let (o, n, k) = band(0, 1 << 20);
     assert!(k >= 50 && o < n, "below 1 MiB ({k} points): {:.1}% vs NCCL model {:.1}%", o * 100.0, n * 100.0);
@@ -268,16 +263,76 @@ fn point_to_point_follows_nccls_channels_and_round_order() {
     for p in sr1.points.iter().filter(|p| p.size_bytes <= 256 << 20) {
         assert!(p.error.abs() <= 0.07, "1 node send/recv {} B: {:+.1}%", p.size_bytes, p.error * 100.0);
     }
-    // 80 ranks across 10 nodes: one channel per peer. Measured 15.2 GB/s; before the rule the
-    // model ran every channel to the NIC's 45 GB/s (+195%).
+    // 80 ranks across 10 nodes: one channel per peer, and one p2p channel drives NCCL's
+    // NCCL_P2P_PER_CHANNEL_NET_BW (14 GB/s) over the network. Measured 15.2 GB/s; before the
+    // channel rule the model ran every channel to the NIC's 45 GB/s (+195%), before the
+    // per-connection rate one channel reached 20 GB/s (+31%).
     let sr10 = one("h100sxm-xxrjun-cl01-10node-80gpu-sendrecv-nccl2.29.2.csv");
     for p in &sr10.points {
-        assert!((15.0..=21.0).contains(&p.simulated), "{} B: {:.1} GB/s", p.size_bytes, p.simulated);
+        assert!((13.0..=15.0).contains(&p.simulated), "{} B: {:.1} GB/s", p.size_bytes, p.simulated);
     }
+    assert!(sr10.median_large <= 0.10, "10-node send/recv: {:.1}%", sr10.median_large * 100.0);
     // B200, 2 nodes: 4 channels per peer reach the NIC.
     let b2 = one("b200-dgxc-2node-16gpu-ib8x400g-sendrecv-ring-busbwonly-nccl2.29.7.csv");
     assert!(b2.median_large <= 0.08, "B200 2-node send/recv: {:.1}%", b2.median_large * 100.0);
     // All-to-all across 2 nodes in NCCL's round order loads every NIC equally (-51% before).
     let a2 = one("h100sxm-xxrjun-cl01-2node-16gpu-alltoall-nccl2.29.2.csv");
     assert!(a2.median_large <= 0.12, "2-node all-to-all: {:.1}%", a2.median_large * 100.0);
+}
+
+#[test]
+fn send_recv_degrades_with_scale_through_the_channels_per_peer() {
+    // B200 ring of send/recv (X2): 42, 26 and 14.5 GB/s at 2, 8 and 32 nodes. NCCL gives a
+    // network peer 4 channels at 16 ranks and 1 at 256 (its per-operation halving with the
+    // rank count), and each carries at most 14 GB/s: 2 and 32 nodes follow (the NIC, then one
+    // channel). The 8-node table (two channels' worth) is not reproduced: the rule gives it
+    // one channel here, -47% (exempt above, reason in the manifest).
+    let b2 = one("b200-dgxc-2node-16gpu-ib8x400g-sendrecv-ring-busbwonly-nccl2.29.7.csv");
+    let b32 = one("b200-dgxc-32node-256gpu-ib8x400g-sendrecv-ring-busbwonly-nccl2.29.7.csv");
+    assert!(b32.median_large <= 0.06, "B200 32-node send/recv: {:.1}%", b32.median_large * 100.0);
+    let at = |s: &Score, b: u64| s.points.iter().find(|p| p.size_bytes == b).unwrap().simulated;
+    let (s2, s32) = (at(&b2, 256 << 20), at(&b32, 256 << 20));
+    assert!(s2 > 2.5 * s32, "256 MiB: {s2:.1} GB/s at 2 nodes, {s32:.1} at 32");
+    assert!((13.0..=14.0).contains(&s32), "32 nodes, 256 MiB: {s32:.1} GB/s (one channel)");
+}
+
+#[test]
+fn one_p2p_network_channel_carries_nccls_per_channel_rate() {
+    // Two DGX H100 nodes, a send/recv forced onto one channel per network peer: the NIC could
+    // carry 45 GB/s, the channel carries 14 (NCCL_P2P_PER_CHANNEL_NET_BW). Two channels, 28.
+    use fabricsim::collective::Collective;
+    use fabricsim::fabric::build::{build, BuildOpts};
+    use fabricsim::scenario::bench::{run_bench, BenchConfig};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let spec = fabricsim::fabric::load_topology(&root.join("topologies/dgx-h100.toml")).unwrap();
+    let f =
+        build(&spec, &BuildOpts { nodes: Some(2), gpus_per_node: Some(1), ..Default::default() }).unwrap();
+    for (per_peer, lo, hi) in [("1", 13.0, 14.0), ("2", 26.0, 28.0)] {
+        let mut cfg =
+            BenchConfig { coll: Collective::SendRecv, sizes: vec![256 << 20], ..Default::default() };
+        cfg.env.set("NCCL_NCHANNELS_PER_NET_PEER", per_peer, Collective::SendRecv).unwrap();
+        let bw = run_bench(&f, &cfg).unwrap()[0].busbw_gbps;
+        assert!((lo..=hi).contains(&bw), "{per_peer} channel(s) per peer: {bw:.1} GB/s");
+    }
+}
+
+#[test]
+fn held_out_clusters_are_reported_apart_and_stay_close() {
+    // Leave-one-cluster-out: clusters no shipped parameter was chosen with (datasets.toml
+    // `tuned`) are scored apart. When written: 10 in-sample clusters at 5.5% (median of the
+    // clusters' medians >= 1 MiB), 4 held out at 16.9% (the a3ultra and OCI examples, 46% and
+    // 26%, are other fabrics than the topologies describe; the X1 H100 cluster 7.4%, the X2
+    // B200 cluster 5.9%).
+    let pairs: Vec<(&Dataset, &Score)> = all_scores().iter().map(|(d, s)| (d, s)).collect();
+    let cs = cluster_scores(&pairs);
+    let held: Vec<_> = cs.iter().filter(|c| !c.tuned).collect();
+    assert!(held.len() >= 4, "held-out clusters: {held:?}");
+    assert!(cs.iter().filter(|c| c.tuned).count() >= 8, "{cs:?}");
+    let m = median(held.iter().map(|c| c.median_large).collect());
+    assert!(m <= 0.20, "held-out clusters: median {:.1}%", m * 100.0);
+    // The two clusters added with issue 10, whose systems the shipped topologies describe.
+    for name in ["h100sxm-xxrjun-cl01", "b200-dgxc"] {
+        let c = cs.iter().find(|c| c.cluster == name).unwrap_or_else(|| panic!("{name} missing"));
+        assert!(!c.tuned && c.median_large <= 0.10, "{name}: {:.1}%", c.median_large * 100.0);
+    }
 }
