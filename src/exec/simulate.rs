@@ -42,6 +42,7 @@ use crate::engine::{Engine, EngineApi, Granularity, Handler, NoObserver, Observe
 use crate::fabric::params::{kind_index, Resolved};
 use crate::fabric::routing::TreePaths;
 use crate::fabric::{DeviceKind, Fabric, LinkClass, LinkId, LinkKind, PathType, RouteOpts, Router};
+use crate::schedule::rules::{self, Block, Cursor, Progress};
 use crate::schedule::{Binding, GroupKind, Op, OpId, Schedule, SwitchKind};
 use crate::units::{Bandwidth, SimTime};
 
@@ -1087,23 +1088,31 @@ impl<'a> Sim<'a> {
             }
             let i = ss.pc as usize;
             let ins = &instrs[i];
-            if !ss.ops.has_room(ss.pc) {
-                self.streams[ku].room_blocked = true;
-                return;
-            }
-            if ins.after > 0 && !ss.ops.is_done(ss.pc - ins.after, ss.pc) {
-                return;
-            }
-            // Dependencies on ops of other streams (across parts).
-            while self.streams[ku].dep_next < self.streams[ku].dep_end {
-                let d = self.s.deps[self.streams[ku].dep_next as usize];
-                if d.op.op != i as u32 {
-                    break;
-                }
-                if self.must_wait(k, self.stream_index[d.on.stream as usize], d.on.op) {
+            // The IR's rules: room among the ops in flight, `after`, dependencies across
+            // streams, messages and credits, waits.
+            let mut cur = Cursor {
+                stream: si as u32,
+                pc: ss.pc,
+                done_below: ss.ops.done_below,
+                dep_next: ss.dep_next,
+                dep_end: ss.dep_end,
+            };
+            let block = match rules::check(self.s, &mut cur, &self.lane_map, &*self) {
+                Ok(b) => b,
+                Err(never) => match never {},
+            };
+            self.streams[ku].dep_next = cur.dep_next;
+            match block {
+                Block::No => {}
+                Block::Room => {
+                    self.streams[ku].room_blocked = true;
                     return;
                 }
-                self.streams[ku].dep_next += 1;
+                Block::Wait { stream, op } => {
+                    self.must_wait(k, self.stream_index[stream as usize], op);
+                    return;
+                }
+                Block::Recv(_) | Block::Credit(_) | Block::After(_) => return,
             }
             let ss = &self.streams[ku];
             if i == 0 {
@@ -1112,23 +1121,6 @@ impl<'a> Sim<'a> {
             }
             match &ins.op {
                 Op::Step(step) => {
-                    // Inputs and credits.
-                    for &b in step.recv.as_slice() {
-                        let rc = self.stream_conns[(ss.conn_base + b as u32) as usize].1;
-                        if self.conns[rc as usize].queue.is_empty() {
-                            return;
-                        }
-                    }
-                    for &b in step.send.as_slice() {
-                        let mut sc = self.stream_conns[(ss.conn_base + b as u32) as usize].0;
-                        while sc != u32::MAX {
-                            let c = &self.conns[sc as usize];
-                            if c.inflight >= c.window {
-                                return;
-                            }
-                            sc = c.next;
-                        }
-                    }
                     let (elem, payload, part) = (ss.elem, ss.payload, ss.part);
                     let mut bytes = step.local.map(|a| self.s.resolve(&a, st).len * elem);
                     for &b in step.recv.as_slice() {
@@ -1229,15 +1221,7 @@ impl<'a> Sim<'a> {
                     api.flow(now, path, ps, SimTime::ZERO, tag);
                     self.issued(k, i as u32, 1, now);
                 }
-                Op::Wait { lane_delta, op } => {
-                    let ws = Schedule::wait_target(&self.lane_map, st, *lane_delta)
-                        .map(|t| self.stream_index[t as usize])
-                        .unwrap_or(u32::MAX);
-                    if self.must_wait(k, ws, *op) {
-                        return;
-                    }
-                    self.issued(k, i as u32, 0, now);
-                }
+                Op::Wait { .. } => self.issued(k, i as u32, 0, now),
             }
             self.streams[ku].pc += 1;
         }
@@ -1412,6 +1396,38 @@ impl<'a> Sim<'a> {
         };
         let roles = self.roles.clone();
         Ok((result, engine.into_observer(), roles))
+    }
+}
+
+impl Progress for Sim<'_> {
+    type Error = std::convert::Infallible;
+    #[inline]
+    fn is_done(&self, stream: u32, op: u32) -> bool {
+        // A stream that is not simulated (folded away) counts as done.
+        let k = self.stream_index[stream as usize];
+        k == u32::MAX || self.streams[k as usize].is_done(op)
+    }
+    #[inline]
+    fn conn(&self, stream: u32, slot: u16, send: bool) -> Result<u32, Self::Error> {
+        let k = self.stream_index[stream as usize] as usize;
+        let c = self.stream_conns[(self.streams[k].conn_base + slot as u32) as usize];
+        Ok(if send { c.0 } else { c.1 })
+    }
+    #[inline]
+    fn queued(&self, conn: u32) -> usize {
+        self.conns[conn as usize].queue.len as usize
+    }
+    #[inline]
+    fn has_room(&self, mut conn: u32, more: usize) -> bool {
+        // Every connection the send feeds (one, or a chain under class folding).
+        while conn != u32::MAX {
+            let c = &self.conns[conn as usize];
+            if c.inflight as usize + more > c.window as usize {
+                return false;
+            }
+            conn = c.next;
+        }
+        true
     }
 }
 

@@ -56,6 +56,7 @@ use std::fmt::Write as _;
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 
+use super::rules::{self, Block, Cursor, Progress};
 use super::validate::{self, ScheduleError};
 use super::{Binding, Compute, Op, OpId, Schedule, Span, Step, SwitchKind, MAX_OPS_IN_FLIGHT};
 
@@ -176,20 +177,6 @@ const NONE: u32 = u32::MAX;
 enum Bind {
     Peer { send: u32, recv: u32 },
     Group { g: u32, member: u32 },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Block {
-    No,
-    Recv(u32),
-    Credit(u32),
-    After(u32),
-    Wait {
-        stream: u32,
-        op: u32,
-    },
-    /// [`MAX_OPS_IN_FLIGHT`] ops ahead of the oldest incomplete one.
-    Room,
 }
 
 struct Strm {
@@ -551,26 +538,17 @@ impl<'a, M> Machine<'a, M> {
         let st = &self.streams[k as usize];
         let i = st.pc;
         let ins = &s.programs[st.program as usize].instrs[i as usize];
-        if i - st.done_below >= MAX_OPS_IN_FLIGHT {
-            return Ok(Some(Block::Room));
-        }
-        if ins.after > 0 && !self.is_done(k, i - ins.after) {
-            return Ok(Some(Block::After(i - ins.after)));
-        }
-        // Dependencies on other streams' ops (across parts).
-        loop {
-            let st = &self.streams[k as usize];
-            if st.dep_next >= st.dep_end {
-                break;
-            }
-            let d = s.deps[st.dep_next as usize];
-            if d.op.op != i {
-                break;
-            }
-            if !self.is_done(d.on.stream, d.on.op) {
-                return Ok(Some(Block::Wait { stream: d.on.stream, op: d.on.op }));
-            }
-            self.streams[k as usize].dep_next += 1;
+        let mut cur = Cursor {
+            stream: k,
+            pc: i,
+            done_below: st.done_below,
+            dep_next: st.dep_next,
+            dep_end: st.dep_end,
+        };
+        let block = rules::check(s, &mut cur, &self.by_lane, &*self)?;
+        self.streams[k as usize].dep_next = cur.dep_next;
+        if block != Block::No {
+            return Ok(Some(block));
         }
         let st = &self.streams[k as usize];
         let at = OpRef { part: st.part, stream: k, rank: st.rank, op: i };
@@ -578,24 +556,13 @@ impl<'a, M> Machine<'a, M> {
             Op::Step(step) => {
                 let recv = step.recv.as_slice();
                 let send = step.send.as_slice();
-                // Availability: a message per receive, a credit per send (a step may use the
-                // same connection twice).
                 let mut rc = [NONE; 3];
                 let mut sc = [NONE; 3];
                 for (j, &b) in recv.iter().enumerate() {
                     rc[j] = self.peer(k, b)?.1;
-                    let need = rc[..=j].iter().filter(|&&c| c == rc[j]).count();
-                    if self.conns[rc[j] as usize].queue.len() < need {
-                        return Ok(Some(Block::Recv(rc[j])));
-                    }
                 }
                 for (j, &b) in send.iter().enumerate() {
                     sc[j] = self.peer(k, b)?.0;
-                    let need = sc[..=j].iter().filter(|&&c| c == sc[j]).count();
-                    let conn = &self.conns[sc[j] as usize];
-                    if conn.queue.len() + need > conn.window as usize {
-                        return Ok(Some(Block::Credit(sc[j])));
-                    }
                 }
                 let sst = &s.streams[k as usize];
                 let local = step.local.map(|a| s.resolve(&a, sst));
@@ -708,16 +675,11 @@ impl<'a, M> Machine<'a, M> {
                 self.advance(k);
                 self.mark_done(k, i);
             }
-            Op::Wait { lane_delta, op } => {
-                let stream = Schedule::wait_target(&self.by_lane, &s.streams[k as usize], *lane_delta)
-                    .ok_or_else(|| {
-                        structure(format!(
-                            "stream {k} waits on lane {:+} of its rank, which has no stream",
-                            lane_delta
-                        ))
-                    })?;
-                if !self.is_done(stream, *op) {
-                    return Ok(Some(Block::Wait { stream, op: *op }));
+            Op::Wait { lane_delta, .. } => {
+                if Schedule::wait_target(&self.by_lane, &s.streams[k as usize], *lane_delta).is_none() {
+                    return Err(structure(format!(
+                        "stream {k} waits on lane {lane_delta:+} of its rank, which has no stream"
+                    )));
                 }
                 self.advance(k);
                 self.mark_done(k, i);
@@ -937,6 +899,23 @@ impl<'a, M> Machine<'a, M> {
             ),
             Block::No => format!("{head} is ready (internal error)"),
         }
+    }
+}
+
+impl<M> Progress for Machine<'_, M> {
+    type Error = ScheduleError;
+    fn is_done(&self, stream: u32, op: u32) -> bool {
+        Machine::is_done(self, stream, op)
+    }
+    fn conn(&self, stream: u32, slot: u16, send: bool) -> Result<u32, ScheduleError> {
+        self.peer(stream, slot).map(|(s, r)| if send { s } else { r })
+    }
+    fn queued(&self, conn: u32) -> usize {
+        self.conns[conn as usize].queue.len()
+    }
+    fn has_room(&self, conn: u32, more: usize) -> bool {
+        let c = &self.conns[conn as usize];
+        c.queue.len() + more <= c.window as usize
     }
 }
 

@@ -33,6 +33,7 @@
 
 pub mod compose;
 pub mod interp;
+pub mod rules;
 pub mod validate;
 
 use std::collections::BTreeMap;
