@@ -12,6 +12,7 @@
 
 use crate::collective::{self, tuner, Algo, Choice, CollArgs, CollError, Comm, Knobs};
 use crate::exec::simulate::{simulate, simulate_traced, SimError, SimOpts, SimResult, Traced};
+use crate::exec::steady;
 use crate::fabric::{Fabric, Router};
 use crate::schedule::compose::{ComposeError, Composer, LocalOp, PartId};
 use crate::schedule::{Compute, DType, Op, Part, ProgramBuilder, Proto, RedOp, Schedule};
@@ -343,17 +344,20 @@ pub fn collective_time(
         return Ok(0.0);
     }
     let args = CollArgs { coll, count, dtype, redop: RedOp::Sum, root: 0 };
-    let mut w = Concurrent::new(f, router);
-    let job = CollectiveJob {
-        name: format!("{coll} of {bytes} B on {} ranks", ranks.len()),
-        ranks: ranks.to_vec(),
-        args,
-        choice: None,
-        knobs: Knobs::default(),
-    };
-    w.add(job)?;
-    let out = w.run(&SimOpts::default())?;
-    Ok(out.sim.time.as_secs())
+    // A long call is timed from two truncations of it (exec::steady): the cost does not grow
+    // with the bytes.
+    let sim = steady::simulate_call(f, router, &SimOpts::default(), |max_loops| {
+        let mut w = Concurrent::new(f, router);
+        w.add(CollectiveJob {
+            name: format!("{coll} of {bytes} B on {} ranks", ranks.len()),
+            ranks: ranks.to_vec(),
+            args,
+            choice: None,
+            knobs: Knobs { max_loops, ..Knobs::default() },
+        })?;
+        Ok::<_, WorkloadError>(w.compose()?.0)
+    })?;
+    Ok(sim.time.as_secs())
 }
 
 /// One training step of `model` under `plan` on fabric `f`, estimated analytically with every
