@@ -135,7 +135,6 @@ pub(crate) fn chunk_costs_and_comms(
 ) -> (Vec<Vec<ChunkCost>>, Vec<Vec<ChunkComm>>) {
     let (pp, vpp) = (plan.pp, plan.vpp);
     let rank_of = |s: u64| pl.rank(Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: s });
-    let chunk_layers = model.layers / (pp * vpp);
     let costs: Vec<Vec<ChunkCost>> =
         (0..pp).map(|s| (0..vpp).map(|c| chunk_cost(model, plan, r, s, c)).collect()).collect();
 
@@ -160,7 +159,7 @@ pub(crate) fn chunk_costs_and_comms(
             let vs = c * pp + s;
             // Per pass: TP exposed, TP hideable behind the GEMMs, CP, EP.
             let mut sums = [[0.0f64; 4]; 2];
-            for l in vs * chunk_layers..(vs + 1) * chunk_layers {
+            for l in plan.vstage_layers(model.layers, vs) {
                 for op in layer_comms(model, plan, l) {
                     let t = op.count as f64 * price(op.kind, op.group, op.bytes);
                     let row = &mut sums[usize::from(op.pass != Pass::F)];

@@ -300,8 +300,13 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
         .map(|l| l.iter().enumerate().map(|(i, o)| ((o.mb, o.chunk, o.pass), i)).collect())
         .collect();
     let at = |s: u32, o: &PipeOp| index[s as usize][&(o.mb, o.chunk, o.pass)];
-    let chunk_layers = (model.layers / (plan.pp * plan.vpp)).max(1) as u32;
-    let last_k = chunk_layers - 1;
+    // Kernels (layers) of one op of chunk `c` on stage `s`; chunks differ under uneven
+    // pipeline layouts.
+    let layers_of = |s: usize, c: u32| {
+        let r = plan.vstage_layers(model.layers, u64::from(c) * plan.pp + s as u64);
+        (r.end - r.start).max(1) as u32
+    };
+    let last_k = |s: usize, c: u32| layers_of(s, c) - 1;
     let rate = engine_rate(f);
     let optimizer: Vec<f64> = (0..pp)
         .map(|s| {
@@ -325,10 +330,11 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
             let rank = rep(s) as u32;
             let mut ids: Vec<JobId> = Vec::with_capacity(sched.ops[s].len());
             for (i, o) in sched.ops[s].iter().enumerate() {
-                let per = (parts[s][i].sum() + extra[s][i]) / chunk_layers as f64;
+                let n = layers_of(s, o.chunk);
+                let per = (parts[s][i].sum() + extra[s][i]) / n as f64;
                 let name = format!("stage {s} {:?} mb {} chunk {}", o.pass, o.mb, o.chunk);
                 let kernels: Vec<Kernel> =
-                    (0..chunk_layers).map(|l| timed_kernel(rate, format!("{name} layer {l}"), per)).collect();
+                    (0..n).map(|l| timed_kernel(rate, format!("{name} layer {l}"), per)).collect();
                 let id = w.add_compute(&name, rank, &kernels).map_err(e)?;
                 if let Some(&prev) = ids.last() {
                     w.after(id, prev);
@@ -350,7 +356,7 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
                 let name = format!("pp {:?} mb {} stage {ds} -> {s}", o.pass, o.mb);
                 let id = w.add(job(&name, &ranks, args)).map_err(e)?;
                 let di = at(ds, &d);
-                w.after_kernel(id, b.ops[ds as usize][di], last_k);
+                w.after_kernel(id, b.ops[ds as usize][di], last_k(ds as usize, d.chunk));
                 w.kernel_after(b.ops[s][i], 0, id);
                 if !plan.overlap.pp_comm {
                     if let Some(&next) = b.ops[ds as usize].get(di + 1) {
@@ -382,7 +388,8 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
                             format!("fsdp gather {:?} mb {} chunk {} stage {s}", o.pass, o.mb, o.chunk);
                         let id = w.add(job(&name, &group, args)).map_err(e)?;
                         if i > 0 {
-                            let k = if plan.overlap.param_gather { 0 } else { last_k };
+                            let prev = sched.ops[s][i - 1].chunk;
+                            let k = if plan.overlap.param_gather { 0 } else { last_k(s, prev) };
                             w.after_kernel_on_all_ranks(id, b.ops[s][i - 1], k);
                         }
                         w.kernel_after(b.ops[s][i], 0, id);
@@ -392,7 +399,7 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
                         if let Some(args) = coll_args(CollectiveKind::ReduceScatter, bytes, n) {
                             let name = format!("fsdp reduce-scatter mb {} chunk {} stage {s}", o.mb, o.chunk);
                             let id = w.add(job(&name, &group, args)).map_err(e)?;
-                            w.after_kernel_on_all_ranks(id, b.ops[s][i], last_k);
+                            w.after_kernel_on_all_ranks(id, b.ops[s][i], last_k(s, o.chunk));
                             b.push(s as u32, StepJobKind::Fsdp, name, &group, None);
                         }
                     }
@@ -408,7 +415,7 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
                 .iter()
                 .enumerate()
                 .filter(|(_, o)| o.mb as u64 == m - 1 && o.pass != Pass::F)
-                .flat_map(|(i, _)| (0..chunk_layers).map(move |k| (i, k)))
+                .flat_map(|(i, o)| (0..layers_of(s, o.chunk)).map(move |k| (i, k)))
                 .collect();
             let last_op = sched.ops[s].len() - 1;
             let mut buckets: Vec<(usize, CollectiveKind, Vec<u32>, u64, u64)> = Vec::new();
@@ -540,7 +547,9 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
         (gaps, 0.0)
     };
     let step = secs(out.sim.time);
-    let opt = built.opt.iter().map(|&id| span(id)).fold(0.0, f64::max);
+    // The optimizer as far as it runs after the pipeline: with unequal stages the stage
+    // that ends last need not have the largest optimizer step.
+    let opt = built.opt.iter().map(|&id| span(id)).fold(0.0, f64::max).min((step - pipe_end).max(0.0));
     let breakdown = Breakdown {
         compute: sum.compute,
         tp: sum.tp,

@@ -414,11 +414,25 @@ pub fn enumerate(model: &Model, spec: &SearchSpec, tp_ok: &dyn Fn(u64) -> bool) 
         if !spec.allows(Dimension::Tp, tp) || !(own_tp_rule || tp_ok(tp)) {
             continue;
         }
-        for pp in divisors(model.layers) {
-            if !(gpus / tp).is_multiple_of(pp) || !spec.allows(Dimension::Pp, pp) {
+        // Every pipeline depth that divides the GPUs and leaves each stage a layer: layers
+        // that do not divide go by the balanced split of [`Plan::vstage_layers`].
+        for pp in divisors(gpus / tp) {
+            if pp > model.layers || !spec.allows(Dimension::Pp, pp) {
                 continue;
             }
-            let vpps = if pp == 1 { vec![1] } else { divisors(model.layers / pp) };
+            // Interleaving where the chunks come out even: pp x vpp divides the layers, or the
+            // layers plus the embedding and output layer (Megatron's layouts).
+            let vpps: Vec<u64> = if pp == 1 {
+                vec![1]
+            } else {
+                (1..=(model.layers + 2) / pp)
+                    .filter(|&v| {
+                        v == 1
+                            || model.layers.is_multiple_of(pp * v)
+                            || (model.layers + 2).is_multiple_of(pp * v)
+                    })
+                    .collect()
+            };
             for vpp in vpps {
                 if !spec.allows(Dimension::Vpp, vpp) {
                     continue;
@@ -1216,7 +1230,7 @@ fn no_plan_reason(model: &Model, spec: &SearchSpec) -> String {
     );
     why.push_str(
         "; a plan needs tp (dividing the attention heads and KV groups, inside an NVLink domain), pp x vpp \
-         (dividing the layers), cp (dividing seq / 2) and dp = gpus / (tp x pp x cp) dividing the global batch",
+         (at most the layers), cp (dividing seq / 2) and dp = gpus / (tp x pp x cp) dividing the global batch",
     );
     why
 }

@@ -129,6 +129,39 @@ fn constraints_and_fixes_restrict_every_plan() {
     assert!(enumerate(&m70, &wide, &tp_ok).is_empty());
 }
 
+/// Layers that do not divide the pipeline are searched too: Llama 3 405B (126 layers) at
+/// PP 16 on 16,384 GPUs, with the balanced split (7 layers on the first and last stage) and
+/// interleaving where the chunks come out even ((126 + 2) / 16 = 8 slots per stage: vpp 1,
+/// 2, 4; vpp 8 would leave the first and last chunk only the embedding and output layer).
+#[test]
+fn uneven_pipelines_are_searched() {
+    let m = model("llama3-405b");
+    let spec = SearchSpec {
+        seq: Some(8192),
+        constraints: vec![
+            parse_constraint("tp=8", "--fix", true).unwrap(),
+            parse_constraint("pp=16", "--fix", true).unwrap(),
+            parse_constraint("zero=1", "--fix", true).unwrap(),
+            parse_constraint("recompute=selective", "--fix", true).unwrap(),
+        ],
+        ..SearchSpec::new(16384, 2048)
+    };
+    let plans = enumerate(&m, &spec, &|tp| tp <= 8);
+    assert!(!plans.is_empty());
+    let mut vpps: Vec<u64> = plans.iter().map(|p| p.vpp).collect();
+    vpps.sort_unstable();
+    vpps.dedup();
+    assert_eq!(vpps, [1, 2, 4]);
+    let mut want = vec![8u64; 16];
+    (want[0], want[15]) = (7, 7);
+    for p in &plans {
+        assert_eq!(p.stage_layers(126), want, "{}", plan_label(p));
+    }
+    // Without the fix on pp, depths that do not divide 126 are among the plans.
+    let free = SearchSpec { constraints: spec.constraints[..1].to_vec(), ..spec.clone() };
+    assert!(enumerate(&m, &free, &|tp| tp <= 8).iter().any(|p| p.pp == 16));
+}
+
 #[test]
 fn constraint_syntax_errors_are_located() {
     let ok = parse_constraint(" pp >= 2 ", "--constraint", false).unwrap();
