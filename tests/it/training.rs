@@ -976,6 +976,44 @@ fn validate_training_prints_the_table() {
     );
 }
 
+/// `validate --training` adds the event-mode column for runs within the rule (here the two
+/// 8-GPU GPT-22B runs of Korthikanti et al.), and says which runs it does not simulate and
+/// why, with the median error of both modes on the simulated runs.
+#[test]
+fn validate_training_has_an_event_column() {
+    let cli = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+            .args(["validate", "--training", "--format", "markdown", "--filter", "korthikanti22-gpt22b"])
+            .args(extra)
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let text = cli(&[]);
+    assert!(text.starts_with("| run | model | GPUs | topology | metric | published | simulated | error | use | event | event error |"), "{text}");
+    let row = text.lines().find(|l| l.starts_with("| korthikanti22-gpt22b-full |")).unwrap();
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    // | run | model | GPUs | topology | metric | published | simulated | error | use | event | event error |
+    let (analytic, event): (f64, f64) =
+        (cells[8].trim_end_matches('%').parse().unwrap(), cells[11].trim_end_matches('%').parse().unwrap());
+    // One GPU group, no pipeline, no data parallelism: both modes time the same TP step.
+    assert!((analytic - event).abs() <= 1.0, "{row}");
+    assert!(
+        text.contains("event mode (runs of at most 1024 GPUs") && text.contains("on the same 2 runs"),
+        "{text}"
+    );
+    let small = cli(&["--event-max-gpus", "4"]);
+    assert!(small.contains("| too slow | - |"), "{small}");
+    assert!(
+        small.contains("korthikanti22-gpt22b-full: too slow to simulate here: 8 GPUs (rule: at most 4)"),
+        "{small}"
+    );
+    let off = cli(&["--event-max-gpus", "0"]);
+    assert!(!off.contains("event"), "{off}");
+}
+
 // ---------------------------------------------------------------- event-mode step
 
 use fabricsim::fabric::build::{build, BuildOpts};
