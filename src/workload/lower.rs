@@ -381,6 +381,7 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
         // are split evenly over its layers.
         let mut fsdp_rs: Vec<Vec<JobId>> = vec![Vec::new(); pp];
         if plan.sharding.shards_params() {
+            #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
             for s in 0..pp {
                 let group: Vec<u32> =
                     pl.group_of(shard_group_kind(plan), rep(s)).iter().map(|&x| x as u32).collect();
