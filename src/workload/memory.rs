@@ -264,8 +264,15 @@ pub fn memory_by_stage(model: &Model, plan: &Plan) -> Result<Vec<Memory>, String
         plan.vpp as u32,
         plan.microbatches() as u32,
     )?;
-    let in_flight = sched.max_in_flight();
-    Ok((0..plan.pp).map(|s| stage_memory(model, plan, s, in_flight[s as usize] as u64)).collect())
+    Ok(memory_by_stage_with(model, plan, &sched.max_in_flight()))
+}
+
+/// Memory of every stage of `plan` given the chunks each stage keeps in flight
+/// ([`PipelineSchedule::max_in_flight`] of the plan's schedule), for callers that reuse it.
+pub fn memory_by_stage_with(model: &Model, plan: &Plan, in_flight: &[u32]) -> Vec<Memory> {
+    (0..plan.pp)
+        .map(|s| stage_memory(model, plan, s, in_flight.get(s as usize).copied().unwrap_or(0) as u64))
+        .collect()
 }
 
 /// The stage that needs the most memory.

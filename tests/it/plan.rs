@@ -162,6 +162,47 @@ fn uneven_pipelines_are_searched() {
     assert!(enumerate(&m, &free, &|tp| tp <= 8).iter().any(|p| p.pp == 16));
 }
 
+/// Sequence parallelism, FSDP hybrid sharding and ZB-H1 are searched, each with the memory
+/// model deciding fit, and shown in the label and the record.
+#[test]
+fn sp_hybrid_sharding_and_zb_are_searched() {
+    use fabricsim::workload::plan::{Schedule, Sharding};
+    use fabricsim::workload::search::PlanRecord;
+    let m = model("llama3-8b");
+    let spec = SearchSpec { seq: Some(4096), ..SearchSpec::new(32, 64) };
+    let plans = enumerate(&m, &spec, &|tp| tp <= 8);
+    let nosp = plans.iter().find(|p| p.tp > 1 && !p.sp).unwrap();
+    assert!(
+        plan_label(nosp).ends_with(" nosp") || plan_label(nosp).contains(" nosp "),
+        "{}",
+        plan_label(nosp)
+    );
+    assert!(plans.iter().all(|p| p.tp > 1 || !p.sp), "sp only with tp > 1");
+    let zb = plans.iter().find(|p| p.schedule() == Schedule::ZbH1).unwrap();
+    assert!(zb.pp > 1 && zb.vpp == 1 && plan_label(zb).ends_with(" zb"));
+    assert_eq!(PlanRecord::of(zb).schedule, "zb-h1");
+    let h = plans.iter().find(|p| matches!(p.sharding, Sharding::FsdpHybrid { .. })).unwrap();
+    assert_eq!(h.sharding, Sharding::FsdpHybrid { shard: 8 });
+    assert!(h.dp * h.cp > 8 && plan_label(h).contains(" h8 "));
+    assert_eq!(PlanRecord::of(h).sharding, "fsdp-hybrid-8");
+    // The new dimensions take --fix and --constraint.
+    let fixed = SearchSpec {
+        constraints: vec![
+            parse_constraint("sp=0", "--fix", true).unwrap(),
+            parse_constraint("zb=1", "--fix", true).unwrap(),
+            parse_constraint("hsdp=8", "--fix", true).unwrap(),
+        ],
+        ..spec.clone()
+    };
+    let only = enumerate(&m, &fixed, &|tp| tp <= 8);
+    assert!(!only.is_empty());
+    assert!(only.iter().all(|p| !p.sp && p.schedule() == Schedule::ZbH1 && Dimension::Hsdp.of(p) == 8));
+    // Hybrid sharding keeps whole optimizer states on fewer ranks than ZeRO-3 over all:
+    // more memory per GPU, as the memory model says.
+    let z3 = Plan { sharding: Sharding::Zero(3), ..h.clone() };
+    assert!(peak_memory(&m, h).unwrap().total() > peak_memory(&m, &z3).unwrap().total());
+}
+
 #[test]
 fn constraint_syntax_errors_are_located() {
     let ok = parse_constraint(" pp >= 2 ", "--constraint", false).unwrap();
