@@ -4,16 +4,20 @@
 //! `src/workload/gpu_params.toml` was fitted on it), and the table `fabricsim validate
 //! --training` prints. Each run goes through [`crate::workload::analytic::estimate`] with its
 //! collectives priced by [`crate::workload::concurrent::collective_time`] on the topology
-//! built to the run's GPU count (event mode, NCCL's pick, memoized per run).
+//! built to the run's GPU count (event mode, NCCL's pick, memoized per run). Beside it, the
+//! event-mode step ([`crate::workload::lower::step_event`]: the whole step simulated) scores
+//! the runs small enough to simulate quickly ([`EventRule`]); the others say why not.
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use crate::fabric::build::{build, BuildOpts};
+use crate::fabric::Fabric;
 use crate::workload::analytic::StepEstimate;
 use crate::workload::concurrent::step_on_fabric;
-use crate::workload::{load_model, parse_plan};
+use crate::workload::lower::{step_event, EventOpts};
+use crate::workload::{load_model, parse_plan, Model, Plan};
 
 use super::reference::median;
 
@@ -157,6 +161,8 @@ pub struct TrainingRow {
     pub error: f64,
     /// Distinct collectives simulated.
     pub collectives: usize,
+    /// The event-mode result ([`add_event_column`]); None when not asked for.
+    pub event: Option<EventCell>,
 }
 
 /// Every run scored, with the medians of |error|.
@@ -198,6 +204,20 @@ pub fn load_training_runs(path: &Path) -> Result<Vec<TrainingRun>, String> {
 
 /// Estimates one run on its shipped topology, collectives simulated on their groups.
 pub fn score_run(root: &Path, run: &TrainingRun) -> Result<TrainingRow, String> {
+    let (model, f, plan) = setup(root, run)?;
+    let (est, collectives) = step_on_fabric(&f, &model, &plan).map_err(|e| format!("{}: {e}", run.run))?;
+    let simulated = run.metric.of(&est);
+    Ok(TrainingRow {
+        run: run.clone(),
+        simulated,
+        error: run.metric.error(simulated, run.published),
+        collectives,
+        event: None,
+    })
+}
+
+/// The model, the topology built to the run's GPU count, and the run's plan.
+fn setup(root: &Path, run: &TrainingRun) -> Result<(Model, Fabric, Plan), String> {
     let ctx = |e: String| format!("{}: {e}", run.run);
     let model = load_model(&root.join("models").join(format!("{}.toml", run.model)))
         .map_err(|e| ctx(e.to_string()))?;
@@ -214,14 +234,103 @@ pub fn score_run(root: &Path, run: &TrainingRun) -> Result<TrainingRow, String> 
         .map_err(|e| ctx(e.to_string()))?;
     let plan = parse_plan(&run.plan_text(), Path::new(&run.run), &model, run.gpus)
         .map_err(|e| ctx(e.to_string()))?;
-    let (est, collectives) = step_on_fabric(&f, &model, &plan).map_err(ctx)?;
-    let simulated = run.metric.of(&est);
-    Ok(TrainingRow {
-        run: run.clone(),
-        simulated,
-        error: run.metric.error(simulated, run.published),
-        collectives,
-    })
+    Ok((model, f, plan))
+}
+
+/// Which runs the event mode simulates: at most `max_gpus` GPUs, at most `max_transfers`
+/// pipeline transfers in the lowered step (`2 m (pp vpp - 1)`: each is one collective of
+/// the composed schedule, and they dominate the event mode's cost on deep pipelines, e.g.
+/// 64,512 for the 1T-parameter GPT on PP 64 with 512 micro-batches, over a minute of
+/// simulation), and ZeRO-3/FSDP weight gathers on at most `max_shard_ranks` ranks (a
+/// gather of a whole model over 384 ranks runs for minutes: ring steps grow with the
+/// square of the ranks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventRule {
+    /// Most GPUs.
+    pub max_gpus: u64,
+    /// Most pipeline transfers.
+    pub max_transfers: u64,
+    /// Most ranks of a ZeRO-3/FSDP sharding group.
+    pub max_shard_ranks: u64,
+}
+
+impl Default for EventRule {
+    fn default() -> Self {
+        EventRule { max_gpus: 1024, max_transfers: 4_000, max_shard_ranks: 64 }
+    }
+}
+
+/// The event-mode result of one run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EventCell {
+    /// Simulated: the metric and its error against the published value.
+    Simulated {
+        /// The metric.
+        simulated: f64,
+        /// Its error.
+        error: f64,
+    },
+    /// Not simulated: too large for the rule, and why.
+    TooSlow(String),
+    /// The event mode failed (a message).
+    Failed(String),
+}
+
+/// Pipeline transfers of a plan's lowered step.
+pub fn pipeline_transfers(plan: &Plan) -> u64 {
+    2 * plan.microbatches() * (plan.pp * plan.vpp).saturating_sub(1)
+}
+
+/// Scores one run in the event mode ([`step_event`]) when `rule` allows it.
+pub fn score_run_event(root: &Path, run: &TrainingRun, rule: EventRule) -> EventCell {
+    let (model, f, plan) = match setup(root, run) {
+        Ok(x) => x,
+        Err(e) => return EventCell::Failed(e),
+    };
+    let transfers = pipeline_transfers(&plan);
+    let shard = if plan.sharding.shards_params() { plan.shard_group() } else { 0 };
+    let mut over = Vec::new();
+    if run.gpus > rule.max_gpus {
+        over.push(format!("{} GPUs (rule: at most {})", run.gpus, rule.max_gpus));
+    }
+    if transfers > rule.max_transfers {
+        over.push(format!("{transfers} pipeline transfers (rule: at most {})", rule.max_transfers));
+    }
+    if shard > rule.max_shard_ranks {
+        over.push(format!("weight gathers on {shard} ranks (rule: at most {})", rule.max_shard_ranks));
+    }
+    if !over.is_empty() {
+        return EventCell::TooSlow(format!("too slow to simulate here: {}", over.join(", ")));
+    }
+    match step_event(&f, &model, &plan, &EventOpts::default()) {
+        Ok(ev) => {
+            let simulated = run.metric.of(&ev.estimate);
+            EventCell::Simulated { simulated, error: run.metric.error(simulated, run.published) }
+        }
+        Err(e) => EventCell::Failed(format!("{}: {e}", run.run)),
+    }
+}
+
+/// Adds the event-mode cell to every row whose run name contains `filter`, and returns
+/// the median |error| of the event mode and of the analytical mode over the runs the event
+/// mode simulated (None when it simulated none).
+pub fn add_event_column(
+    root: &Path,
+    score: &mut TrainingScore,
+    filter: &str,
+    rule: EventRule,
+) -> Option<(f64, f64, usize)> {
+    let (mut ev, mut an) = (Vec::new(), Vec::new());
+    for row in score.rows.iter_mut().filter(|r| r.run.run.contains(filter)) {
+        let cell = score_run_event(root, &row.run, rule);
+        if let EventCell::Simulated { error, .. } = cell {
+            ev.push(error.abs());
+            an.push(row.error.abs());
+        }
+        row.event = Some(cell);
+    }
+    let n = ev.len();
+    (n > 0).then(|| (median(ev), median(an), n))
 }
 
 /// Scores every run of `validate/reference/training_runs.csv` under `root`. A run that

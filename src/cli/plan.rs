@@ -53,7 +53,7 @@ pub struct PlanArgs {
     #[arg(long)]
     pub retime: Option<usize>,
     /// A rule every plan must follow: tp<=8, pp>=2, ep=8, zero<=1, recompute!=full, ...
-    /// (dimensions: tp, pp, vpp, cp, ep, dp, mbs, zero, recompute). A rule on tp replaces the
+    /// (dimensions: tp, pp, vpp, cp, ep, dp, mbs, zero, recompute, sp = 0|1, zb = 0|1 for ZB-H1, hsdp = the FSDP hybrid shard group or 0). A rule on tp replaces the
     /// default "TP inside an NVLink domain".
     #[arg(long)]
     pub constraint: Vec<String>,

@@ -74,6 +74,14 @@ pub struct TrainArgs {
     /// Pipeline schedule: gpipe, 1f1b, interleaved, zb-h1.
     #[arg(long)]
     pub schedule: Option<String>,
+    /// Layers on the first pipeline stage (Megatron's flag); the other stages share the rest
+    /// evenly. Without it (and --decoder-last-pipeline-num-layers) layers that do not divide
+    /// by pp x vpp are split with the embedding and output layer counted as one layer each.
+    #[arg(long)]
+    pub decoder_first_pipeline_num_layers: Option<u64>,
+    /// Layers on the last pipeline stage (Megatron's flag).
+    #[arg(long)]
+    pub decoder_last_pipeline_num_layers: Option<u64>,
     /// Calibration profile (TOML with [params]).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
@@ -119,6 +127,8 @@ fn plan_text(a: &TrainArgs) -> Result<String> {
         ("mbs", a.mbs),
         ("gbs", a.gbs),
         ("seq", a.seq),
+        ("decoder_first_pipeline_num_layers", a.decoder_first_pipeline_num_layers),
+        ("decoder_last_pipeline_num_layers", a.decoder_last_pipeline_num_layers),
     ] {
         if let Some(v) = v {
             set(k, v.to_string());
@@ -197,9 +207,10 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let hbm = f.gpu.hbm_bytes;
     let oom = est.memory.fits(hbm).err();
     let placement = Placement::new(&plan);
+    let layers = plan.stage_layers(model.layers);
     match a.format.as_str() {
-        "json" => print_json(&model.name, &plan_summary(&plan), &placement, &est, hbm, &how)?,
-        _ => print_table(&model.name, &f.name, &plan_summary(&plan), &placement, &est, hbm, &how),
+        "json" => print_json(&model.name, &plan_summary(&plan), &placement, &layers, &est, hbm, &how)?,
+        _ => print_table(&model.name, &f.name, &plan_summary(&plan), &placement, &layers, &est, hbm, &how),
     }
     if let Some(o) = oom {
         let msg = format!(
@@ -316,17 +327,34 @@ fn plan_summary(p: &fabricsim::workload::Plan) -> String {
     )
 }
 
+/// Layers per stage in runs: "7, 8 x 14, 7".
+fn describe_layers(layers: &[u64]) -> String {
+    let mut runs: Vec<(u64, usize)> = Vec::new();
+    for &n in layers {
+        match runs.last_mut() {
+            Some(r) if r.0 == n => r.1 += 1,
+            _ => runs.push((n, 1)),
+        }
+    }
+    let parts: Vec<String> =
+        runs.iter().map(|&(n, k)| if k == 1 { n.to_string() } else { format!("{n} x {k}") }).collect();
+    parts.join(", ")
+}
+
+#[allow(clippy::too_many_arguments)]
 fn print_table(
     model: &str,
     fabric: &str,
     plan: &str,
     placement: &Placement,
+    layers: &[u64],
     e: &StepEstimate,
     hbm: u64,
     how: &Fidelity,
 ) {
     println!("# {model} on {fabric}: {plan}");
     println!("# placement (innermost first): {placement}");
+    println!("# layers per pipeline stage: {}", describe_layers(layers));
     println!("# fidelity {}", how.describe());
     println!("step time          {:>10.3} s", e.step_time_s);
     println!("tokens/s           {:>10.0}", e.tokens_per_s);
@@ -360,6 +388,7 @@ fn print_json(
     model: &str,
     plan: &str,
     placement: &Placement,
+    layers: &[u64],
     e: &StepEstimate,
     hbm: u64,
     how: &Fidelity,
@@ -370,6 +399,7 @@ fn print_json(
         "model": model,
         "plan": plan,
         "placement": placement.describe(),
+        "stage_layers": layers,
         "step_time_s": e.step_time_s,
         "tokens_per_s": e.tokens_per_s,
         "tflops_per_gpu": e.model_tflops_per_gpu,

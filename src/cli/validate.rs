@@ -12,7 +12,9 @@ use fabricsim::calibrate::profile::load_profile;
 use fabricsim::calibrate::reference::{
     band_score, cluster_scores, load_manifest, reference_dir, score, Dataset, Score, BANDS,
 };
-use fabricsim::calibrate::training::{score_training, training_runs_path, Use};
+use fabricsim::calibrate::training::{
+    add_event_column, score_training, training_runs_path, EventCell, EventRule, Use,
+};
 use fabricsim::scenario::bench::Fidelity;
 
 use super::values::{FidelityArg, ValidateFormat};
@@ -46,6 +48,11 @@ pub struct ValidateArgs {
     /// (validate/reference/training_runs.csv) instead of the nccl-tests tables.
     #[arg(long)]
     pub training: bool,
+    /// With --training: also simulate each run's whole step in the event mode (`train
+    /// --fidelity event`) when it has at most this many GPUs (and at most 4,000 pipeline
+    /// transfers and ZeRO-3/FSDP groups of at most 64 ranks); 0 turns the event column off.
+    #[arg(long, default_value_t = 1024)]
+    pub event_max_gpus: u64,
     /// The --gpu run and its options (src/cli/gpu.rs).
     #[command(flatten)]
     pub gpu: super::gpu::GpuArgs,
@@ -76,16 +83,30 @@ fn run_training(a: &ValidateArgs, md: bool) -> Result<()> {
     if a.calibration.is_some() {
         bail!("--calibration applies to the nccl-tests tables; --training uses the shipped parameters");
     }
-    let s = score_training(&a.root).map_err(anyhow::Error::msg)?;
+    let mut s = score_training(&a.root).map_err(anyhow::Error::msg)?;
+    let event = a.event_max_gpus > 0;
+    let rule = EventRule { max_gpus: a.event_max_gpus, ..EventRule::default() };
+    let event_medians = if event { add_event_column(&a.root, &mut s, &a.filter, rule) } else { None };
     if md {
-        println!("| run | model | GPUs | topology | metric | published | simulated | error | use |");
-        println!("|---|---|---:|---|---|---:|---:|---:|---|");
+        let (h, l) = if event { (" event | event error |", "---:|---:|") } else { ("", "") };
+        println!("| run | model | GPUs | topology | metric | published | simulated | error | use |{h}");
+        println!("|---|---|---:|---|---|---:|---:|---:|---|{l}");
     } else {
         println!(
-            "{:<38} {:<20} {:>5} {:<9} {:<18} {:>9} {:>9} {:>8} {:<8}",
-            "run", "model", "gpus", "topology", "metric", "published", "simulated", "error", "use"
+            "{:<38} {:<20} {:>5} {:<9} {:<18} {:>9} {:>9} {:>8} {:<8}{}",
+            "run",
+            "model",
+            "gpus",
+            "topology",
+            "metric",
+            "published",
+            "simulated",
+            "error",
+            "use",
+            if event { format!(" {:>9} {:>8}", "event", "ev error") } else { String::new() }
         );
     }
+    let mut too_slow = Vec::new();
     for r in s.rows.iter().filter(|r| r.run.run.contains(&a.filter)) {
         let u = match r.run.use_ {
             Use::Fitted => "fitted",
@@ -94,11 +115,30 @@ fn run_training(a: &ValidateArgs, md: bool) -> Result<()> {
         let (run, model, topo, metric) = (&r.run.run, &r.run.model, &r.run.topology, r.run.metric.unit());
         let (p, v, e) =
             (fmt_value(r.run.published), fmt_value(r.simulated), format!("{:+.1}%", r.error * 100.0));
+        let (ev, ee) = match &r.event {
+            None => (String::new(), String::new()),
+            Some(EventCell::Simulated { simulated, error }) => {
+                (fmt_value(*simulated), format!("{:+.1}%", error * 100.0))
+            }
+            Some(EventCell::TooSlow(why)) => {
+                too_slow.push(format!("{run}: {why}"));
+                ("too slow".into(), "-".into())
+            }
+            Some(EventCell::Failed(why)) => {
+                too_slow.push(format!("{run}: event mode failed: {why}"));
+                ("failed".into(), "-".into())
+            }
+        };
         if md {
-            println!("| {run} | {model} | {} | {topo} | {metric} | {p} | {v} | {e} | {u} |", r.run.gpus);
-        } else {
+            let tail = if event { format!(" {ev} | {ee} |") } else { String::new() };
             println!(
-                "{run:<38} {model:<20} {:>5} {topo:<9} {metric:<18} {p:>9} {v:>9} {e:>8} {u:<8}",
+                "| {run} | {model} | {} | {topo} | {metric} | {p} | {v} | {e} | {u} |{tail}",
+                r.run.gpus
+            );
+        } else {
+            let tail = if event { format!(" {ev:>9} {ee:>8}") } else { String::new() };
+            println!(
+                "{run:<38} {model:<20} {:>5} {topo:<9} {metric:<18} {p:>9} {v:>9} {e:>8} {u:<8}{tail}",
                 r.run.gpus
             );
         }
@@ -122,6 +162,26 @@ fn run_training(a: &ValidateArgs, md: bool) -> Result<()> {
         s.median_fitted * 100.0,
         s.median_all * 100.0
     );
+    if event {
+        match event_medians {
+            Some((ev, an, n)) => println!(
+                "event mode (runs of at most {} GPUs, {} pipeline transfers and ZeRO-3/FSDP groups of {} \
+                 ranks): median |error| {:.1}% against {:.1}% for the analytical mode on the same {n} runs",
+                rule.max_gpus,
+                rule.max_transfers,
+                rule.max_shard_ranks,
+                ev * 100.0,
+                an * 100.0
+            ),
+            None => println!("event mode: no run within the rule was simulated"),
+        }
+        if !too_slow.is_empty() {
+            println!("not simulated in the event mode:");
+            for w in &too_slow {
+                println!("  {w}");
+            }
+        }
+    }
     Ok(())
 }
 

@@ -135,7 +135,6 @@ pub(crate) fn chunk_costs_and_comms(
 ) -> (Vec<Vec<ChunkCost>>, Vec<Vec<ChunkComm>>) {
     let (pp, vpp) = (plan.pp, plan.vpp);
     let rank_of = |s: u64| pl.rank(Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: s });
-    let chunk_layers = model.layers / (pp * vpp);
     let costs: Vec<Vec<ChunkCost>> =
         (0..pp).map(|s| (0..vpp).map(|c| chunk_cost(model, plan, r, s, c)).collect()).collect();
 
@@ -160,7 +159,7 @@ pub(crate) fn chunk_costs_and_comms(
             let vs = c * pp + s;
             // Per pass: TP exposed, TP hideable behind the GEMMs, CP, EP.
             let mut sums = [[0.0f64; 4]; 2];
-            for l in vs * chunk_layers..(vs + 1) * chunk_layers {
+            for l in plan.vstage_layers(model.layers, vs) {
                 for op in layer_comms(model, plan, l) {
                     let t = op.count as f64 * price(op.kind, op.group, op.bytes);
                     let row = &mut sums[usize::from(op.pass != Pass::F)];
@@ -189,8 +188,13 @@ pub(crate) fn chunk_costs_and_comms(
                 let group = shard_group_kind(plan);
                 let ag = price(CollectiveKind::AllGather, group, bytes);
                 let rs = price(CollectiveKind::ReduceScatter, group, bytes);
-                cc.fsdp_fwd = exposed(ag, cost.fwd, ov.param_gather);
-                cc.fsdp_bwd = exposed(ag + rs, cost.bwd(), ov.param_gather);
+                // Layer by layer, each gather (and reduce-scatter) runs under the chunk's
+                // compute, which slows by the SM share while they overlap, as in the event
+                // mode; the step's first gather and last reduce-scatter are exposed
+                // ([`estimate`]).
+                let slow = |c: f64, under: f64| if ov.param_gather { share * c.min(under) } else { 0.0 };
+                cc.fsdp_fwd = exposed(ag, cost.fwd, ov.param_gather) + slow(ag, cost.fwd);
+                cc.fsdp_bwd = exposed(ag + rs, cost.bwd(), ov.param_gather) + slow(ag + rs, cost.bwd());
             }
             comms[s as usize][c as usize] = cc;
         }
@@ -220,11 +224,37 @@ pub fn estimate(
 
     let (costs, comms) = chunk_costs_and_comms(model, plan, &r, &pl, comm);
 
+    // ZeRO-3/FSDP gathers layer by layer: the first layer's gather of the step has nothing
+    // to hide behind (it delays stage 0's first op), and each stage's last layer's
+    // reduce-scatter runs after its last backward, before the optimizer. (The event mode
+    // showed these, and its first lowering gathered whole chunks, hence a 13% gap.)
+    let fsdp_edge = |s: u64, kind: CollectiveKind, o: Option<&PipeOp>| -> f64 {
+        let Some(o) = o else { return 0.0 };
+        let r = plan.vstage_layers(model.layers, u64::from(o.chunk) * pp + s);
+        let bytes = chunk_gather_bytes(model, plan, s, u64::from(o.chunk)) / (r.end - r.start).max(1);
+        let ranks = pl.group_of(shard_group_kind(plan), rank_of(s));
+        if bytes == 0 || ranks.len() < 2 {
+            0.0
+        } else {
+            comm(kind, bytes, &ranks)
+        }
+    };
+    let head = fsdp_edge(0, CollectiveKind::AllGather, sched.ops[0].first());
+    let tail: Vec<f64> = (0..pp)
+        .map(|s| {
+            let last_b = sched.ops[s as usize].iter().rev().find(|o| o.pass == Pass::B);
+            fsdp_edge(s, CollectiveKind::ReduceScatter, last_b)
+        })
+        .collect();
     let split = sched.splits_backward();
+    let first_op = sched.ops[0].first().copied();
     let parts = |s: u32, o: &PipeOp| -> Parts {
+        let head = if s == 0 && Some(*o) == first_op { head } else { 0.0 };
         let (c, k) = (&costs[s as usize][o.chunk as usize], &comms[s as usize][o.chunk as usize]);
         match o.pass {
-            Pass::F => Parts { compute: c.fwd, tp: k.tp_fwd, cp: k.cp_fwd, ep: k.ep_fwd, fsdp: k.fsdp_fwd },
+            Pass::F => {
+                Parts { compute: c.fwd, tp: k.tp_fwd, cp: k.cp_fwd, ep: k.ep_fwd, fsdp: k.fsdp_fwd + head }
+            }
             Pass::B => Parts {
                 compute: if split { c.bwd_input } else { c.bwd() },
                 tp: k.tp_bwd,
@@ -302,7 +332,7 @@ pub fn estimate(
             .map(|o| parts(s as u32, o).compute)
             .sum();
         let end = if n_buckets == 0 {
-            stage_end
+            stage_end + tail[s as usize]
         } else if plan.overlap.grad_reduce {
             // Buckets become ready evenly over the window and are reduced one after another.
             let per = reduce / n_buckets as f64;

@@ -11,7 +11,7 @@
 //! `shared/reference/training/TRAINING_BENCH.md` Sec. 9): TP moves `b s h` per collective,
 //! two per layer each way; PP `b s h`, or `b s h / t` with scatter/gather under SP.
 
-use super::memory::stage_params;
+use super::memory::{stage_params, vstage_params};
 use super::model::Model;
 use super::pipeline::Pass;
 use super::plan::{GroupKind, Plan, Sharding};
@@ -138,8 +138,7 @@ pub fn chunk_gather_bytes(model: &Model, plan: &Plan, stage: u64, chunk: u64) ->
     if !plan.sharding.shards_params() {
         return 0;
     }
-    let one = Plan { vpp: 1, pp: plan.pp * plan.vpp, ..plan.clone() };
-    2 * stage_params(model, &one, chunk * plan.pp + stage).0
+    2 * vstage_params(model, plan, chunk * plan.pp + stage).0
 }
 
 /// The communicator ZeRO-3/FSDP gathers weights over.

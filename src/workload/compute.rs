@@ -309,7 +309,6 @@ pub fn edge_ops(model: &Model, plan: &Plan, r: &Roofline, vstage: u64) -> Vec<Op
 /// The cost of one micro-batch through chunk `chunk` of `stage` on one GPU: the sums of
 /// [`layer_ops`] and [`edge_ops`], with what recomputation reruns added to the backward.
 pub fn chunk_cost(model: &Model, plan: &Plan, r: &Roofline, stage: u64, chunk: u64) -> ChunkCost {
-    let chunk_layers = model.layers / (plan.pp * plan.vpp);
     let vs = chunk * plan.pp + stage;
     let mut c = ChunkCost::default();
     let add = |o: &OpCost, c: &mut ChunkCost| {
@@ -322,7 +321,7 @@ pub fn chunk_cost(model: &Model, plan: &Plan, r: &Roofline, stage: u64, chunk: u
             OpKind::Elementwise => {}
         }
     };
-    for l in vs * chunk_layers..(vs + 1) * chunk_layers {
+    for l in plan.vstage_layers(model.layers, vs) {
         for o in layer_ops(model, plan, r, l) {
             add(&o, &mut c);
             c.bwd_input += match (plan.recompute, o.kind) {

@@ -138,32 +138,35 @@ impl Memory {
 
 /// Parameters one GPU of `stage` holds: (dense, routed-expert).
 pub fn stage_params(model: &Model, plan: &Plan, stage: u64) -> (u64, u64) {
-    let chunk_layers = model.layers / (plan.pp * plan.vpp);
+    (0..plan.vpp).fold((0, 0), |(d, e), c| {
+        let (dc, ec) = vstage_params(model, plan, c * plan.pp + stage);
+        (d + dc, e + ec)
+    })
+}
+
+/// Parameters one GPU holds of virtual stage `vs` (one model chunk): (dense, routed-expert).
+pub fn vstage_params(model: &Model, plan: &Plan, vs: u64) -> (u64, u64) {
     let last_vstage = plan.pp * plan.vpp - 1;
     let (mut dense, mut experts) = (0u64, 0u64);
-    for c in 0..plan.vpp {
-        let vs = c * plan.pp + stage;
-        for l in vs * chunk_layers..(vs + 1) * chunk_layers {
-            let p = model.layer_params(l);
-            let replicated: u64 = p.norms
-                + layer_gemms(model, l, 1)
-                    .iter()
-                    .filter(|g| g.split == Split::Replicated)
-                    .map(|g| g.weights())
-                    .sum::<u64>();
-            dense += (p.dense() - replicated) / plan.tp + replicated;
-            experts += p.expert * p.routed_experts / (plan.ep * plan.etp());
-        }
-        if vs == 0 {
-            dense += model.embedding_params() / plan.tp;
-        }
-        if vs == last_vstage {
-            // With pp > 1 a tied output layer is a copy on the last stage.
-            let tied_copy = if model.tied_embeddings && plan.pp > 1 { model.vocab * model.hidden } else { 0 };
-            let norm =
-                model.output_params() - if model.tied_embeddings { 0 } else { model.vocab * model.hidden };
-            dense += (model.output_params() - norm + tied_copy) / plan.tp + norm;
-        }
+    for l in plan.vstage_layers(model.layers, vs) {
+        let p = model.layer_params(l);
+        let replicated: u64 = p.norms
+            + layer_gemms(model, l, 1)
+                .iter()
+                .filter(|g| g.split == Split::Replicated)
+                .map(|g| g.weights())
+                .sum::<u64>();
+        dense += (p.dense() - replicated) / plan.tp + replicated;
+        experts += p.expert * p.routed_experts / (plan.ep * plan.etp());
+    }
+    if vs == 0 {
+        dense += model.embedding_params() / plan.tp;
+    }
+    if vs == last_vstage {
+        // With pp > 1 a tied output layer is a copy on the last stage.
+        let tied_copy = if model.tied_embeddings && plan.pp > 1 { model.vocab * model.hidden } else { 0 };
+        let norm = model.output_params() - if model.tied_embeddings { 0 } else { model.vocab * model.hidden };
+        dense += (model.output_params() - norm + tied_copy) / plan.tp + norm;
     }
     (dense, experts)
 }
@@ -227,13 +230,12 @@ pub fn stage_memory(model: &Model, plan: &Plan, stage: u64, in_flight_chunks: u6
     let (wd, gd, od) = states(dense, n_dense);
     let (we, ge, oe) = states(experts, n_expert);
 
-    let chunk_layers = model.layers / (plan.pp * plan.vpp);
-    let stage_layers: Vec<u64> = (0..plan.vpp)
-        .flat_map(|c| {
-            let vs = c * plan.pp + stage;
-            vs * chunk_layers..(vs + 1) * chunk_layers
-        })
-        .collect();
+    // Chunks of a stage may differ in layers (uneven pipeline layouts): a chunk in flight
+    // is counted at the stage's largest chunk.
+    let chunks: Vec<std::ops::Range<u64>> =
+        (0..plan.vpp).map(|c| plan.vstage_layers(model.layers, c * plan.pp + stage)).collect();
+    let chunk_layers = chunks.iter().map(|r| r.end - r.start).max().unwrap_or(0);
+    let stage_layers: Vec<u64> = chunks.into_iter().flatten().collect();
     let per_layer: u64 =
         stage_layers.iter().map(|&l| layer_activation_bytes(model, plan, l)).max().unwrap_or(0);
     let mut activations = in_flight_chunks * chunk_layers * per_layer;
@@ -262,8 +264,15 @@ pub fn memory_by_stage(model: &Model, plan: &Plan) -> Result<Vec<Memory>, String
         plan.vpp as u32,
         plan.microbatches() as u32,
     )?;
-    let in_flight = sched.max_in_flight();
-    Ok((0..plan.pp).map(|s| stage_memory(model, plan, s, in_flight[s as usize] as u64)).collect())
+    Ok(memory_by_stage_with(model, plan, &sched.max_in_flight()))
+}
+
+/// Memory of every stage of `plan` given the chunks each stage keeps in flight
+/// ([`PipelineSchedule::max_in_flight`] of the plan's schedule), for callers that reuse it.
+pub fn memory_by_stage_with(model: &Model, plan: &Plan, in_flight: &[u32]) -> Vec<Memory> {
+    (0..plan.pp)
+        .map(|s| stage_memory(model, plan, s, in_flight.get(s as usize).copied().unwrap_or(0) as u64))
+        .collect()
 }
 
 /// The stage that needs the most memory.

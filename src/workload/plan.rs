@@ -154,6 +154,11 @@ pub struct Plan {
     pub overlap: Overlap,
     /// Placement order, innermost first: a permutation of tp, cp, ep, dp, pp.
     pub order: [Dim; 5],
+    /// Layers on the first pipeline stage (Megatron's `--decoder-first-pipeline-num-layers`;
+    /// None: see [`Plan::vstage_layers`]).
+    pub first_stage_layers: Option<u64>,
+    /// Layers on the last pipeline stage (Megatron's `--decoder-last-pipeline-num-layers`).
+    pub last_stage_layers: Option<u64>,
 }
 
 impl Default for Plan {
@@ -178,6 +183,8 @@ impl Default for Plan {
             bucket_bytes: 80_000_000,
             overlap: Overlap::default(),
             order: MEGATRON_ORDER,
+            first_stage_layers: None,
+            last_stage_layers: None,
         }
     }
 }
@@ -236,6 +243,148 @@ impl Plan {
         }
     }
 
+    /// The layers of virtual pipeline stage `vs` (model chunk `vs / pp` of stage `vs % pp`,
+    /// Megatron's numbering), as a range of layer indices, for a model of `layers` layers.
+    /// The plan must have passed [`Plan::check_layout`].
+    ///
+    /// With `first_stage_layers` or `last_stage_layers` (Megatron's
+    /// `--decoder-first/last-pipeline-num-layers`) those stages get that many layers and the
+    /// others share the rest evenly; each stage's layers are split evenly over its `vpp`
+    /// chunks. Otherwise the split is balanced the way Megatron's
+    /// `--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`
+    /// does it: the embedding and the output layer each count as one layer, the `layers + 2`
+    /// slots are spread over the `pp × vpp` virtual stages as evenly as they go (the
+    /// remainder to the first, the last, then the second, third, ... virtual stage), and the
+    /// first and last virtual stages give a slot to the embedding and the output layer. When
+    /// `pp × vpp` divides the layers this is the even split; Llama 3 405B's 126 layers on 16
+    /// stages get 7 on the first and last and 8 on the others, as in the Llama 3 paper
+    /// (Dubey et al. 2024, Sec. 3.3.2: one layer fewer on the first and the last stage).
+    pub fn vstage_layers(&self, layers: u64, vs: u64) -> std::ops::Range<u64> {
+        let (pp, vpp) = (self.pp.max(1), self.vpp.max(1));
+        let v = pp * vpp;
+        if self.first_stage_layers.is_none() && self.last_stage_layers.is_none() {
+            let slots = layers + 2;
+            let (base, rem) = (slots / v, slots % v);
+            let pos = |u: u64| {
+                if u == 0 {
+                    0
+                } else if u == v - 1 {
+                    1
+                } else {
+                    u + 1
+                }
+            };
+            let count = |u: u64| {
+                (base + u64::from(pos(u) < rem)).saturating_sub(u64::from(u == 0) + u64::from(u == v - 1))
+            };
+            let start = if vs == 0 {
+                0
+            } else {
+                (vs * base + u64::from(rem > 0) + (vs - 1).min(rem.saturating_sub(2))).saturating_sub(1)
+            };
+            return start..start + count(vs);
+        }
+        let (first, last) = (self.first_stage_layers, self.last_stage_layers);
+        let given = u64::from(first.is_some()) + u64::from(last.is_some());
+        let rest = layers.saturating_sub(first.unwrap_or(0) + last.unwrap_or(0));
+        let mid = if pp > given { rest / (pp - given) } else { 0 };
+        let stage = |s: u64| match (s, first, last) {
+            (0, Some(f), _) => f,
+            (s, _, Some(l)) if s == pp - 1 => l,
+            _ => mid,
+        };
+        let s = vs % pp;
+        let before = if s == 0 { 0 } else { stage(0) / vpp + (s - 1) * (mid / vpp) };
+        let start = (vs / pp) * (layers / vpp) + before;
+        start..start + stage(s) / vpp
+    }
+
+    /// Layers per pipeline stage (all its chunks), first stage first.
+    pub fn stage_layers(&self, layers: u64) -> Vec<u64> {
+        (0..self.pp)
+            .map(|s| {
+                (0..self.vpp)
+                    .map(|c| self.vstage_layers(layers, c * self.pp + s))
+                    .map(|r| r.end - r.start)
+                    .sum()
+            })
+            .collect()
+    }
+
+    /// Checks that the layers split over the pipeline: every virtual stage gets at least
+    /// one, and explicit first/last stage sizes leave a rest that divides evenly.
+    pub fn check_layout(&self, layers: u64) -> Result<(), PlanError> {
+        const FIRST: &str = "decoder_first_pipeline_num_layers";
+        const LAST: &str = "decoder_last_pipeline_num_layers";
+        let (pp, vpp) = (self.pp, self.vpp);
+        let v = pp * vpp;
+        let (first, last) = (self.first_stage_layers, self.last_stage_layers);
+        if first.is_some() || last.is_some() {
+            let field = if first.is_some() { FIRST } else { LAST };
+            if pp < 2 {
+                return err(field, format!("sets a pipeline stage's layers but pp = {pp}; it needs pp ≥ 2"));
+            }
+            let given = first.unwrap_or(0) + last.unwrap_or(0);
+            if given > layers {
+                return err(
+                    field,
+                    format!("the first and last stages get {given} layers but the model has {layers}"),
+                );
+            }
+            let left = pp - u64::from(first.is_some()) - u64::from(last.is_some());
+            let rest = layers - given;
+            if left == 0 && rest > 0 {
+                return err(
+                    field,
+                    format!(
+                        "with pp = 2 the first and last stages must hold all {layers} layers, not {given}"
+                    ),
+                );
+            }
+            if left > 0 && !rest.is_multiple_of(left) {
+                return err(field, {
+                    let lo = layers - rest.div_ceil(left) * left;
+                    let hi = layers - rest / left * left;
+                    let who = match (first, last) {
+                        (Some(_), Some(_)) => "the first and last stages together",
+                        (Some(_), None) => "the first stage",
+                        _ => "the last stage",
+                    };
+                    format!(
+                        "the other {left} stages would share {rest} layers, which {left} does not divide; \
+                             {who} must hold {layers} minus a multiple of {left} layers (nearest: {lo} or \
+                             {hi}, not {given})"
+                    )
+                });
+            }
+            for (f, n) in [(FIRST, first), (LAST, last), ("pp", (left > 0).then(|| rest / left))] {
+                if let Some(n) = n {
+                    if n == 0 || !n.is_multiple_of(vpp) {
+                        return err(
+                            f,
+                            format!(
+                                "a stage of {n} layers cannot be split into vpp = {vpp} chunks of at least one layer"
+                            ),
+                        );
+                    }
+                }
+            }
+            return Ok(());
+        }
+        if (0..v).any(|vs| self.vstage_layers(layers, vs).is_empty()) {
+            let field = if vpp > 1 { "vpp" } else { "pp" };
+            return err(
+                field,
+                format!(
+                    "{layers} layers (plus the embedding and output layers) cannot give each of the pp × vpp = \
+                     {pp} × {vpp} = {v} virtual stages a layer; valid: pp × vpp ≤ {}",
+                    (layers + 2) / 2
+                ),
+            );
+        }
+        Ok(())
+    }
+
     /// Checks the plan against a model and a GPU count.
     pub fn check(&self, model: &Model, gpus: u64) -> Result<(), PlanError> {
         for (field, v) in
@@ -285,20 +434,7 @@ impl Plan {
                 ),
             );
         }
-        let chunks = self.pp * self.vpp;
-        if !model.layers.is_multiple_of(chunks) {
-            let field = if self.vpp > 1 { "vpp" } else { "pp" };
-            return err(
-                field,
-                format!(
-                    "{} layers are not divisible by pp × vpp = {} × {} = {chunks}; valid pp × vpp: {}",
-                    model.layers,
-                    self.pp,
-                    self.vpp,
-                    divisors(model.layers)
-                ),
-            );
-        }
+        self.check_layout(model.layers)?;
         match &model.moe {
             None if self.ep > 1 => {
                 return err("ep", format!("ep = {} but {} has no experts", self.ep, model.name))
@@ -697,12 +833,15 @@ struct PlanFile {
     tp_comm_overlap: Option<bool>,
     pp_comm_overlap: Option<bool>,
     order: Option<Spanned<String>>,
+    decoder_first_pipeline_num_layers: Option<Spanned<u64>>,
+    decoder_last_pipeline_num_layers: Option<Spanned<u64>>,
 }
 
 /// Reads a plan table (the keys of [`Plan`] as spelled in errors: tp, pp, vpp, dp, cp, ep,
 /// etp, sp, zero, fsdp = "full"|"hybrid", fsdp_shard, mbs, gbs, seq, recompute, dtype,
 /// schedule, bucket = "80MB", overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
-/// pp_comm_overlap, order = "tp-cp-ep-dp-pp") and checks it against `model` on `gpus`
+/// pp_comm_overlap, order = "tp-cp-ep-dp-pp", decoder_first_pipeline_num_layers,
+/// decoder_last_pipeline_num_layers) and checks it against `model` on `gpus`
 /// GPUs. Errors name the file, the line of the offending field and the valid choices.
 pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<Plan, FileError> {
     let src = Source { path: path.to_path_buf(), text: text.to_string() };
@@ -720,6 +859,8 @@ pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<P
     p.mbs = get(&f.mbs, 1);
     p.gbs = get(&f.gbs, p.dp * p.mbs);
     p.seq = f.seq.as_ref().map(|s| *s.get_ref());
+    p.first_stage_layers = f.decoder_first_pipeline_num_layers.as_ref().map(|s| *s.get_ref());
+    p.last_stage_layers = f.decoder_last_pipeline_num_layers.as_ref().map(|s| *s.get_ref());
     let choice = |v: &Spanned<String>, field: &str, choices: &str| {
         src.at(v.span(), format!("`{field}` = \"{}\" is not known; valid: {choices}", v.get_ref()))
     };
@@ -784,6 +925,12 @@ pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<P
             "zero" => f.zero.as_ref().map(|s| s.span()),
             "fsdp_shard" => f.fsdp_shard.as_ref().map(|s| s.span()),
             "bucket" => f.bucket.as_ref().map(|s| s.span()),
+            "decoder_first_pipeline_num_layers" => {
+                f.decoder_first_pipeline_num_layers.as_ref().map(|s| s.span())
+            }
+            "decoder_last_pipeline_num_layers" => {
+                f.decoder_last_pipeline_num_layers.as_ref().map(|s| s.span())
+            }
             _ => None,
         };
         match span {

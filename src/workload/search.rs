@@ -34,9 +34,10 @@ use super::analytic::{estimate, Breakdown, StepEstimate};
 use super::comm::CollectiveKind;
 use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{collective_time, nccl_choice};
-use super::memory::{memory_by_stage, stage_params, Oom};
+use super::memory::{memory_by_stage_with, stage_params, Oom};
 use super::model::Model;
-use super::plan::{Dtype, Plan, Recompute, Sharding};
+use super::pipeline::PipelineSchedule;
+use super::plan::{Dtype, Plan, Recompute, Schedule, Sharding};
 use crate::collective::{CollArgs, Collective, Comm, Knobs};
 use crate::exec::analytic;
 use crate::fabric::{Fabric, GpuSpec, Router};
@@ -66,11 +67,17 @@ pub enum Dimension {
     Zero,
     /// Recomputation (none = 0, selective = 1, full = 2).
     Recompute,
+    /// Sequence parallelism (0 off, 1 on).
+    Sp,
+    /// Zero-bubble ZB-H1 schedule (0: 1F1B or interleaved, 1: ZB-H1).
+    Zb,
+    /// FSDP hybrid shard group (0: none; ZeRO-3 is full sharding).
+    Hsdp,
 }
 
 impl Dimension {
     /// Every dimension.
-    pub const ALL: [Dimension; 9] = [
+    pub const ALL: [Dimension; 12] = [
         Dimension::Tp,
         Dimension::Pp,
         Dimension::Vpp,
@@ -80,6 +87,9 @@ impl Dimension {
         Dimension::Mbs,
         Dimension::Zero,
         Dimension::Recompute,
+        Dimension::Sp,
+        Dimension::Zb,
+        Dimension::Hsdp,
     ];
     /// Its name.
     pub fn name(self) -> &'static str {
@@ -93,6 +103,9 @@ impl Dimension {
             Dimension::Mbs => "mbs",
             Dimension::Zero => "zero",
             Dimension::Recompute => "recompute",
+            Dimension::Sp => "sp",
+            Dimension::Zb => "zb",
+            Dimension::Hsdp => "hsdp",
         }
     }
     /// The value of this dimension in `plan`.
@@ -110,6 +123,12 @@ impl Dimension {
                 _ => 3,
             },
             Dimension::Recompute => recompute_index(plan.recompute),
+            Dimension::Sp => u64::from(plan.sp),
+            Dimension::Zb => u64::from(plan.schedule() == Schedule::ZbH1),
+            Dimension::Hsdp => match plan.sharding {
+                Sharding::FsdpHybrid { shard } => shard,
+                _ => 0,
+            },
         }
     }
 }
@@ -277,7 +296,11 @@ pub fn parse_constraint(text: &str, flag: &str, fix: bool) -> Result<Constraint,
         if dim == Dimension::Zero && n > 3 {
             return Err(e(v_at + 1, format!("zero = {n} is not a ZeRO stage; valid: 0, 1, 2, 3")));
         }
-        if dim != Dimension::Zero && n == 0 && matches!(cmp, Cmp::Eq) {
+        if matches!(dim, Dimension::Sp | Dimension::Zb) && n > 1 {
+            return Err(e(v_at + 1, format!("`{name}` is 0 (off) or 1 (on), not {n}")));
+        }
+        let zero_ok = matches!(dim, Dimension::Zero | Dimension::Sp | Dimension::Zb | Dimension::Hsdp);
+        if !zero_ok && n == 0 && matches!(cmp, Cmp::Eq) {
             return Err(e(v_at + 1, format!("`{name}` is at least 1")));
         }
         n
@@ -383,6 +406,10 @@ impl SearchSpec {
 
 // ---------------------------------------------------------------- enumeration
 
+/// The FSDP hybrid shard group the search tries: the ranks of one 8-GPU node (an
+/// assumption of the search; a plan file may give any `fsdp_shard`).
+pub const HYBRID_SHARD: u64 = 8;
+
 fn divisors(n: u64) -> Vec<u64> {
     (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }
@@ -398,9 +425,10 @@ fn gcd(a: u64, b: u64) -> u64 {
 /// Every valid plan of `model` under `spec` (each passes [`Plan::check`] on `spec.gpus`),
 /// in a fixed order. `tp_ok(tp)` says whether TP groups of that size stay inside an NVLink
 /// domain; it is ignored when a constraint names `tp` (the user's rule replaces it).
-/// Sequence parallelism is on whenever tp > 1; the pipeline schedule is 1F1B, or
-/// interleaved 1F1B when vpp > 1; ZeRO stages 1-3 only where there is data parallelism to
-/// shard over; expert parallelism only for MoE models.
+/// Sequence parallelism on and off when tp > 1; the pipeline schedule 1F1B or ZB-H1 (or
+/// interleaved 1F1B when vpp > 1); ZeRO stages 1-3 only where there is data parallelism to
+/// shard over, and FSDP hybrid sharding in groups of [`HYBRID_SHARD`] ranks where the
+/// data-parallel group is a larger multiple of it; expert parallelism only for MoE models.
 pub fn enumerate(model: &Model, spec: &SearchSpec, tp_ok: &dyn Fn(u64) -> bool) -> Vec<Plan> {
     let gpus = spec.gpus;
     let seq = spec.seq.unwrap_or(model.seq_len);
@@ -414,11 +442,25 @@ pub fn enumerate(model: &Model, spec: &SearchSpec, tp_ok: &dyn Fn(u64) -> bool) 
         if !spec.allows(Dimension::Tp, tp) || !(own_tp_rule || tp_ok(tp)) {
             continue;
         }
-        for pp in divisors(model.layers) {
-            if !(gpus / tp).is_multiple_of(pp) || !spec.allows(Dimension::Pp, pp) {
+        // Every pipeline depth that divides the GPUs and leaves each stage a layer: layers
+        // that do not divide go by the balanced split of [`Plan::vstage_layers`].
+        for pp in divisors(gpus / tp) {
+            if pp > model.layers || !spec.allows(Dimension::Pp, pp) {
                 continue;
             }
-            let vpps = if pp == 1 { vec![1] } else { divisors(model.layers / pp) };
+            // Interleaving where the chunks come out even: pp x vpp divides the layers, or the
+            // layers plus the embedding and output layer (Megatron's layouts).
+            let vpps: Vec<u64> = if pp == 1 {
+                vec![1]
+            } else {
+                (1..=(model.layers + 2) / pp)
+                    .filter(|&v| {
+                        v == 1
+                            || model.layers.is_multiple_of(pp * v)
+                            || (model.layers + 2).is_multiple_of(pp * v)
+                    })
+                    .collect()
+            };
             for vpp in vpps {
                 if !spec.allows(Dimension::Vpp, vpp) {
                     continue;
@@ -445,33 +487,61 @@ pub fn enumerate(model: &Model, spec: &SearchSpec, tp_ok: &dyn Fn(u64) -> bool) 
                             if !spec.allows(Dimension::Mbs, mbs) {
                                 continue;
                             }
-                            let zeros = if dp * cp > 1 { 0..=3u8 } else { 0..=0u8 };
-                            for z in zeros {
-                                if !spec.allows(Dimension::Zero, u64::from(z)) {
+                            // ZeRO 0-3 (FSDP full shard is ZeRO-3 here: same states, same
+                            // gathers), and FSDP hybrid sharding inside groups of one
+                            // 8-GPU node's worth of ranks when the data-parallel group is larger.
+                            let mut shardings: Vec<Sharding> = if dp * cp > 1 {
+                                (0..=3u8).map(Sharding::Zero).collect()
+                            } else {
+                                vec![Sharding::Zero(0)]
+                            };
+                            if dp * cp > HYBRID_SHARD && (dp * cp).is_multiple_of(HYBRID_SHARD) {
+                                shardings.push(Sharding::FsdpHybrid { shard: HYBRID_SHARD });
+                            }
+                            let sps: &[bool] = if tp > 1 { &[true, false] } else { &[false] };
+                            let schedules: &[Option<Schedule>] =
+                                if pp > 1 && vpp == 1 { &[None, Some(Schedule::ZbH1)] } else { &[None] };
+                            for sharding in shardings {
+                                let probe = Plan { sharding, ..Plan::default() };
+                                if !spec.allows(Dimension::Zero, Dimension::Zero.of(&probe))
+                                    || !spec.allows(Dimension::Hsdp, Dimension::Hsdp.of(&probe))
+                                {
                                     continue;
                                 }
-                                for rc in [Recompute::None, Recompute::Selective, Recompute::Full] {
-                                    if !spec.allows(Dimension::Recompute, recompute_index(rc)) {
+                                for &sp in sps {
+                                    if !spec.allows(Dimension::Sp, u64::from(sp)) {
                                         continue;
                                     }
-                                    let plan = Plan {
-                                        tp,
-                                        pp,
-                                        vpp,
-                                        dp,
-                                        cp,
-                                        ep,
-                                        sp: tp > 1,
-                                        sharding: Sharding::Zero(z),
-                                        mbs,
-                                        gbs: spec.gbs,
-                                        seq: spec.seq,
-                                        recompute: rc,
-                                        dtype: spec.dtype,
-                                        ..Plan::default()
-                                    };
-                                    if plan.check(model, gpus).is_ok() {
-                                        out.push(plan);
+                                    for &schedule in schedules {
+                                        let zb = u64::from(schedule == Some(Schedule::ZbH1));
+                                        if !spec.allows(Dimension::Zb, zb) {
+                                            continue;
+                                        }
+                                        for rc in [Recompute::None, Recompute::Selective, Recompute::Full] {
+                                            if !spec.allows(Dimension::Recompute, recompute_index(rc)) {
+                                                continue;
+                                            }
+                                            let plan = Plan {
+                                                tp,
+                                                pp,
+                                                vpp,
+                                                dp,
+                                                cp,
+                                                ep,
+                                                sp,
+                                                sharding,
+                                                mbs,
+                                                gbs: spec.gbs,
+                                                seq: spec.seq,
+                                                recompute: rc,
+                                                dtype: spec.dtype,
+                                                schedule,
+                                                ..Plan::default()
+                                            };
+                                            if plan.check(model, gpus).is_ok() {
+                                                out.push(plan);
+                                            }
+                                        }
                                     }
                                 }
                             }
@@ -665,6 +735,8 @@ pub struct PlanRecord {
     pub sp: bool,
     /// Pipeline schedule.
     pub schedule: &'static str,
+    /// Sharding: "zero0".."zero3", or "fsdp-hybrid-N".
+    pub sharding: String,
 }
 
 impl PlanRecord {
@@ -686,11 +758,18 @@ impl PlanRecord {
             recompute: RECOMPUTE_NAMES[recompute_index(p.recompute) as usize],
             sp: p.sp,
             schedule: p.schedule().name(),
+            sharding: match p.sharding {
+                Sharding::Zero(z) => format!("zero{z}"),
+                Sharding::FsdpFull => "fsdp-full".into(),
+                Sharding::FsdpHybrid { shard } => format!("fsdp-hybrid-{shard}"),
+            },
         }
     }
 }
 
-/// A plan in a few words: "tp8 pp4 vpp5 cp1 ep1 dp32 mbs1 z1 sel".
+/// A plan in a few words: "tp8 pp4 vpp5 cp1 ep1 dp32 mbs1 z1 sel", with "h8" for FSDP
+/// hybrid sharding in groups of 8 instead of "z3", "nosp" when tp > 1 runs without
+/// sequence parallelism, and "zb" for the ZB-H1 schedule.
 pub fn plan_label(p: &Plan) -> String {
     let r = PlanRecord::of(p);
     let rc = match p.recompute {
@@ -698,10 +777,19 @@ pub fn plan_label(p: &Plan) -> String {
         Recompute::Selective => "sel",
         Recompute::Full => "full",
     };
-    format!(
-        "tp{} pp{} vpp{} cp{} ep{} dp{} mbs{} z{} {rc}",
-        r.tp, r.pp, r.vpp, r.cp, r.ep, r.dp, r.mbs, r.zero
-    )
+    let z = match p.sharding {
+        Sharding::FsdpHybrid { shard } => format!("h{shard}"),
+        _ => format!("z{}", r.zero),
+    };
+    let mut s =
+        format!("tp{} pp{} vpp{} cp{} ep{} dp{} mbs{} {z} {rc}", r.tp, r.pp, r.vpp, r.cp, r.ep, r.dp, r.mbs);
+    if p.tp > 1 && !p.sp {
+        s.push_str(" nosp");
+    }
+    if p.schedule() == Schedule::ZbH1 {
+        s.push_str(" zb");
+    }
+    s
 }
 
 /// Where the step goes, in seconds (the analytical estimate's breakdown).
@@ -1042,8 +1130,20 @@ pub fn search(
     let mut fit: Vec<Plan> = Vec::new();
     let mut closest: Option<Shortfall> = None;
     let mut oom_plans: Vec<Plan> = Vec::new();
+    // Chunks in flight per stage depend only on the schedule's shape: built once per shape.
+    let mut flights: BTreeMap<(&'static str, u64, u64, u64), Vec<u32>> = BTreeMap::new();
     for p in plans {
-        let mem = memory_by_stage(model, &p).map_err(SearchError::Estimate)?;
+        let key = (p.schedule().name(), p.pp, p.vpp, p.microbatches());
+        let in_flight = match flights.get(&key) {
+            Some(v) => v,
+            None => {
+                let sched =
+                    PipelineSchedule::build(p.schedule(), p.pp as u32, p.vpp as u32, p.microbatches() as u32)
+                        .map_err(SearchError::Estimate)?;
+                flights.entry(key).or_insert(sched.max_in_flight())
+            }
+        };
+        let mem = memory_by_stage_with(model, &p, in_flight);
         let worst = mem.iter().copied().max_by_key(|m| (m.total(), std::cmp::Reverse(m.stage)));
         match worst.map(|m| m.fits(hbm)) {
             Some(Err(oom)) => {
@@ -1216,7 +1316,7 @@ fn no_plan_reason(model: &Model, spec: &SearchSpec) -> String {
     );
     why.push_str(
         "; a plan needs tp (dividing the attention heads and KV groups, inside an NVLink domain), pp x vpp \
-         (dividing the layers), cp (dividing seq / 2) and dp = gpus / (tp x pp x cp) dividing the global batch",
+         (at most the layers), cp (dividing seq / 2) and dp = gpus / (tp x pp x cp) dividing the global batch",
     );
     why
 }

@@ -129,6 +129,80 @@ fn constraints_and_fixes_restrict_every_plan() {
     assert!(enumerate(&m70, &wide, &tp_ok).is_empty());
 }
 
+/// Layers that do not divide the pipeline are searched too: Llama 3 405B (126 layers) at
+/// PP 16 on 16,384 GPUs, with the balanced split (7 layers on the first and last stage) and
+/// interleaving where the chunks come out even ((126 + 2) / 16 = 8 slots per stage: vpp 1,
+/// 2, 4; vpp 8 would leave the first and last chunk only the embedding and output layer).
+#[test]
+fn uneven_pipelines_are_searched() {
+    let m = model("llama3-405b");
+    let spec = SearchSpec {
+        seq: Some(8192),
+        constraints: vec![
+            parse_constraint("tp=8", "--fix", true).unwrap(),
+            parse_constraint("pp=16", "--fix", true).unwrap(),
+            parse_constraint("zero=1", "--fix", true).unwrap(),
+            parse_constraint("recompute=selective", "--fix", true).unwrap(),
+        ],
+        ..SearchSpec::new(16384, 2048)
+    };
+    let plans = enumerate(&m, &spec, &|tp| tp <= 8);
+    assert!(!plans.is_empty());
+    let mut vpps: Vec<u64> = plans.iter().map(|p| p.vpp).collect();
+    vpps.sort_unstable();
+    vpps.dedup();
+    assert_eq!(vpps, [1, 2, 4]);
+    let mut want = vec![8u64; 16];
+    (want[0], want[15]) = (7, 7);
+    for p in &plans {
+        assert_eq!(p.stage_layers(126), want, "{}", plan_label(p));
+    }
+    // Without the fix on pp, depths that do not divide 126 are among the plans.
+    let free = SearchSpec { constraints: spec.constraints[..1].to_vec(), ..spec.clone() };
+    assert!(enumerate(&m, &free, &|tp| tp <= 8).iter().any(|p| p.pp == 16));
+}
+
+/// Sequence parallelism, FSDP hybrid sharding and ZB-H1 are searched, each with the memory
+/// model deciding fit, and shown in the label and the record.
+#[test]
+fn sp_hybrid_sharding_and_zb_are_searched() {
+    use fabricsim::workload::plan::{Schedule, Sharding};
+    use fabricsim::workload::search::PlanRecord;
+    let m = model("llama3-8b");
+    let spec = SearchSpec { seq: Some(4096), ..SearchSpec::new(32, 64) };
+    let plans = enumerate(&m, &spec, &|tp| tp <= 8);
+    let nosp = plans.iter().find(|p| p.tp > 1 && !p.sp).unwrap();
+    assert!(
+        plan_label(nosp).ends_with(" nosp") || plan_label(nosp).contains(" nosp "),
+        "{}",
+        plan_label(nosp)
+    );
+    assert!(plans.iter().all(|p| p.tp > 1 || !p.sp), "sp only with tp > 1");
+    let zb = plans.iter().find(|p| p.schedule() == Schedule::ZbH1).unwrap();
+    assert!(zb.pp > 1 && zb.vpp == 1 && plan_label(zb).ends_with(" zb"));
+    assert_eq!(PlanRecord::of(zb).schedule, "zb-h1");
+    let h = plans.iter().find(|p| matches!(p.sharding, Sharding::FsdpHybrid { .. })).unwrap();
+    assert_eq!(h.sharding, Sharding::FsdpHybrid { shard: 8 });
+    assert!(h.dp * h.cp > 8 && plan_label(h).contains(" h8 "));
+    assert_eq!(PlanRecord::of(h).sharding, "fsdp-hybrid-8");
+    // The new dimensions take --fix and --constraint.
+    let fixed = SearchSpec {
+        constraints: vec![
+            parse_constraint("sp=0", "--fix", true).unwrap(),
+            parse_constraint("zb=1", "--fix", true).unwrap(),
+            parse_constraint("hsdp=8", "--fix", true).unwrap(),
+        ],
+        ..spec.clone()
+    };
+    let only = enumerate(&m, &fixed, &|tp| tp <= 8);
+    assert!(!only.is_empty());
+    assert!(only.iter().all(|p| !p.sp && p.schedule() == Schedule::ZbH1 && Dimension::Hsdp.of(p) == 8));
+    // Hybrid sharding keeps whole optimizer states on fewer ranks than ZeRO-3 over all:
+    // more memory per GPU, as the memory model says.
+    let z3 = Plan { sharding: Sharding::Zero(3), ..h.clone() };
+    assert!(peak_memory(&m, h).unwrap().total() > peak_memory(&m, &z3).unwrap().total());
+}
+
 #[test]
 fn constraint_syntax_errors_are_located() {
     let ok = parse_constraint(" pp >= 2 ", "--constraint", false).unwrap();
