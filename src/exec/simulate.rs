@@ -356,6 +356,24 @@ struct ConnState {
     step_latency: SimTime,
 }
 
+impl ConnState {
+    /// An idle connection from stream `sender` to stream `receiver` (u32::MAX: none).
+    fn new(window: u32, sender: u32, receiver: u32) -> ConnState {
+        ConnState {
+            path: PathRef::EMPTY,
+            reduce_path: PathRef::EMPTY,
+            step_latency: SimTime::ZERO,
+            queue: Fifo::default(),
+            inflight: 0,
+            window,
+            sender,
+            receiver,
+            next: u32::MAX,
+            absorbed: false,
+        }
+    }
+}
+
 /// Ops a stream may run ahead of its oldest incomplete op: the IR's rule.
 const OPS_IN_FLIGHT: u32 = crate::schedule::MAX_OPS_IN_FLIGHT;
 
@@ -671,18 +689,11 @@ impl<'a> Sim<'a> {
                             }
                             let id = conns.len() as u32;
                             class_conns.insert(key, id);
-                            conns.push(ConnState {
-                                path: PathRef::EMPTY,
-                                reduce_path: PathRef::EMPTY,
-                                step_latency: SimTime::ZERO,
-                                queue: Fifo::default(),
-                                inflight: 0,
-                                window: s.part_of(st).window,
-                                sender: if fed { sender } else { u32::MAX },
-                                receiver: i as u32,
-                                next: u32::MAX,
-                                absorbed: false,
-                            });
+                            conns.push(ConnState::new(
+                                s.part_of(st).window,
+                                if fed { sender } else { u32::MAX },
+                                i as u32,
+                            ));
                             conn_routes.push((Vec::new(), PathType::Net));
                             conn_part.push(st.part);
                             conn_image.push(u32::MAX);
@@ -704,18 +715,7 @@ impl<'a> Sim<'a> {
                             conn_keys.insert(key, id);
                             let sender = by_lane.get(&(st.lane, fa)).copied().unwrap_or(u32::MAX);
                             let receiver = by_lane.get(&(st.lane, fold(b))).copied().unwrap_or(u32::MAX);
-                            conns.push(ConnState {
-                                path: PathRef::EMPTY,
-                                reduce_path: PathRef::EMPTY,
-                                step_latency: SimTime::ZERO,
-                                queue: Fifo::default(),
-                                inflight: 0,
-                                window: s.part_of(st).window,
-                                sender,
-                                receiver,
-                                next: u32::MAX,
-                                absorbed: false,
-                            });
+                            conns.push(ConnState::new(s.part_of(st).window, sender, receiver));
                             conn_image.push(u32::MAX);
                             // A message that leaves the period goes up the sender's real route
                             // and comes down the route by which the receiver's image really
@@ -776,16 +776,8 @@ impl<'a> Sim<'a> {
                     if first == j {
                         let id = conns.len() as u32;
                         conns.push(ConnState {
-                            path: PathRef::EMPTY,
-                            reduce_path: PathRef::EMPTY,
-                            step_latency: SimTime::ZERO,
-                            queue: Fifo::default(),
-                            inflight: 0,
-                            window: s.part_of(st).window,
-                            sender: i,
-                            receiver: u32::MAX,
-                            next: u32::MAX,
                             absorbed: true,
+                            ..ConnState::new(s.part_of(st).window, i, u32::MAX)
                         });
                         conn_routes.push(own);
                         conn_part.push(st.part);

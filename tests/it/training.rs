@@ -1119,8 +1119,15 @@ fn zero3_event_and_analytical_modes_agree() {
             .map(|j| j.end)
             .max()
             .unwrap();
-        // (The representative rank's part of the collective may end a hair before the others'.)
-        assert!(opt.start.as_secs() >= last_rs.as_secs() - 1e-5, "{text:?} {opt:?} {last_rs:?}");
+        // (The optimizer waits for its own rank's part of the ring, which may end up to a
+        // network step, tens of microseconds, before the last rank's; an optimizer that did
+        // not wait would start milliseconds early.)
+        assert!(
+            opt.start.as_secs() >= last_rs.as_secs() - 1e-4,
+            "{text:?} {opt:?}: starts at {:.6} s, the last reduce-scatter ends at {:.6} s",
+            opt.start.as_secs(),
+            last_rs.as_secs()
+        );
     }
 }
 
