@@ -590,6 +590,20 @@ pub struct PointFit {
     pub after: f64,
 }
 
+impl PointFit {
+    /// A measured point with its simulations before and after, and their log residuals.
+    fn new(m: &Measured, before: &SimPoint, after: &SimPoint, rb: f64, ra: f64) -> PointFit {
+        PointFit {
+            size_bytes: m.size_bytes,
+            measured_busbw: m.busbw_gbps,
+            before_busbw: before.busbw_gbps,
+            after_busbw: after.busbw_gbps,
+            before: (-rb).exp() - 1.0,
+            after: (-ra).exp() - 1.0,
+        }
+    }
+}
+
 /// One dataset before and after.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DatasetFit {
@@ -1031,14 +1045,7 @@ fn fit_with_prior(
         for (j, m) in d.measured.iter().enumerate() {
             let (Some(b), Some(a)) = (&event_prior[i][j], &event_after[i][j]) else { continue };
             let (Some(rb), Some(ra)) = (residual(m, b), residual(m, a)) else { continue };
-            points.push(PointFit {
-                size_bytes: m.size_bytes,
-                measured_busbw: m.busbw_gbps,
-                before_busbw: b.busbw_gbps,
-                after_busbw: a.busbw_gbps,
-                before: (-rb).exp() - 1.0,
-                after: (-ra).exp() - 1.0,
-            });
+            points.push(PointFit::new(m, b, a, rb, ra));
         }
         dfits.push(DatasetFit { name: d.name.clone(), points });
     }
@@ -1157,14 +1164,7 @@ pub fn leave_one_out(datasets: &[FitDataset], opts: &FitOptions) -> Result<Vec<G
                         busbw_gbps: b.busbw_gbps / (raa - rap).exp(),
                         choice: aa.choice.clone(),
                     };
-                    points.push(PointFit {
-                        size_bytes: m.size_bytes,
-                        measured_busbw: m.busbw_gbps,
-                        before_busbw: b.busbw_gbps,
-                        after_busbw: a.busbw_gbps,
-                        before: (-rb).exp() - 1.0,
-                        after: (-ra).exp() - 1.0,
-                    });
+                    points.push(PointFit::new(m, b, &a, rb, ra));
                 }
                 let df = DatasetFit { name: test.name.clone(), points };
                 Ok((test.name.clone(), median_large(&df, false), median_large(&df, true)))

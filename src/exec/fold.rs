@@ -108,7 +108,6 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
             })
         })
         .collect();
-    let mut rep = vec![u32::MAX; (nch * n) as usize];
     // Per channel: the class of each rank (offset so that channels do not share ids).
     let mut class = vec![u32::MAX; (nch * n) as usize];
     let mut next_class = 0u32;
@@ -250,11 +249,11 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
             }
         }
     }
-    for c in 0..nch {
-        for r in 0..n {
-            let k = class[(c * n + r) as usize];
-            rep[(c * n + r) as usize] = if k == u32::MAX { r } else { first[k as usize] };
-        }
-    }
+    let rep = (0..nch * n)
+        .map(|i| match class[i as usize] {
+            u32::MAX => i % n,
+            k => first[k as usize],
+        })
+        .collect();
     Some(ClassFold { nranks: n, simulated, rep, nodes: (chosen, busy as u32) })
 }

@@ -1101,7 +1101,8 @@ impl<'a> Sim<'a> {
                     return;
                 }
                 Block::Wait { stream, op } => {
-                    self.must_wait(k, self.stream_index[stream as usize], op);
+                    // Only a simulated stream can be incomplete (see `Progress::is_done`).
+                    self.wait_for(k, self.stream_index[stream as usize], op);
                     return;
                 }
                 Block::Recv(_) | Block::Credit(_) | Block::After(_) => return,
@@ -1269,18 +1270,13 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Whether simulated stream `k` must wait for op `op` of simulated stream `ws`
-    /// ([`OpId::END`]: all of them); if so, `k` is registered to be woken when it completes.
-    /// A stream that is not simulated (folded away) counts as done.
-    fn must_wait(&mut self, k: u32, ws: u32, op: u32) -> bool {
-        if ws == u32::MAX || self.streams[ws as usize].is_done(op) {
-            return false;
-        }
+    /// Registers simulated stream `k` to be woken when op `op` of simulated stream `ws`
+    /// ([`OpId::END`]: all of them) completes; the rules found it incomplete.
+    fn wait_for(&mut self, k: u32, ws: u32, op: u32) {
         let w = &mut self.streams[ws as usize].waiters;
         if !w.contains(&(op, k)) {
             w.push((op, k));
         }
-        true
     }
 
     /// Records that op `op` of simulated stream `k` was issued with `n` flows outstanding.
@@ -1450,16 +1446,15 @@ impl Handler for Sim<'_> {
                 match rec.kind {
                     FlowKind::Send { conn } => {
                         let c = &mut self.conns[conn as usize];
-                        if c.absorbed {
+                        let recv = if c.absorbed {
                             // No simulated rank receives it: the credit comes back now.
                             c.inflight -= 1;
                             self.pending_wakes.push(rec.stream);
-                            self.op_done(rec.stream, rec.op);
-                            self.run_wakes(api);
-                            return;
-                        }
-                        c.queue.push(rec.bytes);
-                        let recv = c.receiver;
+                            u32::MAX
+                        } else {
+                            c.queue.push(rec.bytes);
+                            c.receiver
+                        };
                         self.op_done(rec.stream, rec.op);
                         if recv != u32::MAX {
                             let rk = self.stream_index[recv as usize];
