@@ -42,7 +42,7 @@ use crate::engine::{Engine, EngineApi, Granularity, Handler, NoObserver, Observe
 use crate::fabric::params::{kind_index, Resolved};
 use crate::fabric::routing::TreePaths;
 use crate::fabric::{DeviceKind, Fabric, LinkClass, LinkId, LinkKind, PathType, RouteOpts, Router};
-use crate::schedule::rules::{self, Block, Cursor, Progress};
+use crate::schedule::rules::{self, Block, Cursor, Progress, Rendezvous};
 use crate::schedule::{Binding, GroupKind, Op, OpId, Schedule, SwitchKind};
 use crate::units::{Bandwidth, SimTime};
 
@@ -438,8 +438,8 @@ struct StreamState {
     room_blocked: bool,
     engine_path: PathRef,
     reducer_path: PathRef,
-    /// Switch ops issued per binding.
-    group_count: Vec<u32>,
+    /// The stream's member position in the group of each binding (0 for peers).
+    group_member: Vec<u32>,
     finished: bool,
     /// Streams blocked on a Wait for one of this stream's ops: (op, waiting stream).
     waiters: Vec<(u32, u32)>,
@@ -462,23 +462,14 @@ struct FlowRec {
     kind: FlowKind,
 }
 
-/// Instances of one switch group that may be pending at once: a member cannot be more than
-/// `MAX_OPS_IN_FLIGHT` ops ahead of its oldest incomplete op, which is at or before the
-/// oldest pending instance.
-const GROUP_SLOTS: usize = crate::schedule::MAX_OPS_IN_FLIGHT as usize + 1;
-
 struct GroupState {
     /// Schedule group id.
     id: u32,
-    /// Simulated streams bound to the group (all members, or one period's when folded).
-    expect: u32,
     ups: Vec<PathRef>,
     downs: Vec<PathRef>,
-    /// Per slot (instance modulo `GROUP_SLOTS`): the instance held and its joined members.
-    slot_inst: Vec<u32>,
-    slot_count: Vec<u32>,
-    /// `expect` (stream, op) entries per slot.
-    slot_members: Vec<(u32, u32)>,
+    /// Which switch ops meet in which instance; its simulated members (all members, or
+    /// those the folding keeps) are expected.
+    meet: Rendezvous,
     kind: GroupKind,
     /// The part whose streams meet in the group.
     part: u32,
@@ -879,7 +870,16 @@ impl<'a> Sim<'a> {
             let red = engine.add_resource(p.reduce_channel_bw, SimTime::ZERO, 4096);
             roles.push(ResourceRole::Reducer(i));
             let len = s.instrs(st).len() as u32;
-            let ngroups = s.stream_bindings(st).len();
+            let group_member = s
+                .stream_bindings(st)
+                .iter()
+                .map(|b| match *b {
+                    Binding::Group(g) => {
+                        s.groups[g as usize].members.iter().position(|&m| m == st.rank).unwrap_or(0) as u32
+                    }
+                    Binding::Peer { .. } => 0,
+                })
+                .collect();
             streams.push(StreamState {
                 pc: 0,
                 len,
@@ -898,7 +898,7 @@ impl<'a> Sim<'a> {
                 },
                 engine_path: engine.add_path(&[eng]),
                 reducer_path: engine.add_path(&[red, eng]),
-                group_count: vec![0; ngroups],
+                group_member,
                 finished: len == 0,
                 waiters: Vec::new(),
             });
@@ -974,12 +974,9 @@ impl<'a> Sim<'a> {
             groups.push(GroupState {
                 part,
                 id: gi,
-                expect,
                 ups: up_refs,
                 downs: down_refs,
-                slot_inst: vec![u32::MAX; GROUP_SLOTS],
-                slot_count: vec![0; GROUP_SLOTS],
-                slot_members: vec![(0, 0); GROUP_SLOTS * expect as usize],
+                meet: Rendezvous::new(g.members.len(), expect),
                 kind: g.kind,
             });
         }
@@ -1183,19 +1180,11 @@ impl<'a> Sim<'a> {
                     let b = sw.group as usize;
                     let Binding::Group(gid) = self.s.stream_bindings(st)[b] else { return };
                     let Some(&gk) = self.group_index.get(&gid) else { return };
-                    let inst = self.streams[ku].group_count[b];
-                    self.streams[ku].group_count[b] += 1;
+                    let m = self.streams[ku].group_member[b];
                     self.issued(k, i as u32, 1, now);
-                    let g = &mut self.groups[gk as usize];
-                    let slot = inst as usize % GROUP_SLOTS;
-                    if g.slot_count[slot] == 0 {
-                        g.slot_inst[slot] = inst;
-                    }
-                    debug_assert_eq!(g.slot_inst[slot], inst, "switch group instances overlap");
-                    let j = g.slot_count[slot] as usize;
-                    g.slot_members[slot * g.expect as usize + j] = (k, i as u32);
-                    g.slot_count[slot] += 1;
-                    if g.slot_count[slot] == g.expect {
+                    let joined = self.groups[gk as usize].meet.join(m, k, i as u32);
+                    debug_assert!(joined.is_ok(), "{joined:?}");
+                    if let Ok((inst, true)) = joined {
                         let bytes = sw.len * self.streams[ku].elem;
                         self.start_switch(api, gk, inst, 0, sw.kind, bytes);
                     }
@@ -1466,13 +1455,8 @@ impl Handler for Sim<'_> {
                     FlowKind::Local | FlowKind::Compute => self.op_done(rec.stream, rec.op),
                     FlowKind::Switch { group, inst, phase } => {
                         let g = &self.groups[group as usize];
-                        let slot = inst as usize % GROUP_SLOTS;
-                        let (base, count) = (slot * g.expect as usize, g.slot_count[slot] as usize);
-                        if count == 0 {
-                            return;
-                        }
                         // Find the op kind of this instance from the first member.
-                        let (k0, op0) = g.slot_members[base];
+                        let Some(&(_, k0, op0)) = g.meet.members(inst).first() else { return };
                         let st = &self.s.streams[self.sim_streams[k0 as usize] as usize];
                         let kind = match self.s.programs[st.program as usize].instrs[op0 as usize].op {
                             Op::Switch(sw) => sw.kind,
@@ -1482,11 +1466,12 @@ impl Handler for Sim<'_> {
                             self.start_switch(api, group, inst, 1, kind, rec.bytes);
                             return;
                         }
-                        self.groups[group as usize].slot_count[slot] = 0;
+                        let count = self.groups[group as usize].meet.members(inst).len();
                         for j in 0..count {
-                            let (k, op) = self.groups[group as usize].slot_members[base + j];
+                            let (_, k, op) = self.groups[group as usize].meet.members(inst)[j];
                             self.op_done(k, op);
                         }
+                        self.groups[group as usize].meet.release(inst);
                     }
                 }
             }

@@ -56,7 +56,7 @@ use std::fmt::Write as _;
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 
-use super::rules::{self, Block, Cursor, Progress};
+use super::rules::{self, Block, Cursor, Progress, Rendezvous};
 use super::validate::{self, ScheduleError};
 use super::{Binding, Compute, Op, OpId, Schedule, Span, Step, SwitchKind, MAX_OPS_IN_FLIGHT};
 
@@ -218,8 +218,8 @@ struct Grp {
     members: Vec<u32>,
     streams: Vec<u32>,
     counts: Vec<u64>,
-    issued: Vec<VecDeque<u32>>,
-    nonempty: usize,
+    /// Which switch ops meet in which instance.
+    meet: Rendezvous,
     executed: u64,
     parts: Vec<SwitchPart>,
 }
@@ -288,8 +288,7 @@ impl<'a, M> Machine<'a, M> {
                 members: g.members.clone(),
                 streams: vec![NONE; g.members.len()],
                 counts: vec![0; g.members.len()],
-                issued: (0..g.members.len()).map(|_| VecDeque::new()).collect(),
-                nonempty: 0,
+                meet: Rendezvous::new(g.members.len(), g.members.len() as u32),
                 executed: 0,
                 parts: Vec::with_capacity(g.members.len()),
             })
@@ -659,15 +658,10 @@ impl<'a, M> Machine<'a, M> {
                 let Bind::Group { g, member } = self.bind(k, sw.group)? else {
                     return Err(structure(format!("stream {k} op {i}: binding {} is not a group", sw.group)));
                 };
-                let grp = &mut self.groups[g as usize];
-                let q = &mut grp.issued[member as usize];
-                if q.is_empty() {
-                    grp.nonempty += 1;
-                }
-                q.push_back(i);
+                let (inst, complete) = self.groups[g as usize].meet.join(member, k, i).map_err(structure)?;
                 self.advance(k);
-                while self.groups[g as usize].nonempty == self.groups[g as usize].members.len() {
-                    self.execute_switch(g, fx)?;
+                if complete {
+                    self.execute_switch(g, inst, fx)?;
                 }
             }
             Op::Compute(c) => {
@@ -693,20 +687,18 @@ impl<'a, M> Machine<'a, M> {
         self.stats.ops += 1;
     }
 
-    /// Executes the oldest pending operation of group `g` (every member has issued it).
-    fn execute_switch<E: Effects<Msg = M>>(&mut self, g: u32, fx: &mut E) -> Result<(), ScheduleError> {
+    /// Executes instance `inst` of group `g` (every member has issued it), reading the
+    /// members in their group order.
+    fn execute_switch<E: Effects<Msg = M>>(&mut self, g: u32, inst: u32, fx: &mut E) -> Result<(), ScheduleError> {
         let s = self.s;
         let grp = &mut self.groups[g as usize];
         let mut parts = std::mem::take(&mut grp.parts);
         parts.clear();
+        let mut joined = grp.meet.members(inst).to_vec();
+        grp.meet.release(inst);
+        joined.sort_unstable();
         let mut first = None;
-        for m in 0..grp.members.len() {
-            let q = &mut grp.issued[m];
-            let op = q.pop_front().unwrap_or(0);
-            if q.is_empty() {
-                grp.nonempty -= 1;
-            }
-            let k = grp.streams[m];
+        for &(_, k, op) in &joined {
             let st = &self.streams[k as usize];
             let at = OpRef { part: st.part, stream: k, rank: st.rank, op };
             let Op::Switch(sw) = &s.programs[st.program as usize].instrs[op as usize].op else {
@@ -797,7 +789,7 @@ impl<'a, M> Machine<'a, M> {
     fn finish(&self) -> Result<(), ScheduleError> {
         let stuck: Vec<usize> =
             (0..self.streams.len()).filter(|&k| self.streams[k].pc < self.streams[k].len).collect();
-        let pending: Vec<&Grp> = self.groups.iter().filter(|g| g.nonempty > 0).collect();
+        let pending: Vec<&Grp> = self.groups.iter().filter(|g| g.meet.oldest_pending().is_some()).collect();
         if !stuck.is_empty() || !pending.is_empty() {
             let mut msg = String::new();
             if !stuck.is_empty() {
@@ -833,8 +825,7 @@ impl<'a, M> Machine<'a, M> {
 
     /// "waits for ranks [..]" of a group's oldest pending operation.
     fn missing(&self, g: &Grp) -> String {
-        let missing: Vec<u32> =
-            (0..g.members.len()).filter(|&m| g.issued[m].is_empty()).map(|m| g.members[m]).collect();
+        let missing: Vec<u32> = g.meet.missing().iter().map(|&m| g.members[m as usize]).collect();
         format!("is waiting for ranks {missing:?} to issue it")
     }
 

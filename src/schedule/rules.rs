@@ -132,3 +132,130 @@ pub fn check<P: Progress>(
         Op::Switch(_) | Op::Compute(_) => Ok(Block::No),
     }
 }
+
+/// Instances of one switch group that may be pending at once: a member cannot be more than
+/// [`MAX_OPS_IN_FLIGHT`] ops ahead of its oldest incomplete op, which is at or before the
+/// oldest pending instance.
+pub const GROUP_SLOTS: usize = MAX_OPS_IN_FLIGHT as usize + 1;
+
+/// How the switch ops of a group meet: the `k`-th switch op a member issues on the group
+/// is instance `k` of the operation, and the instance runs once every expected member has
+/// joined it (every member, or the members a folded backend simulates). Every backend keeps
+/// one per group and asks it, so that they all match switch ops alike.
+#[derive(Clone, Debug)]
+pub struct Rendezvous {
+    /// Members that must join an instance before it runs.
+    expect: u32,
+    /// Instances each member position has joined.
+    joined: Vec<u32>,
+    /// Per slot (instance modulo [`GROUP_SLOTS`]): the instance held, or `u32::MAX`.
+    slot_inst: Vec<u32>,
+    /// Members joined per slot.
+    slot_count: Vec<u32>,
+    /// `(member position, stream, op)` of the members joined, `expect` entries per slot.
+    slot_members: Vec<(u32, u32, u32)>,
+}
+
+impl Rendezvous {
+    /// A group of `positions` members of which `expect` take part.
+    pub fn new(positions: usize, expect: u32) -> Rendezvous {
+        Rendezvous {
+            expect,
+            joined: vec![0; positions],
+            slot_inst: vec![u32::MAX; GROUP_SLOTS],
+            slot_count: vec![0; GROUP_SLOTS],
+            slot_members: vec![(0, 0, 0); GROUP_SLOTS * expect as usize],
+        }
+    }
+
+    /// Members that must join an instance before it runs.
+    pub fn expect(&self) -> u32 {
+        self.expect
+    }
+
+    /// The member at position `m` joins its next instance with op `op` of stream `stream`:
+    /// the instance, and whether every expected member has now joined it. An error when the
+    /// member is more than [`GROUP_SLOTS`] instances ahead of the oldest pending one (the
+    /// issue rules make that impossible).
+    pub fn join(&mut self, m: u32, stream: u32, op: u32) -> Result<(u32, bool), String> {
+        let Some(next) = self.joined.get_mut(m as usize) else {
+            return Err(format!("member position {m} is outside a group of {}", self.joined.len()));
+        };
+        let inst = *next;
+        *next += 1;
+        let slot = inst as usize % GROUP_SLOTS;
+        if self.slot_count[slot] == 0 {
+            self.slot_inst[slot] = inst;
+        } else if self.slot_inst[slot] != inst {
+            return Err(format!(
+                "instance {inst} of a switch group overlaps instance {} still pending",
+                self.slot_inst[slot]
+            ));
+        }
+        let j = self.slot_count[slot] as usize;
+        if j >= self.expect as usize {
+            return Err(format!("instance {inst} has more than the {} expected members", self.expect));
+        }
+        self.slot_members[slot * self.expect as usize + j] = (m, stream, op);
+        self.slot_count[slot] += 1;
+        Ok((inst, self.slot_count[slot] == self.expect))
+    }
+
+    /// `(member position, stream, op)` of the members that joined instance `inst`, in the
+    /// order they joined (empty when the instance is not pending).
+    pub fn members(&self, inst: u32) -> &[(u32, u32, u32)] {
+        let slot = inst as usize % GROUP_SLOTS;
+        if self.slot_inst[slot] != inst {
+            return &[];
+        }
+        let base = slot * self.expect as usize;
+        &self.slot_members[base..base + self.slot_count[slot] as usize]
+    }
+
+    /// Instance `inst` has run: its slot is free.
+    pub fn release(&mut self, inst: u32) {
+        let slot = inst as usize % GROUP_SLOTS;
+        if self.slot_inst[slot] == inst {
+            self.slot_count[slot] = 0;
+            self.slot_inst[slot] = u32::MAX;
+        }
+    }
+
+    /// The oldest instance some member joined that has not run.
+    pub fn oldest_pending(&self) -> Option<u32> {
+        (0..GROUP_SLOTS).filter(|&s| self.slot_count[s] > 0).map(|s| self.slot_inst[s]).min()
+    }
+
+    /// Member positions that have not joined the oldest pending instance.
+    pub fn missing(&self) -> Vec<u32> {
+        let Some(oldest) = self.oldest_pending() else { return Vec::new() };
+        let joined: Vec<u32> = self.members(oldest).iter().map(|x| x.0).collect();
+        (0..self.joined.len() as u32).filter(|m| !joined.contains(m)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instances_run_when_every_expected_member_has_joined() {
+        let mut r = Rendezvous::new(3, 2);
+        assert_eq!(r.join(0, 10, 0), Ok((0, false)));
+        assert_eq!(r.join(0, 10, 5), Ok((1, false)));
+        assert_eq!(r.missing(), vec![1, 2]);
+        assert_eq!(r.join(2, 12, 3), Ok((0, true)));
+        assert_eq!(r.members(0), &[(0, 10, 0), (2, 12, 3)]);
+        r.release(0);
+        assert_eq!(r.oldest_pending(), Some(1));
+        assert!(r.members(0).is_empty());
+        assert_eq!(r.join(2, 12, 4), Ok((1, true)));
+        // A member too far ahead is refused rather than mixed into another instance.
+        let mut r = Rendezvous::new(2, 2);
+        for i in 0..GROUP_SLOTS as u32 {
+            assert_eq!(r.join(0, 0, i), Ok((i, false)));
+        }
+        assert!(r.join(0, 0, 99).is_err());
+        assert!(r.join(5, 0, 0).is_err());
+    }
+}
