@@ -224,6 +224,9 @@ pub enum FidelityArg {
     /// Discrete-event simulation of every transfer.
     #[value(aliases = ["des", "discrete-event"])]
     Event,
+    /// The schedule's critical path with static link shares (any algorithm, no queues).
+    #[value(aliases = ["critical"])]
+    CriticalPath,
 }
 
 impl From<FidelityArg> for Fidelity {
@@ -231,6 +234,7 @@ impl From<FidelityArg> for Fidelity {
         match f {
             FidelityArg::Analytical => Fidelity::Analytical,
             FidelityArg::Event => Fidelity::Event,
+            FidelityArg::CriticalPath => Fidelity::CriticalPath,
         }
     }
 }

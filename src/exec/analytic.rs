@@ -495,3 +495,63 @@ fn nvls_collnet_time(
         }
     }
 }
+
+/// The analytical mode over the IR: the critical path of any schedule with static link
+/// shares. The schedule runs under the IR's rules ([`crate::schedule::rules`]) and the event
+/// mode's costs, but every connection and switch group owns a fixed share of each link it
+/// crosses, so no flow queues behind another: each op starts when its dependencies,
+/// messages and credits allow, and takes its uncontended time at its share. It needs no
+/// model of the algorithm, so it prices schedules no closed form covers (composed parts,
+/// training steps, new algorithms); the closed forms above are tested against it.
+///
+/// A link's share is the link's rate over the number of owners that use it *at once*. A
+/// first pass gives every owner an equal share and measures, per link, how many of them
+/// were busy together on average (their busy time over the link's active span: owners that
+/// take turns, like PAT's or a tree's connections in successive steps, count once; owners
+/// that stream together count each). The second pass runs with those shares.
+pub fn critical_path(
+    f: &Fabric,
+    router: &Router,
+    s: &crate::schedule::Schedule,
+    opts: &super::simulate::SimOpts,
+) -> Result<super::simulate::SimResult, super::simulate::SimError> {
+    use super::simulate::{simulate, simulate_observed, ResourceRole, SimOpts};
+    let first = SimOpts { static_shares: true, link_concurrency: None, ..opts.clone() };
+    let (_, spans, roles) = simulate_observed(f, router, s, &first, Spans::default())?;
+    // Per link: busy time of its owners, and the span from the first start to the last end.
+    let mut busy = vec![0.0f64; f.links.len()];
+    let mut span = vec![(u64::MAX, 0u64); f.links.len()];
+    for (ri, role) in roles.iter().enumerate() {
+        let (ResourceRole::Link(l), Some(&(b, lo, hi))) = (role, spans.0.get(ri)) else { continue };
+        if hi > lo {
+            busy[l.idx()] += b as f64;
+            let sp = &mut span[l.idx()];
+            *sp = (sp.0.min(lo), sp.1.max(hi));
+        }
+    }
+    let concurrency: Vec<f64> = busy
+        .iter()
+        .zip(&span)
+        .map(|(&b, &(lo, hi))| if hi > lo { b / (hi - lo) as f64 } else { 1.0 })
+        .collect();
+    let second =
+        SimOpts { static_shares: true, link_concurrency: Some(std::sync::Arc::new(concurrency)), ..opts.clone() };
+    simulate(f, router, s, &second)
+}
+
+/// Per engine resource: picoseconds of service, first start and last end.
+#[derive(Default)]
+struct Spans(Vec<(u64, u64, u64)>);
+
+impl crate::engine::Observer for Spans {
+    fn on_service(&mut self, res: crate::engine::ResourceId, start: SimTime, end: SimTime, _bytes: u64, _tag: u64) {
+        let i = res.0 as usize;
+        if self.0.len() <= i {
+            self.0.resize(i + 1, (0, u64::MAX, 0));
+        }
+        let e = &mut self.0[i];
+        e.0 += end.0.saturating_sub(start.0);
+        e.1 = e.1.min(start.0);
+        e.2 = e.2.max(end.0);
+    }
+}

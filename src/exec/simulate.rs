@@ -66,6 +66,15 @@ pub struct SimOpts {
     /// ([`Schedule::rank_period`]: one part, no dependencies). A switch group then starts an
     /// instance when its simulated members have joined (the others are their images).
     pub fold_ranks: bool,
+    /// Static link shares (the analytical mode over the IR): every connection and every
+    /// switch group owns a fixed share of each link it crosses, the link's rate divided by
+    /// the number of connections and groups that cross it, so flows never queue behind one
+    /// another. Each op then starts when the IR's rules allow and takes its uncontended time
+    /// at those shares: the critical path of the schedule. Channels do not fold.
+    pub static_shares: bool,
+    /// Under static shares, how many owners share each link at once (by link index); when
+    /// absent, every owner that crosses the link counts.
+    pub link_concurrency: Option<std::sync::Arc<Vec<f64>>>,
 }
 
 impl Default for SimOpts {
@@ -78,6 +87,8 @@ impl Default for SimOpts {
             gpus_per_thread: 1,
             pxn: true,
             fold_ranks: true,
+            static_shares: false,
+            link_concurrency: None,
         }
     }
 }
@@ -561,8 +572,11 @@ impl<'a> Sim<'a> {
         let unfolded_ops: u64 =
             s.streams.iter().filter(|st| sim_rank(st.rank)).map(|st| s.instrs(st).len() as u64).sum();
         // Dependencies name streams one by one: every stream is then simulated.
-        let fold_channels =
-            opts.fold_channels && unfolded_ops > opts.fold_min_ops && s.deps.is_empty() && cf.is_none();
+        let fold_channels = opts.fold_channels
+            && !opts.static_shares
+            && unfolded_ops > opts.fold_min_ops
+            && s.deps.is_empty()
+            && cf.is_none();
         let rep = |ch: u32| !fold_channels || s.channel_class.get(ch as usize).copied().unwrap_or(ch) == ch;
         let sim_streams: Vec<u32> = (0..s.streams.len() as u32)
             .filter(|&i| {
@@ -834,6 +848,43 @@ impl<'a> Sim<'a> {
             }
         }
 
+        // Static shares: how many connections that carry messages (from a send slot of a
+        // simulated stream, with the fan-out copies of class folding) and switch groups
+        // cross each link.
+        let mut static_load = vec![0u32; if opts.static_shares { f.links.len() } else { 0 }];
+        if opts.static_shares {
+            let mut carries = vec![false; conns.len()];
+            for (k, &i) in sim_streams.iter().enumerate() {
+                let st = &s.streams[i as usize];
+                for (slot, &(mut c, _)) in stream_conns[k].iter().enumerate() {
+                    if !sends[st.program as usize].get(slot).copied().unwrap_or(false) {
+                        continue;
+                    }
+                    while (c as usize) < carries.len() && !carries[c as usize] {
+                        carries[c as usize] = true;
+                        c = conns[c as usize].next;
+                    }
+                }
+            }
+            for (ci, &yes) in carries.iter().enumerate() {
+                if yes {
+                    for l in &conn_routes[ci].0 {
+                        static_load[l.idx()] += 1;
+                    }
+                }
+            }
+            for (gi, (ups, downs)) in &group_paths {
+                if group_used_by_rep[*gi as usize] {
+                    let mut ls: Vec<LinkId> = ups.iter().chain(downs.iter()).flatten().copied().collect();
+                    ls.sort_unstable();
+                    ls.dedup();
+                    for l in ls {
+                        static_load[l.idx()] += 1;
+                    }
+                }
+            }
+        }
+        let mut private: BTreeMap<(u32, LinkId), ResourceId> = BTreeMap::new();
         let mut engine = Engine::with_observer(opts.granularity, observer);
         let mut roles = Vec::new();
         let mut link_res = vec![u32::MAX; f.links.len()];
@@ -853,6 +904,22 @@ impl<'a> Sim<'a> {
             roles.push(ResourceRole::Link(l));
             link_res[l.idx()] = r.0;
             r
+        };
+        // The server of link `l` for `owner` (a connection, or a group after them): the
+        // shared link, or under static shares the owner's own share of it.
+        let mut server_of = |l: LinkId, owner: u32, engine: &mut Engine<O>, roles: &mut Vec<ResourceRole>| {
+            if !opts.static_shares {
+                return res_of(l, engine, roles);
+            }
+            *private.entry((owner, l)).or_insert_with(|| {
+                let link = f.link(l);
+                let eff = p.link_eff[kind_index(link.kind)];
+                let n = static_load[l.idx()].max(1) as f64;
+                let k = opts.link_concurrency.as_ref().and_then(|c| c.get(l.idx()).copied()).unwrap_or(n);
+                let share = 1.0 / k.clamp(1.0, n);
+                roles.push(ResourceRole::Link(l));
+                engine.add_shared_resource(link.bw.scaled(eff), share, link.latency, granule(link.kind))
+            })
         };
         // Streams.
         let stagger = |rank: u32| {
@@ -943,7 +1010,7 @@ impl<'a> Sim<'a> {
                 rservers.push(r);
             }
             for &l in links {
-                let r = res_of(l, &mut engine, &mut roles);
+                let r = server_of(l, ci as u32, &mut engine, &mut roles);
                 servers.push(r);
                 rservers.push(r);
             }
@@ -953,19 +1020,23 @@ impl<'a> Sim<'a> {
         // Groups.
         let mut groups = Vec::new();
         let mut group_index = BTreeMap::new();
+        let nconns = conns.len() as u32;
         for (gi, (ups, downs)) in group_paths {
             if !group_used_by_rep[gi as usize] {
                 continue;
             }
             let g = &s.groups[gi as usize];
+            let owner = nconns + gi;
             let mut up_refs = Vec::new();
             for u in &ups {
-                let rs: Vec<ResourceId> = u.iter().map(|&l| res_of(l, &mut engine, &mut roles)).collect();
+                let rs: Vec<ResourceId> =
+                    u.iter().map(|&l| server_of(l, owner, &mut engine, &mut roles)).collect();
                 up_refs.push(engine.add_path(&rs));
             }
             let mut down_refs = Vec::new();
             for d in &downs {
-                let rs: Vec<ResourceId> = d.iter().map(|&l| res_of(l, &mut engine, &mut roles)).collect();
+                let rs: Vec<ResourceId> =
+                    d.iter().map(|&l| server_of(l, owner, &mut engine, &mut roles)).collect();
                 down_refs.push(engine.add_path(&rs));
             }
             group_index.insert(gi, groups.len() as u32);
@@ -1354,12 +1425,28 @@ impl<'a> Sim<'a> {
         if end.is_saturated() || self.end.is_saturated() {
             return Err(crate::units::TimeOverflow.into());
         }
-        let mut links = Vec::new();
+        // A link has one server, or under static shares one per owner: their traffic adds
+        // up, and the link is busy for that traffic at its full rate.
+        let mut per_link: BTreeMap<LinkId, (u64, SimTime, u32)> = BTreeMap::new();
         for (ri, role) in self.roles.iter().enumerate() {
             if let ResourceRole::Link(l) = role {
                 let r = &engine.resources()[ri];
-                links.push(LinkUse { link: *l, bytes: r.bytes, busy: r.busy });
+                let e = per_link.entry(*l).or_insert((0, SimTime::ZERO, 0));
+                e.0 += r.bytes;
+                e.1 = e.1 + r.busy;
+                e.2 += 1;
             }
+        }
+        let mut links = Vec::with_capacity(per_link.len());
+        for (l, (bytes, busy, copies)) in per_link {
+            let busy = if copies > 1 {
+                let link = self.f.link(l);
+                let rate = link.bw.scaled(self.p.link_eff[kind_index(link.kind)]);
+                rate.time_for(bytes)
+            } else {
+                busy
+            };
+            links.push(LinkUse { link: l, bytes, busy });
         }
         let parts =
             self.part_times.iter().map(|t| PartTime { start: t.start.min(t.end), end: t.end }).collect();

@@ -310,6 +310,7 @@ fn fidelity_words(f: Fidelity) -> &'static str {
     match f {
         Fidelity::Event => "discrete-event simulation",
         Fidelity::Analytical => "analytical (closed-form) model",
+        Fidelity::CriticalPath => "critical path with static link shares",
     }
 }
 
@@ -483,7 +484,7 @@ impl Ctx<'_> {
         for (fid, data) in [(Fidelity::Event, &event), (Fidelity::Analytical, &analytical)] {
             let stem = match fid {
                 Fidelity::Event => stem.clone(),
-                Fidelity::Analytical => format!("{stem}-analytical"),
+                Fidelity::Analytical | Fidelity::CriticalPath => format!("{stem}-{}", fid.name()),
             };
             let mut chart = LineChart::new(
                 format!("All-reduce of {} on superpod-h100: time against GPU count", format_bytes(size)),
@@ -520,7 +521,7 @@ impl Ctx<'_> {
                      figure).",
                     match fid {
                         Fidelity::Event => "analytical",
-                        Fidelity::Analytical => "discrete-event",
+                        Fidelity::Analytical | Fidelity::CriticalPath => "discrete-event",
                     }
                 );
             }

@@ -21,6 +21,11 @@ pub enum Fidelity {
     /// Discrete-event simulation of every transfer.
     #[default]
     Event,
+    /// The schedule's critical path with static link shares: the IR run under the same
+    /// rules and costs as the event mode, but every connection owns a fixed share of each
+    /// link, so nothing queues ([`crate::exec::analytic::critical_path`]). Works for any
+    /// schedule, with or without a closed form.
+    CriticalPath,
 }
 
 impl Fidelity {
@@ -29,6 +34,7 @@ impl Fidelity {
         match s.to_ascii_lowercase().as_str() {
             "analytical" | "analytic" => Some(Fidelity::Analytical),
             "event" | "des" | "discrete-event" => Some(Fidelity::Event),
+            "critical-path" | "critical" => Some(Fidelity::CriticalPath),
             _ => None,
         }
     }
@@ -37,6 +43,7 @@ impl Fidelity {
         match self {
             Fidelity::Analytical => "analytical",
             Fidelity::Event => "event",
+            Fidelity::CriticalPath => "critical-path",
         }
     }
 }
@@ -121,6 +128,8 @@ impl BenchConfig {
             gpus_per_thread: self.gpus_per_thread,
             pxn: !self.env.knobs.pxn_disable,
             fold_ranks: self.fold_channels,
+            static_shares: false,
+            link_concurrency: None,
         }
     }
 }
@@ -497,7 +506,7 @@ fn time_one(
             let t = model.time(args, &choice, &cfg.env.knobs, cfg.gpus_per_thread)?;
             Ok((t.as_us(), choice.nchannels, 0))
         }
-        Fidelity::Event => {
+        Fidelity::Event | Fidelity::CriticalPath => {
             let size = args.size_bytes(n);
             if size > MAX_EVENT_BYTES {
                 return Err(BenchError::Args(format!(
@@ -506,7 +515,8 @@ fn time_one(
                      --fidelity analytical (fidelity = \"analytical\" in a scenario) for them"
                 )));
             }
-            let r = steady::simulate_call(f, router, &cfg.sim_opts(), |max_loops| {
+            let opts = SimOpts { static_shares: cfg.fidelity == Fidelity::CriticalPath, ..cfg.sim_opts() };
+            let r = steady::simulate_call(f, router, &opts, |max_loops| {
                 let knobs = Knobs { max_loops, ..cfg.env.knobs.clone() };
                 collective::build_schedule(comm, args, &choice, &knobs).map_err(BenchError::from)
             })?;

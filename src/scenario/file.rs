@@ -1109,9 +1109,9 @@ impl Resolver<'_, '_> {
                 src.at(
                     f.span(),
                     format!(
-                        "unknown fidelity {:?}{}; valid: analytical, event",
+                        "unknown fidelity {:?}{}; valid: analytical, critical-path, event",
                         f.get_ref(),
-                        suggest(f.get_ref(), "analytical, event")
+                        suggest(f.get_ref(), "analytical, critical-path, event")
                     ),
                 )
             })?,
