@@ -14,6 +14,10 @@
 //!    sends to; a [`Op::Wait`] finds its awaited op complete; switch and compute ops need
 //!    nothing more.
 //!
+//! Switch ops meet in instances by one rule too ([`Rendezvous`]): the `k`-th switch op a
+//! member issues on a group is instance `k`, which runs once every expected member has
+//! joined it.
+//!
 //! Completion is the backend's: at issue in the interpreter, when the flows end in the
 //! simulator; a switch op when its group's instance has run.
 
