@@ -534,8 +534,11 @@ pub fn critical_path(
         .zip(&span)
         .map(|(&b, &(lo, hi))| if hi > lo { b / (hi - lo) as f64 } else { 1.0 })
         .collect();
-    let second =
-        SimOpts { static_shares: true, link_concurrency: Some(std::sync::Arc::new(concurrency)), ..opts.clone() };
+    let second = SimOpts {
+        static_shares: true,
+        link_concurrency: Some(std::sync::Arc::new(concurrency)),
+        ..opts.clone()
+    };
     simulate(f, router, s, &second)
 }
 
@@ -544,7 +547,14 @@ pub fn critical_path(
 struct Spans(Vec<(u64, u64, u64)>);
 
 impl crate::engine::Observer for Spans {
-    fn on_service(&mut self, res: crate::engine::ResourceId, start: SimTime, end: SimTime, _bytes: u64, _tag: u64) {
+    fn on_service(
+        &mut self,
+        res: crate::engine::ResourceId,
+        start: SimTime,
+        end: SimTime,
+        _bytes: u64,
+        _tag: u64,
+    ) {
         let i = res.0 as usize;
         if self.0.len() <= i {
             self.0.resize(i + 1, (0, u64::MAX, 0));

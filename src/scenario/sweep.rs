@@ -272,7 +272,9 @@ pub fn point_cost(s: &Scenario) -> u64 {
     w.sizes.iter().fold(0u64, |acc, &size| {
         let call = match s.fidelity {
             super::bench::Fidelity::Analytical => gpus,
-            super::bench::Fidelity::Event | super::bench::Fidelity::CriticalPath => gpus.saturating_mul(1 + (size >> 20)).saturating_mul(factor),
+            super::bench::Fidelity::Event | super::bench::Fidelity::CriticalPath => {
+                gpus.saturating_mul(1 + (size >> 20)).saturating_mul(factor)
+            }
         };
         acc.saturating_add(call)
     })

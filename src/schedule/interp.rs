@@ -689,7 +689,12 @@ impl<'a, M> Machine<'a, M> {
 
     /// Executes instance `inst` of group `g` (every member has issued it), reading the
     /// members in their group order.
-    fn execute_switch<E: Effects<Msg = M>>(&mut self, g: u32, inst: u32, fx: &mut E) -> Result<(), ScheduleError> {
+    fn execute_switch<E: Effects<Msg = M>>(
+        &mut self,
+        g: u32,
+        inst: u32,
+        fx: &mut E,
+    ) -> Result<(), ScheduleError> {
         let s = self.s;
         let grp = &mut self.groups[g as usize];
         let mut parts = std::mem::take(&mut grp.parts);

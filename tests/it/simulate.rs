@@ -241,7 +241,8 @@ fn the_critical_path_over_the_ir_tracks_the_event_mode_for_every_algorithm() {
             let router = Router::new(f, 0);
             let comm = Comm::from_fabric(f, &router);
             for bytes in [64u64 << 10, 4 << 20, 256 << 20] {
-                let s = build_schedule(&comm, &args(coll, bytes, comm.nranks), &c, &Knobs::default()).unwrap();
+                let s =
+                    build_schedule(&comm, &args(coll, bytes, comm.nranks), &c, &Knobs::default()).unwrap();
                 let ev = simulate(f, &router, &s, &SimOpts::default()).unwrap().time.as_us();
                 let cp = analytic::critical_path(f, &router, &s, &SimOpts::default()).unwrap().time.as_us();
                 let e = cp / ev - 1.0;
