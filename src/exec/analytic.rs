@@ -510,7 +510,16 @@ fn nvls_collnet_time(
             };
             // NVLS with SHARP sends each head's share up and receives the result down at
             // once (the two directions of the NIC); the others cross the NIC twice.
-            let inter = if choice.algo == Algo::Nvls { 1.0 } else { 2.0 } * inter_bytes / inter_bw;
+            let mut inter = if choice.algo == Algo::Nvls { 1.0 } else { 2.0 } * inter_bytes / inter_bw;
+            // NCCL's per-channel NVLS-Tree cap (perChMaxNVLSTreeBw), as the event simulator
+            // applies it to every inter-node connection (collective/nvls.rs).
+            if choice.algo == Algo::NvlsTree && args.coll == Collective::AllReduce {
+                let t = crate::collective::tuner::TunerInput::from_comm(comm, false);
+                if let Some(bus) = crate::collective::tuner::nvls_tree_bus_cap(&t) {
+                    let n = comm.nranks as f64;
+                    inter = inter.max(total / (bus * 1e3 * n / (2.0 * (n - 1.0))));
+                }
+            }
             let depth = match choice.algo {
                 Algo::NvlsTree => 2.0 * (nodes as f64).log2().ceil(),
                 _ => 2.0,
