@@ -100,7 +100,13 @@ fn route_latency(f: &Fabric, links: &[LinkId]) -> f64 {
 /// crosses the network, each of its steps lasts at least as long as its slowest network
 /// step (route latency plus the protocol's network step latency), as in the event
 /// simulator (`Part::ring_lockstep`). Returns that floor in µs (0: single node).
-fn lockstep_floor(f: &Fabric, p: &Resolved, proto: usize, coll: Collective, routes: &[(Vec<LinkId>, PathType)]) -> f64 {
+fn lockstep_floor(
+    f: &Fabric,
+    p: &Resolved,
+    proto: usize,
+    coll: Collective,
+    routes: &[(Vec<LinkId>, PathType)],
+) -> f64 {
     if !matches!(coll, Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter) {
         return 0.0;
     }

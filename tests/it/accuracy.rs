@@ -267,7 +267,13 @@ fn a_multi_node_ring_moves_at_its_network_steps_pace() {
         for p in s.points.iter().filter(|p| p.size_bytes <= 128 << 20) {
             assert!(p.error.abs() <= bound, "{file} {} B: {:+.1}%", p.size_bytes, p.error * 100.0);
             let nccl = p.nccl_error.expect("NCCL's model covers a ring");
-            assert!(p.error.abs() < nccl.abs(), "{file} {} B: {:+.1}% vs NCCL {:+.1}%", p.size_bytes, p.error * 100.0, nccl * 100.0);
+            assert!(
+                p.error.abs() < nccl.abs(),
+                "{file} {} B: {:+.1}% vs NCCL {:+.1}%",
+                p.size_bytes,
+                p.error * 100.0,
+                nccl * 100.0
+            );
         }
     }
 }
@@ -289,7 +295,9 @@ fn nvls_tree_across_nodes_plateaus_at_nccls_per_channel_cap() {
         "h100sxm-vmware-4node-32gpu-ib8x400g-allreduce-default-nccl2.26.2-issue309.csv",
         "h100sxm-xxrjun-cl01-10node-80gpu-allreduce-nccl2.29.2.csv",
     ] {
-        for p in one(file).points.iter().filter(|p| p.size_bytes >= 128 << 20 && p.choice.contains("NVLSTree")) {
+        for p in
+            one(file).points.iter().filter(|p| p.size_bytes >= 128 << 20 && p.choice.contains("NVLSTree"))
+        {
             assert!(p.error.abs() <= 0.12, "{file} {} B: {:+.1}%", p.size_bytes, p.error * 100.0);
         }
     }
