@@ -305,7 +305,8 @@ fn print_bands(scores: &[(&Dataset, &Score)], md: bool) {
     // with (in-sample) and the others (held out), as in the leave-one-cluster-out list.
     let tuned: Vec<String> =
         cluster_scores(scores).into_iter().filter(|c| c.tuned).map(|c| c.cluster).collect();
-    let (ins, held): (Vec<(&Dataset, &Score)>, Vec<(&Dataset, &Score)>) =
+    type Tables<'a> = Vec<(&'a Dataset, &'a Score)>;
+    let (ins, held): (Tables, Tables) =
         scores.iter().copied().partition(|(d, _)| tuned.contains(&d.cluster_name()));
     for (regime, multi, set) in [
         ("one node", false, scores),
