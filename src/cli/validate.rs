@@ -301,9 +301,21 @@ fn print_bands(scores: &[(&Dataset, &Score)], md: bool) {
         println!("| regime | sizes | points | fabricsim | covered | fabricsim (covered) | NCCL model |");
         println!("|---|---|---:|---:|---:|---:|---:|");
     }
-    for (regime, multi) in [("one node", false), ("across nodes", true)] {
+    // Across nodes again, split by cluster: the clusters some shipped parameter was chosen
+    // with (in-sample) and the others (held out), as in the leave-one-cluster-out list.
+    let tuned: Vec<String> =
+        cluster_scores(scores).into_iter().filter(|c| c.tuned).map(|c| c.cluster).collect();
+    type Tables<'a> = Vec<(&'a Dataset, &'a Score)>;
+    let (ins, held): (Tables, Tables) =
+        scores.iter().copied().partition(|(d, _)| tuned.contains(&d.cluster_name()));
+    for (regime, multi, set) in [
+        ("one node", false, scores),
+        ("across nodes", true, scores),
+        ("  in-sample", true, &ins[..]),
+        ("  held out", true, &held[..]),
+    ] {
         for (name, lo, hi) in BANDS {
-            let b = band_score(scores, multi, lo, hi);
+            let b = band_score(set, multi, lo, hi);
             if b.points == 0 {
                 continue;
             }

@@ -401,6 +401,8 @@ pub fn build_schedule(
         Algo::P2p => alltoall::build(comm, args, choice, knobs),
     }?;
     s.part0_mut().name = format!("{} {}/{}", args.coll, choice.algo, choice.proto);
+    s.part0_mut().ring_lockstep = choice.algo == Algo::Ring
+        && matches!(args.coll, Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter);
     Ok(s)
 }
 

@@ -128,6 +128,19 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     if nodes > 1 && choice.algo == Algo::Nvls {
         s.part0_mut().rank_period = Some(comm.ppn());
     }
+    // NVLS-Tree across nodes: NCCL's per-channel cap (perChMaxNVLSTreeBw) bounds what one
+    // channel's tree warps drive. Every inter-node connection (one channel, one head, one
+    // peer) carries 1/(channels x heads) of the buffer, so the cap on the bus bandwidth is
+    // a cap on each connection at that share of the algorithm bandwidth it implies.
+    if nodes > 1 && choice.algo == Algo::NvlsTree && args.coll == Collective::AllReduce {
+        let t = super::tuner::TunerInput::from_comm(comm, false);
+        if let Some(bus) = super::tuner::nvls_tree_bus_cap(&t) {
+            let n = comm.nranks as f64;
+            let alg = bus * n / (2.0 * (n - 1.0));
+            let per_conn = alg / (used.max(1) as f64 * heads.len().max(1) as f64);
+            s.part0_mut().net_conn_bw = Some(crate::units::Bandwidth::from_gbytes(per_conn));
+        }
+    }
     // Every channel is simulated (set_channels made each its own class): the reduce and
     // multicast phases of different channels interleave on the NVLinks, which one folded
     // channel at a share of the bandwidth does not reproduce.

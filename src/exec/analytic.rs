@@ -91,6 +91,33 @@ fn hop_of(
     Hop { lat, bw, step: pr.step(class_of(ty)).as_us() }
 }
 
+/// Sum of the link latencies of a route, µs.
+fn route_latency(f: &Fabric, links: &[LinkId]) -> f64 {
+    links.iter().map(|l| f.link(*l).latency.as_us()).sum()
+}
+
+/// NCCL's all-reduce, all-gather and reduce-scatter rings advance in lockstep: when a ring
+/// crosses the network, each of its steps lasts at least as long as its slowest network
+/// step (route latency plus the protocol's network step latency), as in the event
+/// simulator (`Part::ring_lockstep`). Returns that floor in µs (0: single node).
+fn lockstep_floor(
+    f: &Fabric,
+    p: &Resolved,
+    proto: usize,
+    coll: Collective,
+    routes: &[(Vec<LinkId>, PathType)],
+) -> f64 {
+    if !matches!(coll, Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter) {
+        return 0.0;
+    }
+    let net = p.proto[proto].step(LinkClass::Net).as_us();
+    routes
+        .iter()
+        .filter(|(_, ty)| class_of(*ty) == LinkClass::Net)
+        .map(|(l, _)| route_latency(f, l) + net)
+        .fold(0.0, f64::max)
+}
+
 /// Distinct hops with their shares of the routes (shares sum to 1).
 fn weighted(hops: impl Iterator<Item = Hop>) -> Vec<(Hop, f64)> {
     let mut v: Vec<(Hop, f64)> = Vec::new();
@@ -214,8 +241,13 @@ impl<'a> Model<'a> {
                         }
                     }
                     let (load, routes) = loads(router, &edges);
+                    let floor = lockstep_floor(f, p, proto, args.coll, &routes);
                     (
-                        weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, 1.0))),
+                        weighted(routes.iter().map(|(l, ty)| {
+                            let mut h = hop_of(f, p, proto, l, *ty, &load, 1.0);
+                            h.step = h.step.max(floor - route_latency(f, l));
+                            h
+                        })),
                         TreeShape::default(),
                     )
                 });
@@ -484,7 +516,16 @@ fn nvls_collnet_time(
             };
             // NVLS with SHARP sends each head's share up and receives the result down at
             // once (the two directions of the NIC); the others cross the NIC twice.
-            let inter = if choice.algo == Algo::Nvls { 1.0 } else { 2.0 } * inter_bytes / inter_bw;
+            let mut inter = if choice.algo == Algo::Nvls { 1.0 } else { 2.0 } * inter_bytes / inter_bw;
+            // NCCL's per-channel NVLS-Tree cap (perChMaxNVLSTreeBw), as the event simulator
+            // applies it to every inter-node connection (collective/nvls.rs).
+            if choice.algo == Algo::NvlsTree && args.coll == Collective::AllReduce {
+                let t = crate::collective::tuner::TunerInput::from_comm(comm, false);
+                if let Some(bus) = crate::collective::tuner::nvls_tree_bus_cap(&t) {
+                    let n = comm.nranks as f64;
+                    inter = inter.max(total / (bus * 1e3 * n / (2.0 * (n - 1.0))));
+                }
+            }
             let depth = match choice.algo {
                 Algo::NvlsTree => 2.0 * (nodes as f64).log2().ceil(),
                 _ => 2.0,

@@ -539,6 +539,11 @@ pub struct Part {
     /// when the algorithm's channels are slower than the NIC (NCCL's p2p channels: its
     /// `NCCL_P2P_PER_CHANNEL_NET_BW`); None: only the links limit it.
     pub net_conn_bw: Option<crate::units::Bandwidth>,
+    /// A ring whose steps advance together (NCCL's all-reduce, all-gather and
+    /// reduce-scatter rings): when some of its connections cross the network, each step of
+    /// every connection lasts at least as long as a network step (NCCL's tuning model charges
+    /// every step of a multi-node ring at least the network's per-step cost).
+    pub ring_lockstep: bool,
 }
 
 impl Part {
@@ -557,6 +562,7 @@ impl Part {
             rank_period: None,
             truncated: None,
             net_conn_bw: None,
+            ring_lockstep: false,
         }
     }
 }

@@ -95,19 +95,12 @@ fn every_dataset_scores_and_unasserted_ones_say_why() {
     for s in scores(false).iter().filter(|s| !s.asserted) {
         assert!(!s.points.is_empty(), "{}: no points", s.file);
         // Exempt, each with its reason in the manifest: the a3ultra pair and SHARP on A100
-        // (as before); the 10-node ring all-gather / reduce-scatter mid sizes, the 8-node
-        // B200 send/recv (one channel per peer where the measurement shows two) and the OCI
-        // RoCE example (added with issue 10). The 10-node H100 and 32-node B200 send/recv
-        // are no longer exempt: one p2p channel drives NCCL's 14 GB/s over the network.
-        let exempt = [
-            "a3ultra",
-            "sharp",
-            "80gpu-allreduce",
-            "80gpu-allgather",
-            "80gpu-reducescatter",
-            "b200-dgxc-8node",
-            "oci",
-        ];
+        // (as before); the 10-node ring all-gather / reduce-scatter (their Simple sizes), the
+        // 8-node B200 send/recv (one channel per peer where the measurement shows two) and
+        // the OCI RoCE example (added with issue 10). The 10-node H100 and 32-node B200
+        // send/recv are no longer exempt: one p2p channel drives NCCL's 14 GB/s over the
+        // network; nor the 10-node all-reduce (13.5% -> 5.8% with NCCL's NVLS-Tree cap).
+        let exempt = ["a3ultra", "sharp", "80gpu-allgather", "80gpu-reducescatter", "b200-dgxc-8node", "oci"];
         if !exempt.iter().any(|e| s.file.contains(e)) {
             assert!(s.median_large <= 0.15, "{}: {:.1}%", s.file, s.median_large * 100.0);
         }
@@ -237,7 +230,7 @@ fn healthy_and_multi_node_tables_meet_the_issue_medians() {
 }
 
 #[test]
-fn across_nodes_beats_nccls_model_below_1_mib_and_above_64_mib() {
+fn across_nodes_beats_nccls_model_in_every_size_band() {
     // Every multi-node table NCCL's model covers (healthy and caveat), pooled by size band
     // (the figures `validate` prints under "by regime and size band").
     let pairs: Vec<(&Dataset, &Score)> = all_scores().iter().map(|(d, s)| (d, s)).collect();
@@ -249,10 +242,65 @@ fn across_nodes_beats_nccls_model_below_1_mib_and_above_64_mib() {
     assert!(k >= 50 && o < n, "below 1 MiB ({k} points): {:.1}% vs NCCL model {:.1}%", o * 100.0, n * 100.0);
     let (o, n, k) = band(64 << 20, u64::MAX);
     assert!(k >= 50 && o < n, "from 64 MiB ({k} points): {:.1}% vs NCCL model {:.1}%", o * 100.0, n * 100.0);
-    // 1-64 MiB is the band issue 10 is about, and it is not yet better than NCCL's model
-    // (47.9% vs 41.8% when written): a regression bound until it is.
-    let (o, n, _) = band(1 << 20, 64 << 20);
-    assert!(o <= 0.55, "1-64 MiB: {:.1}% (NCCL model {:.1}%)", o * 100.0, n * 100.0);
+    // 1-64 MiB is the band issue 10 is about: 47.9% against NCCL's 41.8% before multi-node
+    // rings moved in lockstep and NVLS-Tree took NCCL's per-channel cap, 29.0% when written.
+    // Clearly better than NCCL's model (by 8 points at least), and held near what it is.
+    let (o, n, k) = band(1 << 20, 64 << 20);
+    assert!(k >= 30, "1-64 MiB: {k} points");
+    assert!(o <= 0.32 && o + 0.08 <= n, "1-64 MiB: {:.1}% vs NCCL model {:.1}%", o * 100.0, n * 100.0);
+}
+
+#[test]
+fn a_multi_node_ring_moves_at_its_network_steps_pace() {
+    // 80 H100 across 10 nodes, ring all-gather and reduce-scatter on LL128 at 32-128 MiB:
+    // one loop, 79 dependent steps of 26-105 KB per channel. Measured ~8 us a step where the
+    // NVLink steps alone would take ~3 us: each step lasts as long as the ring's network step
+    // (NCCL's model: intraLat = max(intraLat, netOverhead) on multi-node rings). Before the
+    // lockstep the model was +113% to +154% at these sizes; NCCL's model is +33% to +133%.
+    // When written: all-gather +29%, +26%, +20%; reduce-scatter +29%, +50%, +50% (its
+    // reduction at 64-128 MiB is another matter), each below NCCL's model.
+    for (file, bound) in [
+        ("h100sxm-xxrjun-cl01-10node-80gpu-allgather-nccl2.29.2.csv", 0.32),
+        ("h100sxm-xxrjun-cl01-10node-80gpu-reducescatter-nccl2.29.2.csv", 0.55),
+    ] {
+        let s = one(file);
+        for p in s.points.iter().filter(|p| p.size_bytes <= 128 << 20) {
+            assert!(p.error.abs() <= bound, "{file} {} B: {:+.1}%", p.size_bytes, p.error * 100.0);
+            let nccl = p.nccl_error.expect("NCCL's model covers a ring");
+            assert!(
+                p.error.abs() < nccl.abs(),
+                "{file} {} B: {:+.1}% vs NCCL {:+.1}%",
+                p.size_bytes,
+                p.error * 100.0,
+                nccl * 100.0
+            );
+        }
+    }
+}
+
+#[test]
+fn nvls_tree_across_nodes_plateaus_at_nccls_per_channel_cap() {
+    // Two Dell XE9680 (8 H100, 8 x 400G) nodes, NVLS-Tree from 2 MiB: the measured plateau
+    // (461-469 GB/s from 2 GiB) is NCCL's cap, 8 NVLS channels x perChMaxNVLSTreeBw 57.7 GB/s
+    // = 461.6. The event simulator applies the cap to every inter-node connection: it ends
+    // within 3% (was +5% to +7% above the measurement, the NVLink/NIC limits alone).
+    let s = one("h100sxm-xe9680-2node-16gpu-ib8x400g-allreduce-default-nccl2.26.2-issue309.csv");
+    for p in s.points.iter().filter(|p| p.size_bytes >= 1 << 30) {
+        assert!(p.simulated <= 461.6 * 1.001, "{} B: {:.1} GB/s above NCCL's cap", p.size_bytes, p.simulated);
+        assert!(p.error.abs() <= 0.03, "{} B: {:+.1}%", p.size_bytes, p.error * 100.0);
+    }
+    // Four and ten nodes (perChMaxNVLSTreeBw 45.5): the NVLS-Tree sizes within 12% from
+    // 128 MiB (the 4-node table was +10% to +18% there, the 10-node +14% to +41%).
+    for file in [
+        "h100sxm-vmware-4node-32gpu-ib8x400g-allreduce-default-nccl2.26.2-issue309.csv",
+        "h100sxm-xxrjun-cl01-10node-80gpu-allreduce-nccl2.29.2.csv",
+    ] {
+        for p in
+            one(file).points.iter().filter(|p| p.size_bytes >= 128 << 20 && p.choice.contains("NVLSTree"))
+        {
+            assert!(p.error.abs() <= 0.12, "{file} {} B: {:+.1}%", p.size_bytes, p.error * 100.0);
+        }
+    }
 }
 
 #[test]
