@@ -328,7 +328,11 @@ impl<'a> Model<'a> {
                 let block = per_ch * e as f64;
                 let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
                 let bw = hops.iter().map(|h| h.bw).fold(f64::INFINITY, f64::min);
-                steps.len() as f64 * slow + (n - 1) as f64 * wire(block, payload) / bw
+                // A step's blocks go a window of messages at a time (collective::pat), each
+                // window one latency.
+                let w = u64::from(crate::collective::chunking::NCCL_STEPS);
+                let rounds: u64 = steps.iter().map(|(_, b)| (b.len() as u64).div_ceil(w).max(1)).sum();
+                rounds as f64 * slow + (n - 1) as f64 * wire(block, payload) / bw
             }
             Algo::P2p => {
                 let rounds = if args.coll == Collective::SendRecv { 1 } else { n - 1 };

@@ -224,11 +224,12 @@ impl Plan {
     }
     /// Micro-batches per pipeline per step.
     pub fn microbatches(&self) -> u64 {
-        self.gbs / (self.dp * self.mbs)
+        self.gbs / self.dp.saturating_mul(self.mbs).max(1)
     }
     /// GPUs the plan uses.
     pub fn world(&self) -> u64 {
-        self.tp * self.pp * self.cp * self.dp
+        // Saturating: a plan read from a file may hold any sizes; check() rejects the product.
+        self.tp.saturating_mul(self.pp).saturating_mul(self.cp).saturating_mul(self.dp)
     }
     /// Data-parallel ranks that hold one expert shard (gradient group of the experts).
     pub fn expert_dp(&self) -> u64 {
@@ -469,7 +470,7 @@ impl Plan {
                 );
             }
         }
-        if !self.gbs.is_multiple_of(self.dp * self.mbs) {
+        if !self.gbs.is_multiple_of(self.dp.saturating_mul(self.mbs)) {
             return err(
                 "gbs",
                 format!(
@@ -477,7 +478,7 @@ impl Plan {
                     self.gbs,
                     self.dp,
                     self.mbs,
-                    self.dp * self.mbs
+                    self.dp.saturating_mul(self.mbs)
                 ),
             );
         }
@@ -926,10 +927,10 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
     p.cp = get(&f.cp, 1);
     p.ep = get(&f.ep, 1);
     p.etp = f.etp.as_ref().map(|s| *s.get_ref());
-    p.dp = get(&f.dp, (gpus / (p.tp * p.pp * p.cp).max(1)).max(1));
+    p.dp = get(&f.dp, (gpus / p.tp.saturating_mul(p.pp).saturating_mul(p.cp).max(1)).max(1));
     p.sp = f.sp.as_ref().map_or(p.tp > 1, |s| *s.get_ref());
     p.mbs = get(&f.mbs, 1);
-    p.gbs = get(&f.gbs, p.dp * p.mbs);
+    p.gbs = get(&f.gbs, p.dp.saturating_mul(p.mbs));
     p.seq = f.seq.as_ref().map(|s| *s.get_ref());
     p.first_stage_layers = f.decoder_first_pipeline_num_layers.as_ref().map(|s| *s.get_ref());
     p.last_stage_layers = f.decoder_last_pipeline_num_layers.as_ref().map(|s| *s.get_ref());
