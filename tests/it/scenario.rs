@@ -833,6 +833,7 @@ mbs = 1
 gbs = 16
 seq = 4096
 recompute = "selective"
+zero = 1
 "#;
 
 fn training_rows(dir: &Path) -> Vec<serde_json::Value> {
