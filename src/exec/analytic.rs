@@ -45,11 +45,14 @@ impl Hop {
 /// Link loads and the routes themselves.
 type Loads = (BTreeMap<LinkId, u32>, Vec<(Vec<LinkId>, PathType)>);
 
-fn loads(router: &Router, edges: &[(u32, u32, u32)]) -> Loads {
+/// `edges` hold communicator ranks; `ranks` maps them to the fabric's (a sub-communicator's
+/// rank 1 is not GPU 1: routing the indices put a DP group strided across nodes on NVLink).
+fn loads(router: &Router, ranks: &[u32], edges: &[(u32, u32, u32)]) -> Loads {
     let mut load = BTreeMap::new();
     let mut routes = Vec::new();
+    let fabric = |r: u32| ranks.get(r as usize).copied().unwrap_or(r);
     for &(a, b, c) in edges {
-        let r = router.route(a, b, &RouteOpts { rail: None, pxn: true, flow: c as u64 });
+        let r = router.route(fabric(a), fabric(b), &RouteOpts { rail: None, pxn: true, flow: c as u64 });
         let (links, ty) = r.map(|r| (r.links, r.path_type)).unwrap_or((Vec::new(), PathType::Loc));
         for l in &links {
             *load.entry(*l).or_insert(0u32) += 1;
@@ -213,7 +216,7 @@ impl<'a> Model<'a> {
                             edges.push((ring[i], ring[(i + 1) % ring.len()], c));
                         }
                     }
-                    let (load, routes) = loads(router, &edges);
+                    let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
                     (
                         weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, 1.0))),
                         TreeShape::default(),
@@ -238,7 +241,7 @@ impl<'a> Model<'a> {
                         }
                         parents.push(parent);
                     }
-                    let (load, routes) = loads(router, &edges);
+                    let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
                     let none = BTreeMap::new();
                     let unshared: Vec<Hop> =
                         routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &none, 1.0)).collect();
@@ -309,7 +312,7 @@ impl<'a> Model<'a> {
                             edges.push((r, (r + d) % n, 0));
                         }
                     }
-                    let (load, routes) = loads(router, &edges);
+                    let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
                     let scale = used as f64 / steps.len().max(1) as f64;
                     (
                         weighted(routes.iter().map(|(l, ty)| {
@@ -343,7 +346,7 @@ impl<'a> Model<'a> {
                             edges.push((r, (r + d) % n, 0));
                         }
                     }
-                    let (load, routes) = loads(router, &edges);
+                    let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
                     let scale = used as f64 / rounds as f64;
                     (
                         weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, scale))),
@@ -456,8 +459,9 @@ fn nvls_collnet_time(
     let net_lat = {
         // A representative cross-node route.
         let other = comm.nodes.get(1).map(|n| n[0]).unwrap_or(0);
+        let fabric = |r: u32| comm.fabric_ranks.get(r as usize).copied().unwrap_or(r);
         router
-            .route(0, other, &RouteOpts::default())
+            .route(fabric(0), fabric(other), &RouteOpts::default())
             .map(|r| r.links.iter().map(|l| f.link(*l).latency.as_us()).sum::<f64>())
             .unwrap_or(0.0)
     };
