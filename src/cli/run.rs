@@ -300,12 +300,26 @@ fn finish_training(plan: &Plan, summary: &fabricsim::scenario::sweep::RunSummary
         "# {}: training step per point, {} fidelity{}",
         plan.name,
         plan.points.first().map_or("analytical", |p| p.scenario.fidelity.name()),
-        if plan.columns.is_empty() { String::new() } else { format!("; columns: {}", plan.columns.join(" ")) }
+        if plan.columns.is_empty() {
+            String::new()
+        } else {
+            format!("; columns: {}", plan.columns.join(" "))
+        }
     );
     let w = plan.points.iter().map(|p| p.label.len()).max().unwrap_or(0).max(12);
     println!(
         "{:>5}  {:<w$} {:>9} {:>12} {:>9} {:>6} {:>8} {:>7} {:>7} {:>7} {:>7}  status",
-        "point", "settings", "step s", "tokens/s", "TFLOP/s", "MFU%", "mem GiB", "TP s", "PP s", "DP s", "bubble"
+        "point",
+        "settings",
+        "step s",
+        "tokens/s",
+        "TFLOP/s",
+        "MFU%",
+        "mem GiB",
+        "TP s",
+        "PP s",
+        "DP s",
+        "bubble"
     );
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let mut failure = None;
@@ -330,7 +344,10 @@ fn finish_training(plan: &Plan, summary: &fabricsim::scenario::sweep::RunSummary
                     if oom.is_some() { "oom" } else { "ok" }
                 );
                 if let Some(o) = oom {
-                    failure.get_or_insert(format!("point {} ({label}): {o} (allow_oom = true reports it anyway)", pr.index));
+                    failure.get_or_insert(format!(
+                        "point {} ({label}): {o} (allow_oom = true reports it anyway)",
+                        pr.index
+                    ));
                 }
             }
             Ok(Measured::Collective(_)) => {}

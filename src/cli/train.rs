@@ -239,7 +239,13 @@ fn from_scenario(a: &TrainArgs, path: &std::path::Path) -> Result<Job> {
     };
     // A single point's invalid plan is an error of the file (load_plan_with reports it).
     let f = fabric::build::build(&s.topology.spec, &s.build_opts())?;
-    Ok(Job { fabric: f, model: (*w.model).clone(), plan: w.plan.clone(), allow_oom: w.allow_oom, mode: s.fidelity })
+    Ok(Job {
+        fabric: f,
+        model: (*w.model).clone(),
+        plan: w.plan.clone(),
+        allow_oom: w.allow_oom,
+        mode: s.fidelity,
+    })
 }
 
 /// The job given by flags (and a plan file) alone.

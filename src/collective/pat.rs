@@ -147,7 +147,14 @@ fn allgather(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count: u6
     b.finish()
 }
 
-fn reducescatter(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count: u64, window: u32) -> Program {
+fn reducescatter(
+    n: u32,
+    steps: &[(u32, Vec<u32>)],
+    lp: &[Loop],
+    end: u64,
+    count: u64,
+    window: u32,
+) -> Program {
     let mut b = ProgramBuilder::new();
     for l in lp {
         // Whether the partial of relative block t already lives in scratch.

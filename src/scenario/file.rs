@@ -112,8 +112,8 @@ use toml::Spanned;
 
 use super::bench::{sweep_sizes, BenchConfig, Fidelity, NcclEnv};
 use super::nccl_env;
-use super::training::TrainingWorkload;
 use super::sweep::{self, Mode, ParamValue, Plan, Point};
+use super::training::TrainingWorkload;
 use crate::collective::{Algo, Collective};
 use crate::engine::Granularity;
 use crate::fabric::build::BuildOpts;
@@ -149,7 +149,11 @@ impl Src<'_> {
     fn at(&self, span: Range<usize>, msg: impl Into<String>) -> ScenarioError {
         if span.start > self.text.len() {
             let flag = self.overrides.iter().find(|(r, _)| r.contains(&span.start)).map(|o| o.1.as_str());
-            return self.invalid(format!("{}: {}", flag.unwrap_or("a value given in place of the file's"), msg.into()));
+            return self.invalid(format!(
+                "{}: {}",
+                flag.unwrap_or("a value given in place of the file's"),
+                msg.into()
+            ));
         }
         let (line, col) = line_col(self.text, span.start);
         ScenarioError::At { file: self.file(), line, col, msg: msg.into() }
@@ -615,7 +619,11 @@ pub fn parse_plan_with(text: &str, path: &Path, overrides: &[Override]) -> Resul
             let at = entry.span();
             cur = match entry.get_mut() {
                 DeValue::Table(t) => t,
-                _ => return Err(src.at(at, format!("`{seg}` must be a table for {} to set `{}`", o.flag, o.path))),
+                _ => {
+                    return Err(
+                        src.at(at, format!("`{seg}` must be a table for {} to set `{}`", o.flag, o.path))
+                    )
+                }
             };
         }
         let parent = parents.join(".");
@@ -683,7 +691,8 @@ pub fn parse_plan_with(text: &str, path: &Path, overrides: &[Override]) -> Resul
         None => src.invalid(msg),
     })?;
 
-    let mut resolver = Resolver { src: &src, topo: BTreeMap::new(), profiles: BTreeMap::new(), models: BTreeMap::new() };
+    let mut resolver =
+        Resolver { src: &src, topo: BTreeMap::new(), profiles: BTreeMap::new(), models: BTreeMap::new() };
     let mut points: Vec<Point> = Vec::with_capacity(combos.len());
     let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
     for (index, combo) in combos.iter().enumerate() {
@@ -1449,7 +1458,11 @@ impl Resolver<'_, '_> {
         }
     }
 
-    fn workload(&mut self, w: &Spanned<DeValue<'_>>, topo: &TopologyChoice) -> Result<Workload, ScenarioError> {
+    fn workload(
+        &mut self,
+        w: &Spanned<DeValue<'_>>,
+        topo: &TopologyChoice,
+    ) -> Result<Workload, ScenarioError> {
         let src = self.src;
         let Some(t) = w.get_ref().as_table() else {
             return Err(
@@ -1472,9 +1485,7 @@ impl Resolver<'_, '_> {
                         .unwrap_or_default();
                     return Err(src.at(
                         k.span(),
-                        format!(
-                            "unknown workload kind {other:?}{hint}; valid: collective, training"
-                        ),
+                        format!("unknown workload kind {other:?}{hint}; valid: collective, training"),
                     ));
                 }
                 None => {
@@ -1495,7 +1506,11 @@ impl Resolver<'_, '_> {
     /// A training `[workload]`: the model file, the plan keys (checked against the model
     /// and the fabric's GPUs; a plan that breaks a rule is kept with its located error) and
     /// `allow_oom`.
-    fn training(&mut self, w: &Spanned<DeValue<'_>>, topo: &TopologyChoice) -> Result<TrainingWorkload, ScenarioError> {
+    fn training(
+        &mut self,
+        w: &Spanned<DeValue<'_>>,
+        topo: &TopologyChoice,
+    ) -> Result<TrainingWorkload, ScenarioError> {
         let src = self.src;
         let Some(t) = w.get_ref().as_table() else {
             return Err(src.at(w.span(), "`workload` must be a table"));
@@ -1534,7 +1549,8 @@ impl Resolver<'_, '_> {
             Some(m) => m.clone(),
             None => {
                 let m = Arc::new(
-                    load_model(&path).map_err(|e| src.at(mv.span(), format!("cannot load the model: {e}")))?,
+                    load_model(&path)
+                        .map_err(|e| src.at(mv.span(), format!("cannot load the model: {e}")))?,
                 );
                 self.models.insert(path, m.clone());
                 m

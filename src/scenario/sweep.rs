@@ -886,7 +886,9 @@ impl PointRows {
             gpus: r.gpus,
             collective: r.workload.clone(),
             outcome: match &r.outcome {
-                Ok(Measured::Collective(rows)) => Ok(Measured::Collective(rows.iter().map(ResultRow::from).collect())),
+                Ok(Measured::Collective(rows)) => {
+                    Ok(Measured::Collective(rows.iter().map(ResultRow::from).collect()))
+                }
                 Ok(Measured::Training(row, oom)) => Ok(Measured::Training(row.clone(), oom.clone())),
                 Err(e) => Err(e.clone()),
             },
@@ -1134,10 +1136,10 @@ pub fn run(
     let error: Mutex<Option<SweepError>> = Mutex::new(None);
     let kept_rows: Mutex<Vec<PointRows>> = Mutex::new(Vec::new());
     if opts.keep_rows {
-        let rows =
-            done.iter()
-                .map(|(&i, l)| PointRows::parse(i, &l.1, &jsonl_path, plan.is_training()))
-                .collect::<Result<_, _>>()?;
+        let rows = done
+            .iter()
+            .map(|(&i, l)| PointRows::parse(i, &l.1, &jsonl_path, plan.is_training()))
+            .collect::<Result<_, _>>()?;
         *kept_rows.lock().unwrap_or_else(|e| e.into_inner()) = rows;
     }
     if !todo.is_empty() {

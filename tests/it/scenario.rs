@@ -870,7 +870,10 @@ fn a_sweep_over_workload_tp_gives_one_row_per_value_and_marks_invalid_plans() {
     assert_eq!(p.columns, vec!["workload.tp".to_string()]);
     let bad = p.points[2].scenario.training().unwrap().invalid.clone().unwrap();
     // dp is not given (it fills the GPUs: 8 / 3 = 2), so the error names the file, not a line.
-    assert!(bad.contains("test.toml: `dp`: tp × pp × cp × dp = 3 × 1 × 1 × 2 = 6 but the cluster has 8 GPUs"), "{bad}");
+    assert!(
+        bad.contains("test.toml: `dp`: tp × pp × cp × dp = 3 × 1 × 1 × 2 = 6 but the cluster has 8 GPUs"),
+        "{bad}"
+    );
     let dir = tmpdir("train-sweep");
     let out = dir.join("out");
     let sum = run_quiet(&p, &out, RunOpts { threads: Some(2), ..Default::default() });
@@ -904,7 +907,9 @@ fn a_sweep_over_workload_tp_gives_one_row_per_value_and_marks_invalid_plans() {
     // The CSV has the same rows under the training header; resuming runs nothing again.
     let (csv, jsonl) = results(&out);
     let header = csv.lines().next().unwrap();
-    assert!(header.starts_with("point,point_hash,workload.tp,topology,nodes,gpus,model,plan,placement,fidelity,step_time_s"));
+    assert!(header.starts_with(
+        "point,point_hash,workload.tp,topology,nodes,gpus,model,plan,placement,fidelity,step_time_s"
+    ));
     assert!(header.ends_with("events,status,error"), "{header}");
     assert_eq!(csv.lines().count(), 6);
     let again = run_quiet(&p, &out, RunOpts { resume: true, keep_rows: true, ..Default::default() });
@@ -913,7 +918,9 @@ fn a_sweep_over_workload_tp_gives_one_row_per_value_and_marks_invalid_plans() {
     assert_eq!(again.rows.len(), 5);
     assert!(again.rows[2].outcome.is_err());
     match &again.rows[1].outcome {
-        Ok(sweep::Measured::Training(r, None)) => assert_eq!(Some(r.step_time_s), rows[1]["step_time_s"].as_f64()),
+        Ok(sweep::Measured::Training(r, None)) => {
+            assert_eq!(Some(r.step_time_s), rows[1]["step_time_s"].as_f64())
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -940,13 +947,19 @@ fn training_plans_that_do_not_fit_are_oom_rows() {
 #[test]
 fn bad_training_workloads_are_located_with_what_is_valid() {
     let e = err(&TRAIN.replace("tp = 2", "tpp = 2"));
-    assert!(e.contains("test.toml:7:1: unknown key `tpp` in a training [workload] (did you mean `tp`?)"), "{e}");
+    assert!(
+        e.contains("test.toml:7:1: unknown key `tpp` in a training [workload] (did you mean `tp`?)"),
+        "{e}"
+    );
     assert!(e.contains("valid: kind, model, allow_oom, tp, pp, vpp"), "{e}");
     let e = err(&TRAIN.replace("recompute = \"selective\"", "recompute = \"selectiv\""));
     assert!(e.contains("test.toml:11:13:") && e.contains("valid: none, selective, full"), "{e}");
     // One point whose plan does not divide the GPUs: an error at the key's line.
     let e = err(&TRAIN.replace("tp = 2", "tp = 2\ndp = 3"));
-    assert!(e.contains("test.toml:8:6: `dp`: tp × pp × cp × dp = 2 × 1 × 1 × 3 = 6 but the cluster has 8 GPUs"), "{e}");
+    assert!(
+        e.contains("test.toml:8:6: `dp`: tp × pp × cp × dp = 2 × 1 × 1 × 3 = 6 but the cluster has 8 GPUs"),
+        "{e}"
+    );
     let e = err(&TRAIN.replace("gbs = 16", "gbs = 15"));
     assert!(e.contains("test.toml:9:7: `gbs`: gbs = 15 is not divisible by dp × mbs = 4 × 1 = 4"), "{e}");
     let e = err(&TRAIN.replace("llama3-8b.toml", "llama3-8.toml"));
@@ -970,9 +983,37 @@ fn a_training_scenario_gives_the_numbers_of_train_with_the_same_flags() {
     let topo = root().join("topologies/superpod-h100.toml");
     let model = root().join("models/llama3-70b.toml");
     let flags = [
-        "train", "--model", model.to_str().unwrap(), "--topology", topo.to_str().unwrap(), "--nodes", "64",
-        "--tp", "8", "--pp", "4", "--vpp", "5", "--cp", "1", "--dp", "16", "--mbs", "1", "--gbs", "512",
-        "--seq", "8192", "--recompute", "selective", "--dtype", "bf16", "--zero", "1", "--format", "json",
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--topology",
+        topo.to_str().unwrap(),
+        "--nodes",
+        "64",
+        "--tp",
+        "8",
+        "--pp",
+        "4",
+        "--vpp",
+        "5",
+        "--cp",
+        "1",
+        "--dp",
+        "16",
+        "--mbs",
+        "1",
+        "--gbs",
+        "512",
+        "--seq",
+        "8192",
+        "--recompute",
+        "selective",
+        "--dtype",
+        "bf16",
+        "--zero",
+        "1",
+        "--format",
+        "json",
     ];
     let o = fabricsim(&flags);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -997,7 +1038,12 @@ fn a_training_scenario_gives_the_numbers_of_train_with_the_same_flags() {
     let o = fabricsim(&["train", path.to_str().unwrap(), "--recompute", "selectiv"]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2));
-    assert!(e.contains("--recompute selectiv: `recompute` = \"selectiv\" is not known; valid: none, selective, full"), "{e}");
+    assert!(
+        e.contains(
+            "--recompute selectiv: `recompute` = \"selectiv\" is not known; valid: none, selective, full"
+        ),
+        "{e}"
+    );
     let o = fabricsim(&["train", path.to_str().unwrap(), "--tp", "3"]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2));
