@@ -308,7 +308,7 @@ pub enum Workload {
     /// A collective over a list of message sizes.
     Collective(CollectiveWorkload),
     /// One training step of a model under a parallelism plan.
-    Training(TrainingWorkload),
+    Training(Box<TrainingWorkload>),
 }
 
 /// A calibration profile named by a scenario.
@@ -476,7 +476,7 @@ impl Scenario {
     /// The training workload, if this is one.
     pub fn training(&self) -> Option<&TrainingWorkload> {
         match &self.workload {
-            Workload::Training(w) => Some(w),
+            Workload::Training(w) => Some(w.as_ref()),
             Workload::Collective(_) => None,
         }
     }
@@ -1499,7 +1499,7 @@ impl Resolver<'_, '_> {
                     .map_err(|e| src.toml(&e))?;
                 self.collective(dto).map(Workload::Collective)
             }
-            Kind::Training => self.training(w, topo).map(Workload::Training),
+            Kind::Training => self.training(w, topo).map(|t| Workload::Training(Box::new(t))),
         }
     }
 
