@@ -144,8 +144,13 @@ pub struct Model<'a> {
     router: &'a Router<'a>,
     comm: &'a Comm,
     p: Resolved,
-    memo: RefCell<BTreeMap<(u8, u8, u32, u8), Hops>>,
+    memo: Memo,
 }
+
+/// The routed hops a [`Model`] memoizes, shareable by the models of one communicator made
+/// one after another (the plan search prices many sizes on each group, one call at a time).
+#[derive(Clone, Default)]
+pub struct Memo(Rc<RefCell<BTreeMap<(u8, u8, u32, u8), Hops>>>);
 
 /// Closed-form time of one collective call (a [`Model`] used once).
 pub fn time(
@@ -163,7 +168,13 @@ pub fn time(
 impl<'a> Model<'a> {
     /// The model of `comm` on `f`.
     pub fn new(f: &'a Fabric, router: &'a Router<'a>, comm: &'a Comm) -> Model<'a> {
-        Model { f, router, comm, p: f.params.resolve(), memo: RefCell::new(BTreeMap::new()) }
+        Model::with_memo(f, router, comm, &Memo::default())
+    }
+
+    /// The model of `comm` on `f`, keeping its routed hops in `memo` (which must only ever
+    /// serve this communicator on this fabric).
+    pub fn with_memo(f: &'a Fabric, router: &'a Router<'a>, comm: &'a Comm, memo: &Memo) -> Model<'a> {
+        Model { f, router, comm, p: f.params.resolve(), memo: memo.clone() }
     }
 
     /// The hops of `key`, built by `build` (hops with their shares, tree shape) once.
@@ -173,11 +184,11 @@ impl<'a> Model<'a> {
         build: impl FnOnce() -> (Vec<(Hop, f64)>, TreeShape),
     ) -> Hops {
         let k = (key.0 as u8, key.1 as u8, key.2, key.3 as u8);
-        if let Some(h) = self.memo.borrow().get(&k) {
+        if let Some(h) = self.memo.0.borrow().get(&k) {
             return h.clone();
         }
         let h = Rc::new(build());
-        self.memo.borrow_mut().insert(k, h.clone());
+        self.memo.0.borrow_mut().insert(k, h.clone());
         h
     }
 
