@@ -150,7 +150,10 @@ pub struct Model<'a> {
 /// The routed hops a [`Model`] memoizes, shareable by the models of one communicator made
 /// one after another (the plan search prices many sizes on each group, one call at a time).
 #[derive(Clone, Default)]
-pub struct Memo(Rc<RefCell<BTreeMap<(u8, u8, u32, u8), Hops>>>);
+pub struct Memo(Rc<RefCell<HopsMemo>>);
+
+/// Routed hops by (algorithm, protocol, channels, collective).
+type HopsMemo = BTreeMap<(u8, u8, u32, u8), Hops>;
 
 /// Closed-form time of one collective call (a [`Model`] used once).
 pub fn time(

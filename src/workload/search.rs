@@ -575,11 +575,14 @@ pub struct FabricPricer<'f> {
     router: Router<'f>,
     /// Per group shape: its communicator and the closed form's routed hops on it (routing a
     /// group once, not once per size priced on it).
-    comms: RefCell<BTreeMap<Vec<i64>, (Rc<Comm>, analytic::Memo)>>,
+    comms: RefCell<BTreeMap<Vec<i64>, CommMemo>>,
     analytic: RefCell<BTreeMap<PriceKey, f64>>,
     event: RefCell<BTreeMap<PriceKey, f64>>,
     failure: RefCell<Option<String>>,
 }
+
+/// A group's communicator and the closed form's routed hops on it.
+type CommMemo = (Rc<Comm>, analytic::Memo);
 
 fn coll_args(kind: CollectiveKind, bytes: u64, n: u64) -> Option<CollArgs> {
     let coll = match kind {
