@@ -12,7 +12,7 @@ use clap::Args;
 
 use fabricsim::report::plot::{Axis, LineChart, Series, SeriesStyle};
 use fabricsim::scenario::file::load_plan;
-use fabricsim::scenario::sweep::{Plan, Point, PointRows, RunOpts};
+use fabricsim::scenario::sweep::{Measured, Plan, Point, PointRows, RunOpts};
 use fabricsim::units::format_bytes_short;
 
 use super::sweep::{default_out, execute};
@@ -100,7 +100,8 @@ fn collect(plan: &Plan, points: &[PointRows]) -> Results {
             collectives.push(pr.collective.clone());
         }
         let rows = match &pr.outcome {
-            Ok(rows) => rows,
+            Ok(Measured::Collective(rows)) => rows,
+            Ok(Measured::Training(..)) => continue,
             Err(e) => {
                 rejected.push((pr.index, e.clone()));
                 continue;
@@ -243,6 +244,10 @@ pub fn run(a: RunArgs) -> Result<()> {
     // The trace is one call: write it first, so that an unwritable file or a point the model
     // rejects fails before the sweep runs, not after.
     let traced = match &a.trace {
+        Some(_) if plan.is_training() => anyhow::bail!(
+            "--trace traces one collective call; for a training step use `fabricsim train {} --fidelity event --trace FILE`",
+            a.scenario.display()
+        ),
         Some(path) => {
             super::check_writable("--trace", path)?;
             Some(trace(&plan.points[a.trace_point], path, a.trace_ranks)?)
@@ -251,6 +256,9 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let opts = RunOpts { threads: a.threads, resume: a.resume, keep_rows: true, ..Default::default() };
     let summary = execute(&plan, &out, &opts)?;
+    if plan.is_training() {
+        return finish_training(&plan, &summary);
+    }
     let res = collect(&plan, &summary.rows);
     print_table(&plan, &res);
     let mut files = vec![summary.csv.clone(), summary.jsonl.clone()];
@@ -270,7 +278,9 @@ fn trace(point: &Point, path: &std::path::Path, ranks: TraceRanksArg) -> Result<
     let index = point.index;
     let s = &point.scenario;
     let f = fabricsim::fabric::build::build(&s.topology.spec, &s.build_opts())?;
-    let mut cfg = s.bench_config();
+    let Some(mut cfg) = s.bench_config() else {
+        anyhow::bail!("--trace-point {index}: not a collective benchmark");
+    };
     cfg.sizes.truncate(1);
     let rows = fabricsim::scenario::bench::run_bench(&f, &cfg).with_context(|| {
         format!("--trace-point {index} ({}): the model rejects this point; trace another one", point.label)
@@ -280,4 +290,79 @@ fn trace(point: &Point, path: &std::path::Path, ranks: TraceRanksArg) -> Result<
     let opts = fabricsim::report::timeline::TimelineOpts { ranks: ranks.into(), ..Default::default() };
     fabricsim::report::timeline::trace_bench_row(path, &f, &cfg, row, &opts)?;
     Ok(path.to_path_buf())
+}
+
+/// A training scenario's results: one line per point (its swept settings, step time,
+/// throughput, MFU, memory and the largest exposed parts), the files written; a scenario of
+/// one point whose plan is invalid or does not fit fails with the reason (exit status 2).
+fn finish_training(plan: &Plan, summary: &fabricsim::scenario::sweep::RunSummary) -> Result<()> {
+    println!(
+        "# {}: training step per point, {} fidelity{}",
+        plan.name,
+        plan.points.first().map_or("analytical", |p| p.scenario.fidelity.name()),
+        if plan.columns.is_empty() {
+            String::new()
+        } else {
+            format!("; columns: {}", plan.columns.join(" "))
+        }
+    );
+    let w = plan.points.iter().map(|p| p.label.len()).max().unwrap_or(0).max(12);
+    println!(
+        "{:>5}  {:<w$} {:>9} {:>12} {:>9} {:>6} {:>8} {:>7} {:>7} {:>7} {:>7}  status",
+        "point",
+        "settings",
+        "step s",
+        "tokens/s",
+        "TFLOP/s",
+        "MFU%",
+        "mem GiB",
+        "TP s",
+        "PP s",
+        "DP s",
+        "bubble"
+    );
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let mut failure = None;
+    for pr in &summary.rows {
+        let label = plan.points.get(pr.index).map(|p| p.label.as_str()).unwrap_or("");
+        let label = if label.is_empty() { pr.collective.as_str() } else { label };
+        match &pr.outcome {
+            Ok(Measured::Training(r, oom)) => {
+                println!(
+                    "{:>5}  {:<w$} {:>9.3} {:>12.0} {:>9.1} {:>6.1} {:>8.1} {:>7.3} {:>7.3} {:>7.3} {:>7.3}  {}",
+                    pr.index,
+                    label,
+                    r.step_time_s,
+                    r.tokens_per_s,
+                    r.tflops_per_gpu,
+                    100.0 * r.mfu,
+                    gib(r.memory_per_gpu_bytes),
+                    r.tp_s,
+                    r.pp_s,
+                    r.dp_s,
+                    r.bubble_s,
+                    if oom.is_some() { "oom" } else { "ok" }
+                );
+                if let Some(o) = oom {
+                    failure.get_or_insert(format!(
+                        "point {} ({label}): {o} (allow_oom = true reports it anyway)",
+                        pr.index
+                    ));
+                }
+            }
+            Ok(Measured::Collective(_)) => {}
+            Err(e) => {
+                println!("{:>5}  {:<w$} error: {e}", pr.index, label);
+                failure.get_or_insert(e.clone());
+            }
+        }
+    }
+    println!();
+    for f in [&summary.csv, &summary.jsonl] {
+        println!("wrote {}", f.display());
+    }
+    match failure {
+        Some(e) if plan.points.len() == 1 => anyhow::bail!("{e}"),
+        _ => Ok(()),
+    }
 }

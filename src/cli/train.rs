@@ -1,6 +1,8 @@
 //! `fabricsim train`: one training step of a model under a parallelism plan on a fabric —
 //! step time, tokens/s, TFLOP/s per GPU and MFU, where the time goes, the rank placement and
-//! memory per GPU against HBM. The plan comes from flags (Megatron's names) or a plan file;
+//! memory per GPU against HBM. The plan comes from flags (Megatron's names), a plan file, or
+//! a training scenario (`train scenarios/llama3-70b-h100.toml`, whose values the flags
+//! override; the step is timed by the same code as `run` times the scenario);
 //! with `--fidelity analytical` (the default) each collective of the step is priced by
 //! simulating it on its real group of fabric ranks and the step is assembled by formula; with
 //! `--fidelity event` the whole step is lowered to one schedule and simulated
@@ -10,24 +12,29 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use fabricsim::fabric::{self, build::BuildOpts};
+use fabricsim::fabric::{self, build::BuildOpts, Fabric};
+use fabricsim::scenario::bench::Fidelity as Mode;
+use fabricsim::scenario::file::{load_plan_with, Override};
+use fabricsim::scenario::training::{plan_summary, run_step, StepDetail};
 use fabricsim::workload::analytic::StepEstimate;
-use fabricsim::workload::concurrent::step_on_fabric;
-use fabricsim::workload::lower::{step_event, EventOpts, EventStep, StepJobKind};
-use fabricsim::workload::plan::{parse_plan, Dtype};
-use fabricsim::workload::{load_model, Placement};
+use fabricsim::workload::lower::{EventStep, StepJobKind};
+use fabricsim::workload::plan::parse_plan;
+use fabricsim::workload::{load_model, Model, Placement, Plan};
 
 use super::bench::{load_any_topology, load_profile};
 
 /// `train` arguments.
 #[derive(Args, Debug)]
 pub struct TrainArgs {
-    /// Model file (models/*.toml).
+    /// A training scenario (scenarios/*.toml with `[workload] kind = "training"`); the flags
+    /// below override its values.
+    pub scenario: Option<PathBuf>,
+    /// Model file (models/*.toml); needed without a scenario.
     #[arg(long)]
-    pub model: PathBuf,
-    /// Topology file (topologies/*.toml).
+    pub model: Option<PathBuf>,
+    /// Topology file (topologies/*.toml); needed without a scenario.
     #[arg(long)]
-    pub topology: PathBuf,
+    pub topology: Option<PathBuf>,
     /// Nodes to instantiate with the topology's cluster generator.
     #[arg(long)]
     pub nodes: Option<u32>,
@@ -92,10 +99,10 @@ pub struct TrainArgs {
     #[arg(long, default_value = "table")]
     pub format: String,
     /// How the step is timed: `analytical` (each distinct collective simulated on its group,
-    /// the step assembled by formula) or `event` (the whole step lowered to one schedule and
-    /// simulated: bubble, overlap and contention from the event engine).
-    #[arg(long, default_value = "analytical")]
-    pub fidelity: String,
+    /// the step assembled by formula; the default) or `event` (the whole step lowered to one
+    /// schedule and simulated: bubble, overlap and contention from the event engine).
+    #[arg(long)]
+    pub fidelity: Option<String>,
     /// Write a Chrome/Perfetto trace of the event-mode step (per stage: compute stream,
     /// pipeline transfers, DP collectives, optimizer); needs `--fidelity event`.
     #[arg(long)]
@@ -145,25 +152,118 @@ fn plan_text(a: &TrainArgs) -> Result<String> {
     Ok(text)
 }
 
-/// Runs `train`.
-pub fn run(a: TrainArgs) -> Result<()> {
-    if !matches!(a.format.as_str(), "table" | "json") {
-        bail!("--format {}: valid: table, json", a.format);
+/// The flags given, as overrides of a scenario's keys.
+fn overrides(a: &TrainArgs) -> Result<Vec<Override>> {
+    let mut o = Vec::new();
+    let mut put = |path: &str, value: toml::Value, flag: String| {
+        o.push(Override { path: path.to_string(), value, flag });
+    };
+    let abs = |p: &PathBuf| -> Result<String> {
+        Ok(std::path::absolute(p).with_context(|| format!("{}", p.display()))?.display().to_string())
+    };
+    if let Some(m) = &a.model {
+        put("workload.model", toml::Value::String(abs(m)?), format!("--model {}", m.display()));
     }
-    let event = match a.fidelity.as_str() {
-        "analytical" => false,
-        "event" => true,
+    if let Some(t) = &a.topology {
+        put("topology.file", toml::Value::String(abs(t)?), format!("--topology {}", t.display()));
+    }
+    if let Some(c) = &a.calibration {
+        put("calibration", toml::Value::String(abs(c)?), format!("--calibration {}", c.display()));
+    }
+    if let Some(n) = a.nodes {
+        put("topology.nodes", toml::Value::Integer(i64::from(n)), format!("--nodes {n}"));
+    }
+    if let Some(f) = &a.fidelity {
+        put("fidelity", toml::Value::String(f.clone()), format!("--fidelity {f}"));
+    }
+    if a.allow_oom {
+        put("workload.allow_oom", toml::Value::Boolean(true), "--allow-oom".into());
+    }
+    for (k, v) in [
+        ("tp", a.tp),
+        ("pp", a.pp),
+        ("vpp", a.vpp),
+        ("dp", a.dp),
+        ("cp", a.cp),
+        ("ep", a.ep),
+        ("mbs", a.mbs),
+        ("gbs", a.gbs),
+        ("seq", a.seq),
+        ("decoder_first_pipeline_num_layers", a.decoder_first_pipeline_num_layers),
+        ("decoder_last_pipeline_num_layers", a.decoder_last_pipeline_num_layers),
+        ("zero", a.zero.map(u64::from)),
+    ] {
+        if let Some(v) = v {
+            let flag = format!("--{} {v}", k.replace('_', "-"));
+            put(&format!("workload.{k}"), toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX)), flag);
+        }
+    }
+    for (k, v) in [("recompute", &a.recompute), ("dtype", &a.dtype), ("schedule", &a.schedule)] {
+        if let Some(v) = v {
+            put(&format!("workload.{k}"), toml::Value::String(v.clone()), format!("--{k} {v}"));
+        }
+    }
+    Ok(o)
+}
+
+/// What to time: the fabric, the model, the checked plan, whether an OOM plan is reported,
+/// and the mode.
+struct Job {
+    fabric: Fabric,
+    model: Model,
+    plan: Plan,
+    allow_oom: bool,
+    mode: Mode,
+}
+
+/// The job of a training scenario with the flags laid over it.
+fn from_scenario(a: &TrainArgs, path: &std::path::Path) -> Result<Job> {
+    if a.plan.is_some() {
+        bail!("--plan with a scenario: write the plan keys in the scenario's [workload] (or override them with flags)");
+    }
+    let plan = load_plan_with(path, &overrides(a)?)?;
+    if plan.points.len() != 1 {
+        bail!(
+            "{}: its [sweep] has {} points; `train` times one step (run the sweep with `fabricsim run {}`)",
+            path.display(),
+            plan.points.len(),
+            path.display()
+        );
+    }
+    let s = &plan.points[0].scenario;
+    let Some(w) = s.training() else {
+        bail!(
+            "{}: a collective scenario; `train` needs [workload] kind = \"training\" (run it with `fabricsim run`)",
+            path.display()
+        );
+    };
+    // A single point's invalid plan is an error of the file (load_plan_with reports it).
+    let f = fabric::build::build(&s.topology.spec, &s.build_opts())?;
+    Ok(Job {
+        fabric: f,
+        model: (*w.model).clone(),
+        plan: w.plan.clone(),
+        allow_oom: w.allow_oom,
+        mode: s.fidelity,
+    })
+}
+
+/// The job given by flags (and a plan file) alone.
+fn from_flags(a: &TrainArgs) -> Result<Job> {
+    let (Some(model_path), Some(topology)) = (&a.model, &a.topology) else {
+        bail!("give a training scenario, or --model and --topology (and the plan's flags)");
+    };
+    let mode = match a.fidelity.as_deref().unwrap_or("analytical") {
+        "analytical" => Mode::Analytical,
+        "event" => Mode::Event,
         other => bail!("--fidelity {other}: valid: analytical, event"),
     };
-    if a.trace.is_some() && !event {
-        bail!("--trace needs --fidelity event (the analytical mode has no timeline)");
-    }
-    let model = load_model(&a.model)?;
-    let spec = load_any_topology(&a.topology)?;
+    let model = load_model(model_path)?;
+    let spec = load_any_topology(topology)?;
     let params = a.calibration.as_deref().map(load_profile).transpose()?;
     let f = fabric::build::build(&spec, &BuildOpts { nodes: a.nodes, params, ..Default::default() })?;
     let gpus = f.num_gpus() as u64;
-    let text = plan_text(&a)?;
+    let text = plan_text(a)?;
     let origin = a.plan.clone().unwrap_or_else(|| PathBuf::from("<command line>"));
     let plan = parse_plan(&text, &origin, &model, gpus).map_err(|e| {
         let msg = e.to_string();
@@ -187,43 +287,53 @@ pub fn run(a: TrainArgs) -> Result<()> {
             super::count(f.num_nodes(), "node")
         );
     }
-    let (est, how) = if event {
-        let ev = step_event(&f, &model, &plan, &EventOpts::default()).map_err(anyhow::Error::msg)?;
-        if let Some(path) = &a.trace {
-            write_step_trace(path, &ev)?;
+    Ok(Job { fabric: f, model, plan, allow_oom: a.allow_oom, mode })
+}
+
+/// Runs `train`.
+pub fn run(a: TrainArgs) -> Result<()> {
+    if !matches!(a.format.as_str(), "table" | "json") {
+        bail!("--format {}: valid: table, json", a.format);
+    }
+    if let Some(f) = a.fidelity.as_deref() {
+        if !matches!(f, "analytical" | "event") {
+            bail!("--fidelity {f}: valid: analytical, event");
         }
-        let how = Fidelity::Event {
-            memoized: ev.memoized,
-            explicit: ev.explicit,
-            ranks: ev.ranks,
-            events: ev.events,
-            runs: ev.runs,
-        };
-        (ev.estimate, how)
-    } else {
-        let (est, priced) = step_on_fabric(&f, &model, &plan).map_err(anyhow::Error::msg)?;
-        (est, Fidelity::Analytical { priced })
+    }
+    let job = match &a.scenario {
+        Some(path) => from_scenario(&a, path)?,
+        None => from_flags(&a)?,
     };
-    let hbm = f.gpu.hbm_bytes;
-    let oom = est.memory.fits(hbm).err();
+    let Job { fabric: f, model, plan, allow_oom, mode } = job;
+    if a.trace.is_some() && mode != Mode::Event {
+        bail!("--trace needs --fidelity event (the analytical mode has no timeline)");
+    }
+    let run = run_step(&f, &model, &plan, mode).map_err(anyhow::Error::msg)?;
+    let how = match &run.detail {
+        StepDetail::Event(ev) => {
+            if let Some(path) = &a.trace {
+                write_step_trace(path, ev)?;
+            }
+            Fidelity::Event {
+                memoized: ev.memoized,
+                explicit: ev.explicit,
+                ranks: ev.ranks,
+                events: ev.events,
+                runs: ev.runs,
+            }
+        }
+        StepDetail::Analytical { priced } => Fidelity::Analytical { priced: *priced },
+    };
+    let est = &run.estimate;
+    let hbm = run.hbm;
     let placement = Placement::new(&plan);
     let layers = plan.stage_layers(model.layers);
     match a.format.as_str() {
-        "json" => print_json(&model.name, &plan_summary(&plan), &placement, &layers, &est, hbm, &how)?,
-        _ => print_table(&model.name, &f.name, &plan_summary(&plan), &placement, &layers, &est, hbm, &how),
+        "json" => print_json(&model.name, &plan_summary(&plan), &placement, &layers, est, hbm, &how)?,
+        _ => print_table(&model.name, &f.name, &plan_summary(&plan), &placement, &layers, est, hbm, &how),
     }
-    if let Some(o) = oom {
-        let msg = format!(
-            "the plan does not fit: stage {} needs {:.1} GiB per GPU, {:.1} GiB over the {:.1} GiB of HBM; \
-             the largest part is {} ({:.1} GiB)",
-            o.stage,
-            gib(o.need),
-            gib(o.need.saturating_sub(o.hbm)),
-            gib(o.hbm),
-            o.largest.0.name(),
-            gib(o.largest.1)
-        );
-        if a.allow_oom {
+    if let Some(msg) = run.oom_message() {
+        if allow_oom {
             eprintln!("warning: {msg}");
         } else {
             bail!("{msg} (--allow-oom reports it anyway)");
@@ -302,29 +412,6 @@ fn write_step_trace(path: &std::path::Path, ev: &EventStep) -> Result<()> {
 
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
-}
-
-fn plan_summary(p: &fabricsim::workload::Plan) -> String {
-    let dt = match p.dtype {
-        Dtype::Bf16 => "bf16",
-        Dtype::Fp8 => "fp8",
-    };
-    format!(
-        "tp {} pp {} vpp {} cp {} ep {} dp {}, mbs {} gbs {} ({} micro-batches), sp {}, {:?}, recompute {:?}, {dt}, {}",
-        p.tp,
-        p.pp,
-        p.vpp,
-        p.cp,
-        p.ep,
-        p.dp,
-        p.mbs,
-        p.gbs,
-        p.microbatches(),
-        p.sp,
-        p.sharding,
-        p.recompute,
-        p.schedule().name()
-    )
 }
 
 /// Layers per stage in runs: "7, 8 x 14, 7".

@@ -69,9 +69,9 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         let prog = *cache.entry(len).or_insert_with(|| {
             let lp = loops(0, len, 1, &ch, elem);
             s.add_program(if args.coll == Collective::AllGather {
-                allgather(n, &steps, &lp, len, args.count)
+                allgather(n, &steps, &lp, len, args.count, ch.window)
             } else {
-                reducescatter(n, &steps, &lp, len, args.count)
+                reducescatter(n, &steps, &lp, len, args.count, ch.window)
             })
         });
         for r in 0..n {
@@ -106,40 +106,55 @@ pub(super) fn blk(buf: Buf, l: &Loop, rel: i64, n: u32, count: u64, end: u64) ->
     }
 }
 
-fn allgather(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count: u64) -> Program {
+fn allgather(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count: u64, window: u32) -> Program {
     let mut b = ProgramBuilder::new();
     for l in lp {
         let own = Addr { limit: end, ..Addr::abs(Buf::Input, l.lb, l.rc) };
         b.push(Step::copy(own, blk(Buf::Output, l, 0, n, count, end)));
         for (k, (d, send)) in steps.iter().enumerate() {
             let (ahead, behind) = (2 * k as u16, 2 * k as u16 + 1);
-            // Alternate sends and receives so that no more than one message per peer
-            // waits for a credit (a step may carry more blocks than the FIFO holds).
-            for &t in send {
-                b.push(step(
-                    &[],
-                    &[ahead],
-                    Some(blk(Buf::Output, l, t as i64, n, count, end)),
-                    None,
-                    false,
-                    false,
-                ));
-                let rel = t as i64 - *d as i64;
-                b.push(step(
-                    &[behind],
-                    &[],
-                    None,
-                    Some(blk(Buf::Output, l, rel, n, count, end)),
-                    false,
-                    false,
-                ));
+            // Sends and receives alternate by windows: up to `window` messages (the FIFO's
+            // slots) go out, then as many come in, so that no send waits for a credit that
+            // only a later receive would return (a step may carry more blocks than the FIFO
+            // holds) and a window's messages share one latency, as NCCL's PAT aggregates
+            // the blocks of a step (one message per block sent one at a time after each
+            // receive made the latency linear in the ranks, like a ring's).
+            for group in send.chunks(window.max(1) as usize) {
+                for &t in group {
+                    b.push(step(
+                        &[],
+                        &[ahead],
+                        Some(blk(Buf::Output, l, t as i64, n, count, end)),
+                        None,
+                        false,
+                        false,
+                    ));
+                }
+                for &t in group {
+                    let rel = t as i64 - *d as i64;
+                    b.push(step(
+                        &[behind],
+                        &[],
+                        None,
+                        Some(blk(Buf::Output, l, rel, n, count, end)),
+                        false,
+                        false,
+                    ));
+                }
             }
         }
     }
     b.finish()
 }
 
-fn reducescatter(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count: u64) -> Program {
+fn reducescatter(
+    n: u32,
+    steps: &[(u32, Vec<u32>)],
+    lp: &[Loop],
+    end: u64,
+    count: u64,
+    window: u32,
+) -> Program {
     let mut b = ProgramBuilder::new();
     for l in lp {
         // Whether the partial of relative block t already lives in scratch.
@@ -152,20 +167,27 @@ fn reducescatter(n: u32, steps: &[(u32, Vec<u32>)], lp: &[Loop], end: u64, count
             let (ahead, behind) = (2 * k as u16, 2 * k as u16 + 1);
             // Backwards: partials of blocks I received in the all-gather go back behind.
             // And I receive, from ahead, partials of the blocks I sent forward; sends and
-            // receives alternate (see the all-gather).
-            for &t in send {
-                let rel = t as i64 - *d as i64;
-                b.push(step(&[], &[behind], Some(src(&acc, rel)), None, false, false));
-                let local = src(&acc, t as i64);
-                b.push(step(
-                    &[ahead],
-                    &[],
-                    Some(local),
-                    Some(blk(Buf::Scratch, l, t as i64, n, count, end)),
-                    true,
-                    false,
-                ));
-                acc[t as usize] = true;
+            // receives alternate by windows (see the all-gather). The blocks a step sends
+            // (t - d, which this rank lacked before the step in the all-gather) and those
+            // it receives (t, which it held) are disjoint, so the order within a step does
+            // not change what is reduced.
+            for group in send.chunks(window.max(1) as usize) {
+                for &t in group {
+                    let rel = t as i64 - *d as i64;
+                    b.push(step(&[], &[behind], Some(src(&acc, rel)), None, false, false));
+                }
+                for &t in group {
+                    let local = src(&acc, t as i64);
+                    b.push(step(
+                        &[ahead],
+                        &[],
+                        Some(local),
+                        Some(blk(Buf::Scratch, l, t as i64, n, count, end)),
+                        true,
+                        false,
+                    ));
+                    acc[t as usize] = true;
+                }
             }
         }
         let out = Addr { limit: end, ..Addr::abs(Buf::Output, l.lb, l.rc) };

@@ -45,11 +45,14 @@ impl Hop {
 /// Link loads and the routes themselves.
 type Loads = (BTreeMap<LinkId, u32>, Vec<(Vec<LinkId>, PathType)>);
 
-fn loads(router: &Router, edges: &[(u32, u32, u32)]) -> Loads {
+/// `edges` hold communicator ranks; `ranks` maps them to the fabric's (a sub-communicator's
+/// rank 1 is not GPU 1: routing the indices put a DP group strided across nodes on NVLink).
+fn loads(router: &Router, ranks: &[u32], edges: &[(u32, u32, u32)]) -> Loads {
     let mut load = BTreeMap::new();
     let mut routes = Vec::new();
+    let fabric = |r: u32| ranks.get(r as usize).copied().unwrap_or(r);
     for &(a, b, c) in edges {
-        let r = router.route(a, b, &RouteOpts { rail: None, pxn: true, flow: c as u64 });
+        let r = router.route(fabric(a), fabric(b), &RouteOpts { rail: None, pxn: true, flow: c as u64 });
         let (links, ty) = r.map(|r| (r.links, r.path_type)).unwrap_or((Vec::new(), PathType::Loc));
         for l in &links {
             *load.entry(*l).or_insert(0u32) += 1;
@@ -168,8 +171,16 @@ pub struct Model<'a> {
     router: &'a Router<'a>,
     comm: &'a Comm,
     p: Resolved,
-    memo: RefCell<BTreeMap<(u8, u8, u32, u8), Hops>>,
+    memo: Memo,
 }
+
+/// The routed hops a [`Model`] memoizes, shareable by the models of one communicator made
+/// one after another (the plan search prices many sizes on each group, one call at a time).
+#[derive(Clone, Default)]
+pub struct Memo(Rc<RefCell<HopsMemo>>);
+
+/// Routed hops by (algorithm, protocol, channels, collective).
+type HopsMemo = BTreeMap<(u8, u8, u32, u8), Hops>;
 
 /// Closed-form time of one collective call (a [`Model`] used once).
 pub fn time(
@@ -187,7 +198,13 @@ pub fn time(
 impl<'a> Model<'a> {
     /// The model of `comm` on `f`.
     pub fn new(f: &'a Fabric, router: &'a Router<'a>, comm: &'a Comm) -> Model<'a> {
-        Model { f, router, comm, p: f.params.resolve(), memo: RefCell::new(BTreeMap::new()) }
+        Model::with_memo(f, router, comm, &Memo::default())
+    }
+
+    /// The model of `comm` on `f`, keeping its routed hops in `memo` (which must only ever
+    /// serve this communicator on this fabric).
+    pub fn with_memo(f: &'a Fabric, router: &'a Router<'a>, comm: &'a Comm, memo: &Memo) -> Model<'a> {
+        Model { f, router, comm, p: f.params.resolve(), memo: memo.clone() }
     }
 
     /// The hops of `key`, built by `build` (hops with their shares, tree shape) once.
@@ -197,11 +214,11 @@ impl<'a> Model<'a> {
         build: impl FnOnce() -> (Vec<(Hop, f64)>, TreeShape),
     ) -> Hops {
         let k = (key.0 as u8, key.1 as u8, key.2, key.3 as u8);
-        if let Some(h) = self.memo.borrow().get(&k) {
+        if let Some(h) = self.memo.0.borrow().get(&k) {
             return h.clone();
         }
         let h = Rc::new(build());
-        self.memo.borrow_mut().insert(k, h.clone());
+        self.memo.0.borrow_mut().insert(k, h.clone());
         h
     }
 
@@ -240,7 +257,7 @@ impl<'a> Model<'a> {
                             edges.push((ring[i], ring[(i + 1) % ring.len()], c));
                         }
                     }
-                    let (load, routes) = loads(router, &edges);
+                    let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
                     let floor = lockstep_floor(f, p, proto, args.coll, &routes);
                     (
                         weighted(routes.iter().map(|(l, ty)| {
@@ -270,7 +287,7 @@ impl<'a> Model<'a> {
                         }
                         parents.push(parent);
                     }
-                    let (load, routes) = loads(router, &edges);
+                    let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
                     let none = BTreeMap::new();
                     let unshared: Vec<Hop> =
                         routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &none, 1.0)).collect();
@@ -341,7 +358,7 @@ impl<'a> Model<'a> {
                             edges.push((r, (r + d) % n, 0));
                         }
                     }
-                    let (load, routes) = loads(router, &edges);
+                    let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
                     let scale = used as f64 / steps.len().max(1) as f64;
                     (
                         weighted(routes.iter().map(|(l, ty)| {
@@ -360,7 +377,11 @@ impl<'a> Model<'a> {
                 let block = per_ch * e as f64;
                 let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
                 let bw = hops.iter().map(|h| h.bw).fold(f64::INFINITY, f64::min);
-                steps.len() as f64 * slow + (n - 1) as f64 * wire(block, payload) / bw
+                // A step's blocks go a window of messages at a time (collective::pat), each
+                // window one latency.
+                let w = u64::from(crate::collective::chunking::NCCL_STEPS);
+                let rounds: u64 = steps.iter().map(|(_, b)| (b.len() as u64).div_ceil(w).max(1)).sum();
+                rounds as f64 * slow + (n - 1) as f64 * wire(block, payload) / bw
             }
             Algo::P2p => {
                 let rounds = if args.coll == Collective::SendRecv { 1 } else { n - 1 };
@@ -371,7 +392,7 @@ impl<'a> Model<'a> {
                             edges.push((r, (r + d) % n, 0));
                         }
                     }
-                    let (load, routes) = loads(router, &edges);
+                    let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
                     let scale = used as f64 / rounds as f64;
                     (
                         weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, scale))),
@@ -484,8 +505,9 @@ fn nvls_collnet_time(
     let net_lat = {
         // A representative cross-node route.
         let other = comm.nodes.get(1).map(|n| n[0]).unwrap_or(0);
+        let fabric = |r: u32| comm.fabric_ranks.get(r as usize).copied().unwrap_or(r);
         router
-            .route(0, other, &RouteOpts::default())
+            .route(fabric(0), fabric(other), &RouteOpts::default())
             .map(|r| r.links.iter().map(|l| f.link(*l).latency.as_us()).sum::<f64>())
             .unwrap_or(0.0)
     };

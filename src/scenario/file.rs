@@ -29,7 +29,7 @@
 //! gpus = 8                       # optional: GPUs used per node (the first N)
 //!
 //! [workload]
-//! kind = "collective"            # the only kind so far ("training" comes next)
+//! kind = "collective"            # or "training" (below)
 //! collective = "allreduce"       # allreduce allgather reducescatter broadcast reduce alltoall sendrecv
 //! sizes = { min = "1K", max = "4G", factor = 4 }  # nccl-tests -b/-e/-f (or step = "1M", -i)
 //! # sizes = ["8M", "1G"]         # or a list; or `size = "32M"` for one size (default 32M)
@@ -46,6 +46,43 @@
 //! NCCL_BUFFSIZE = "8M"
 //!
 //! [sweep]                        # see below
+//! mode = "product"               # product (default, nested loops in file order) | zip
+//! "workload.algo" = ["ring", "tree", "nvls"]
+//! "topology.nodes" = { from = 2, to = 128, factor = 2 }
+//! ```
+//!
+//! A training scenario times one step of a model under a parallelism plan, as
+//! `fabricsim train` does (`fidelity` defaults to `analytical` for it; `event` simulates the
+//! whole step as one schedule):
+//!
+//! ```toml
+//! fidelity = "analytical"
+//! [topology]
+//! file = "../topologies/superpod-h100.toml"
+//! nodes = 64
+//! [workload]
+//! kind = "training"
+//! model = "../models/llama3-70b.toml"   # relative to this file
+//! tp = 8                          # and every key of a plan file: pp vpp dp cp ep etp sp zero
+//! pp = 4                          # fsdp fsdp_shard mbs gbs seq recompute dtype schedule bucket
+//! vpp = 5                         # overlap_grad_reduce overlap_param_gather tp_comm_overlap
+//! mbs = 1                         # pp_comm_overlap order decoder_first_pipeline_num_layers
+//! gbs = 512                       # decoder_last_pipeline_num_layers
+//! seq = 8192
+//! recompute = "selective"
+//! allow_oom = false               # report a plan that does not fit instead of failing
+//! [sweep]
+//! "workload.tp" = [4, 8]          # any plan key by its dotted path
+//! ```
+//!
+//! A training plan that does not divide the GPUs (or breaks another plan rule) is an error
+//! at its line when the scenario has one point; in a sweep it is that point's error row.
+//! A plan that does not fit in HBM is a row with its numbers, `fits = false` and status
+//! `oom` (an error for a single point unless `allow_oom`). `[nccl]` applies to collective
+//! workloads only.
+//!
+//! ```toml
+//! [sweep]
 //! mode = "product"               # product (default, nested loops in file order) | zip
 //! "workload.algo" = ["ring", "tree", "nvls"]
 //! "topology.nodes" = { from = 2, to = 128, factor = 2 }
@@ -76,6 +113,7 @@ use toml::Spanned;
 use super::bench::{sweep_sizes, BenchConfig, Fidelity, NcclEnv};
 use super::nccl_env;
 use super::sweep::{self, Mode, ParamValue, Plan, Point};
+use super::training::TrainingWorkload;
 use crate::collective::{Algo, Collective};
 use crate::engine::Granularity;
 use crate::fabric::build::BuildOpts;
@@ -85,6 +123,8 @@ use crate::fabric::{self, TopologyError, TopologySpec};
 use crate::schedule::{DType, Proto, RedOp};
 use crate::suggest::nearest;
 use crate::units;
+use crate::workload::plan::{PlanKeys, PLAN_KEYS};
+use crate::workload::{load_model, Model};
 
 // ---------------------------------------------------------------------------------------
 // Errors
@@ -97,6 +137,9 @@ pub type ScenarioError = crate::fabric::file::FileError;
 struct Src<'a> {
     path: &'a Path,
     text: &'a str,
+    /// Values given in place of the file's ([`Override`]): their spans lie past the end of
+    /// the text, each with the flag it came from.
+    overrides: Vec<(Range<usize>, String)>,
 }
 
 impl Src<'_> {
@@ -104,6 +147,14 @@ impl Src<'_> {
         self.path.display().to_string()
     }
     fn at(&self, span: Range<usize>, msg: impl Into<String>) -> ScenarioError {
+        if span.start > self.text.len() {
+            let flag = self.overrides.iter().find(|(r, _)| r.contains(&span.start)).map(|o| o.1.as_str());
+            return self.invalid(format!(
+                "{}: {}",
+                flag.unwrap_or("a value given in place of the file's"),
+                msg.into()
+            ));
+        }
         let (line, col) = line_col(self.text, span.start);
         ScenarioError::At { file: self.file(), line, col, msg: msg.into() }
     }
@@ -251,11 +302,13 @@ pub struct CollectiveWorkload {
     pub gpus_per_thread: u32,
 }
 
-/// What a scenario runs. Only collectives so far; training plans come next.
+/// What a scenario runs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Workload {
     /// A collective over a list of message sizes.
     Collective(CollectiveWorkload),
+    /// One training step of a model under a parallelism plan.
+    Training(Box<TrainingWorkload>),
 }
 
 /// A calibration profile named by a scenario.
@@ -330,6 +383,13 @@ impl Scenario {
                 put("workload.channels", w.channels.map_or("\"auto\"".into(), |c| c.to_string()));
                 put("workload.gpus_per_thread", w.gpus_per_thread.to_string());
             }
+            Workload::Training(w) => {
+                put("workload.kind", "\"training\"".into());
+                // The model by content (not by path), the plan as resolved.
+                put("workload.model", digest(&format!("{:?}", w.model)));
+                put("workload.plan", quote(&format!("{:?}", w.plan)));
+                put("workload.allow_oom", w.allow_oom.to_string());
+            }
         }
         for (k, v) in &self.nccl {
             // Byte-valued variables compare by value ("8M" is 8388608).
@@ -374,10 +434,10 @@ impl Scenario {
         serde_json::to_string(&params).unwrap_or_else(|e| format!("invalid: {e}"))
     }
 
-    /// The benchmark configuration of a collective workload.
-    pub fn bench_config(&self) -> BenchConfig {
-        let Workload::Collective(w) = &self.workload;
-        BenchConfig {
+    /// The benchmark configuration of a collective workload (None for a training one).
+    pub fn bench_config(&self) -> Option<BenchConfig> {
+        let Workload::Collective(w) = &self.workload else { return None };
+        Some(BenchConfig {
             coll: w.coll,
             sizes: w.sizes.clone(),
             dtype: w.dtype,
@@ -393,7 +453,7 @@ impl Scenario {
             seed: self.seed,
             gpus_per_thread: w.gpus_per_thread,
             compare: false,
-        }
+        })
     }
 
     /// How to build this scenario's fabric.
@@ -405,10 +465,19 @@ impl Scenario {
         }
     }
 
-    /// The collective of the workload.
-    pub fn collective(&self) -> Collective {
+    /// The collective of the workload (None for a training one).
+    pub fn collective(&self) -> Option<Collective> {
         match &self.workload {
-            Workload::Collective(w) => w.coll,
+            Workload::Collective(w) => Some(w.coll),
+            Workload::Training(_) => None,
+        }
+    }
+
+    /// The training workload, if this is one.
+    pub fn training(&self) -> Option<&TrainingWorkload> {
+        match &self.workload {
+            Workload::Training(w) => Some(w.as_ref()),
+            Workload::Collective(_) => None,
         }
     }
 }
@@ -452,9 +521,13 @@ const SCALAR_PATHS: [&str; 20] = [
     "workload.gpus_per_thread",
 ];
 
+/// Keys of a training `[workload]` besides the plan's ([`PLAN_KEYS`]).
+const TRAINING_KEYS: [&str; 3] = ["kind", "model", "allow_oom"];
+
 /// Every dotted path a `[sweep]` may vary.
 pub fn sweepable_paths() -> Vec<String> {
     let mut v: Vec<String> = SCALAR_PATHS.iter().map(|s| s.to_string()).collect();
+    v.extend(TRAINING_KEYS[1..].iter().chain(PLAN_KEYS.iter()).map(|k| format!("workload.{k}")));
     v.extend(nccl_env::KNOWN.iter().map(|k| format!("nccl.{k}")));
     v.extend(TABLE_PATHS.iter().map(|s| s.to_string()));
     v
@@ -486,10 +559,76 @@ pub fn load_plan(path: &Path) -> Result<Plan, ScenarioError> {
 /// Like [`load_plan`] for text that is not on disk; relative paths in it are resolved
 /// against `path`'s folder.
 pub fn parse_plan(text: &str, path: &Path) -> Result<Plan, ScenarioError> {
-    let src = Src { path, text };
+    parse_plan_with(text, path, &[])
+}
+
+/// A value given in place of a scenario's (a command-line flag): the dotted path of the key
+/// (`workload.tp`, `topology.nodes`, `fidelity`), its value, and the flag, which errors
+/// about the value name instead of a line of the file.
+#[derive(Clone, Debug)]
+pub struct Override {
+    /// Dotted path of the scenario key.
+    pub path: String,
+    /// The value.
+    pub value: toml::Value,
+    /// The flag it came from (`--tp 8`).
+    pub flag: String,
+}
+
+/// Reads a scenario file with `overrides` laid over its keys (before its sweep).
+pub fn load_plan_with(path: &Path, overrides: &[Override]) -> Result<Plan, ScenarioError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| ScenarioError::Io { file: path.display().to_string(), source })?;
+    parse_plan_with(&text, path, overrides)
+}
+
+/// Like [`parse_plan`], with `overrides` laid over the scenario's keys.
+pub fn parse_plan_with(text: &str, path: &Path, overrides: &[Override]) -> Result<Plan, ScenarioError> {
+    // The overrides' values as TOML text of their own, at spans past the end of the file.
+    let mut otext = String::new();
+    let mut ospans = Vec::new();
+    for o in overrides {
+        let start = otext.len();
+        otext.push_str(&o.value.to_string());
+        ospans.push(start..otext.len());
+        otext.push('\n');
+    }
+    let base = text.len() + 1;
+    let src = Src {
+        path,
+        text,
+        overrides: overrides
+            .iter()
+            .zip(&ospans)
+            .map(|(o, r)| (base + r.start..base + r.end + 1, o.flag.clone()))
+            .collect(),
+    };
     let doc = DeTable::parse(text).map_err(|e| src.toml(&e))?;
     let root_span = doc.span();
     let mut root = doc.into_inner();
+    for (o, r) in overrides.iter().zip(&ospans) {
+        let span = base + r.start..base + r.end;
+        let value = DeValue::parse(&otext[r.clone()]).map_err(|e| src.at(span.clone(), e.to_string()))?;
+        let segs: Vec<&str> = o.path.split('.').collect();
+        let Some((leaf, parents)) = segs.split_last() else { continue };
+        let mut cur = &mut root;
+        for seg in parents {
+            let entry = cur
+                .entry(Spanned::new(span.clone(), Cow::Owned(seg.to_string())))
+                .or_insert_with(|| Spanned::new(span.clone(), DeValue::Table(DeTable::new())));
+            let at = entry.span();
+            cur = match entry.get_mut() {
+                DeValue::Table(t) => t,
+                _ => {
+                    return Err(
+                        src.at(at, format!("`{seg}` must be a table for {} to set `{}`", o.flag, o.path))
+                    )
+                }
+            };
+        }
+        let parent = parents.join(".");
+        set_key(cur, &parent, leaf, span.clone(), Spanned::new(span, value.into_inner()));
+    }
     let sweep_value = root.remove("sweep");
     // Check the document's own keys (and report typos) before looking at the sweep.
     let dto =
@@ -552,7 +691,8 @@ pub fn parse_plan(text: &str, path: &Path) -> Result<Plan, ScenarioError> {
         None => src.invalid(msg),
     })?;
 
-    let mut resolver = Resolver { src: &src, topo: BTreeMap::new(), profiles: BTreeMap::new() };
+    let mut resolver =
+        Resolver { src: &src, topo: BTreeMap::new(), profiles: BTreeMap::new(), models: BTreeMap::new() };
     let mut points: Vec<Point> = Vec::with_capacity(combos.len());
     let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
     for (index, combo) in combos.iter().enumerate() {
@@ -592,6 +732,32 @@ pub fn parse_plan(text: &str, path: &Path) -> Result<Plan, ScenarioError> {
         }
         seen.insert(hash, index);
         points.push(Point { index, hash, label, params, scenario, canonical });
+    }
+    // One kind per sweep: the result files have one set of columns.
+    if let (Some(first), Some(other)) = (
+        points.first(),
+        points.iter().find(|p| p.scenario.training().is_some() != points[0].scenario.training().is_some()),
+    ) {
+        return Err(src.invalid(format!(
+            "points {} and {} have different workload kinds; a sweep runs one kind (collective or training)",
+            first.index, other.index
+        )));
+    }
+    // A single training point whose plan breaks a rule is an input error (in a sweep it is
+    // that point's error row).
+    if axes.is_empty() {
+        if let Some(w) = points.first().and_then(|p| p.scenario.training()) {
+            if w.invalid.is_some() {
+                let s = &points[0].scenario;
+                let per_node = s.topology.gpus.map_or(s.topology.spec.node.gpus.len() as u64, u64::from);
+                let gpus = u64::from(s.topology.nodes) * per_node;
+                let at = |span: Option<Range<usize>>, msg: String| match span {
+                    Some(span) => src.at(span, msg),
+                    None => src.invalid(msg),
+                };
+                w.keys.check(&w.plan, &w.model, gpus, &at)?;
+            }
+        }
     }
     Ok(Plan {
         name,
@@ -755,8 +921,10 @@ fn check_path(src: &Src<'_>, path: &str, span: Range<usize>) -> Result<(), Scena
     Err(src.at(
         span,
         format!(
-            "sweep path `{path}` does not exist{hint}; valid paths: {}, nccl.<VAR> for {}, and the tables {}",
+            "sweep path `{path}` does not exist{hint}; valid paths: {}, for training workloads workload.<KEY> \
+             for {}, nccl.<VAR> for {}, and the tables {}",
             scalars.join(", "),
+            TRAINING_KEYS[1..].iter().chain(PLAN_KEYS.iter()).copied().collect::<Vec<_>>().join(", "),
             nccl_env::KNOWN.join(", "),
             TABLE_PATHS.join(", ")
         ),
@@ -1055,6 +1223,7 @@ struct Resolver<'a, 's> {
     src: &'a Src<'s>,
     topo: BTreeMap<String, Arc<TopologySpec>>,
     profiles: BTreeMap<PathBuf, Arc<toml::Table>>,
+    models: BTreeMap<PathBuf, Arc<Model>>,
 }
 
 const COLLECTIVES: &str = "allreduce, allgather, reducescatter, broadcast, reduce, alltoall, sendrecv";
@@ -1093,13 +1262,24 @@ impl Resolver<'_, '_> {
             }
         };
         let workload = match &workload_v {
-            Some(w) => self.workload(w)?,
+            Some(w) => self.workload(w, &topology)?,
             None => return Err(src.invalid(
                 "a scenario needs a [workload] table, e.g. kind = \"collective\", collective = \"allreduce\"",
             )),
         };
-        let Workload::Collective(cw) = &workload;
-        let (nccl, env) = self.nccl(nccl_v.as_ref(), cw.coll)?;
+        let (nccl, env) = match &workload {
+            Workload::Collective(cw) => self.nccl(nccl_v.as_ref(), cw.coll)?,
+            Workload::Training(_) => {
+                if let Some(v) = &nccl_v {
+                    return Err(src.at(
+                        v.span(),
+                        "[nccl] applies to collective workloads; a training step runs each collective \
+                         with NCCL's own choice for its group (remove the table)",
+                    ));
+                }
+                (Vec::new(), NcclEnv::default())
+            }
+        };
         let calibration = match &dto.calibration {
             Some(c) => Some(self.calibration(c)?),
             None => None,
@@ -1115,6 +1295,8 @@ impl Resolver<'_, '_> {
                     ),
                 )
             })?,
+            // A training step is quick in the analytical mode; the event mode is asked for.
+            None if matches!(workload, Workload::Training(_)) => Fidelity::Analytical,
             None => Fidelity::Event,
         };
         let granularity = match dto.granularity.as_ref().map(|g| (g.get_ref().as_str(), g.span())) {
@@ -1276,36 +1458,34 @@ impl Resolver<'_, '_> {
         }
     }
 
-    fn workload(&self, w: &Spanned<DeValue<'_>>) -> Result<Workload, ScenarioError> {
+    fn workload(
+        &mut self,
+        w: &Spanned<DeValue<'_>>,
+        topo: &TopologyChoice,
+    ) -> Result<Workload, ScenarioError> {
         let src = self.src;
         let Some(t) = w.get_ref().as_table() else {
             return Err(
                 src.at(w.span(), "`workload` must be a table ([workload] with kind = \"collective\")")
             );
         };
-        // One arm per workload kind; "training" gets its own DTO and arm when it lands.
+        // One arm per workload kind.
         enum Kind {
             Collective,
+            Training,
         }
         let kind = match t.get("kind") {
             None => Kind::Collective,
             Some(k) => match k.get_ref().as_str() {
                 Some("collective") => Kind::Collective,
-                Some("training") => {
-                    return Err(src.at(
-                        k.span(),
-                        "workload kind \"training\" is not implemented yet; valid: collective",
-                    ))
-                }
+                Some("training") => Kind::Training,
                 Some(other) => {
                     let hint = nearest(other, ["collective", "training"])
                         .map(|n| format!(" (did you mean \"{n}\"?)"))
                         .unwrap_or_default();
                     return Err(src.at(
                         k.span(),
-                        format!(
-                            "unknown workload kind {other:?}{hint}; valid: collective (training comes next)"
-                        ),
+                        format!("unknown workload kind {other:?}{hint}; valid: collective, training"),
                     ));
                 }
                 None => {
@@ -1319,7 +1499,88 @@ impl Resolver<'_, '_> {
                     .map_err(|e| src.toml(&e))?;
                 self.collective(dto).map(Workload::Collective)
             }
+            Kind::Training => self.training(w, topo).map(|t| Workload::Training(Box::new(t))),
         }
+    }
+
+    /// A training `[workload]`: the model file, the plan keys (checked against the model
+    /// and the fabric's GPUs; a plan that breaks a rule is kept with its located error) and
+    /// `allow_oom`.
+    fn training(
+        &mut self,
+        w: &Spanned<DeValue<'_>>,
+        topo: &TopologyChoice,
+    ) -> Result<TrainingWorkload, ScenarioError> {
+        let src = self.src;
+        let Some(t) = w.get_ref().as_table() else {
+            return Err(src.at(w.span(), "`workload` must be a table"));
+        };
+        // Unknown keys first, each with the nearest valid one.
+        let valid: Vec<&str> = TRAINING_KEYS.iter().chain(PLAN_KEYS.iter()).copied().collect();
+        for (k, _) in t.iter() {
+            let key: &str = k.get_ref();
+            if !valid.contains(&key) {
+                let hint = nearest(key, valid.iter().copied())
+                    .map(|n| format!(" (did you mean `{n}`?)"))
+                    .unwrap_or_default();
+                return Err(src.at(
+                    k.span(),
+                    format!(
+                        "unknown key `{key}` in a training [workload]{hint}; valid: {}",
+                        valid.join(", ")
+                    ),
+                ));
+            }
+        }
+        let Some(mv) = t.get("model") else {
+            return Err(src.at(
+                w.span(),
+                "a training [workload] needs `model`, the path of a model file such as \"../models/llama3-70b.toml\"",
+            ));
+        };
+        let Some(written) = mv.get_ref().as_str().map(str::to_string) else {
+            return Err(src.at(mv.span(), "`model` must be the path of a model file (a string)"));
+        };
+        let path = self.dir().join(&written);
+        if !path.is_file() {
+            return Err(src.at(mv.span(), missing_file_message("model", &written, &path)));
+        }
+        let model = match self.models.get(&path) {
+            Some(m) => m.clone(),
+            None => {
+                let m = Arc::new(
+                    load_model(&path)
+                        .map_err(|e| src.at(mv.span(), format!("cannot load the model: {e}")))?,
+                );
+                self.models.insert(path, m.clone());
+                m
+            }
+        };
+        let allow_oom = match t.get("allow_oom") {
+            None => false,
+            Some(v) => match v.get_ref() {
+                DeValue::Boolean(b) => *b,
+                _ => return Err(src.at(v.span(), "`allow_oom` must be true or false")),
+            },
+        };
+        let mut keys_table = t.clone();
+        for k in TRAINING_KEYS {
+            keys_table.remove(k);
+        }
+        let keys = PlanKeys::deserialize(toml::de::ValueDeserializer::from(Spanned::new(
+            w.span(),
+            DeValue::Table(keys_table),
+        )))
+        .map_err(|e| src.toml(&e))?;
+        let per_node = topo.gpus.map_or(topo.spec.node.gpus.len() as u64, u64::from);
+        let gpus = u64::from(topo.nodes) * per_node;
+        let at = |span: Option<Range<usize>>, msg: String| match span {
+            Some(span) => src.at(span, msg),
+            None => src.invalid(msg),
+        };
+        let plan = keys.build(gpus, &at)?;
+        let invalid = keys.check(&plan, &model, gpus, &at).err().map(|e| e.to_string());
+        Ok(TrainingWorkload { model_written: written, model, keys, plan, invalid, allow_oom })
     }
 
     fn collective(&self, d: CollectiveDto) -> Result<CollectiveWorkload, ScenarioError> {

@@ -1,8 +1,9 @@
-//! The one result row: what one collective call of a benchmark measured, as a flat
-//! `Serialize`/`Deserialize` record with nccl-tests' column names first. `bench --format
-//! csv|json`, and the sweep's `results.csv` and `results.jsonl` (behind their point columns),
-//! all write this type through the `csv` and `serde_json` crates; nothing formats a row by
-//! hand.
+//! The result rows: what one collective call of a benchmark measured ([`ResultRow`], a flat
+//! `Serialize`/`Deserialize` record with nccl-tests' column names first), and what one
+//! training step measured ([`TrainingRow`]: step time, throughput, MFU, memory per GPU and
+//! where the time goes). `bench --format csv|json`, and the sweep's `results.csv` and
+//! `results.jsonl` (behind their point columns), all write these types through the `csv`
+//! and `serde_json` crates; nothing formats a row by hand.
 //!
 //! Architecture invariant: plain data; it knows the benchmark's row ([`BenchRow`]) and the
 //! names of algorithms and types, nothing of files, points or plots.
@@ -104,6 +105,85 @@ impl From<&BenchRow> for ResultRow {
     }
 }
 
+/// One training step of a scenario: the plan as run, then what `fabricsim train --format
+/// json` reports (step time, tokens/s, model and hardware TFLOP/s per GPU, MFU, memory per
+/// GPU against HBM), then the step's breakdown in seconds (its parts add up to the step).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainingRow {
+    /// The plan in one line (every dimension, batches, sharding, recomputation, schedule).
+    pub plan: String,
+    /// Rank placement, innermost dimension first.
+    pub placement: String,
+    /// How the step was timed: analytical or event.
+    pub fidelity: String,
+    /// Step time, seconds.
+    pub step_time_s: f64,
+    /// Tokens per second, the whole cluster.
+    pub tokens_per_s: f64,
+    /// Model TFLOP/s per GPU (no recomputation counted).
+    pub tflops_per_gpu: f64,
+    /// Hardware TFLOP/s per GPU (recomputation counted).
+    pub hardware_tflops_per_gpu: f64,
+    /// Model FLOP/s over the peak of the plan's dtype.
+    pub mfu: f64,
+    /// Memory per GPU of the stage that needs the most, bytes.
+    pub memory_per_gpu_bytes: u64,
+    /// HBM per GPU, bytes.
+    pub hbm_bytes: u64,
+    /// Whether the memory fits in HBM.
+    pub fits: bool,
+    /// Micro-batches per pipeline.
+    pub microbatches: u64,
+    /// Sequence length.
+    pub seq: u64,
+    /// Compute of the busiest stage, seconds.
+    pub compute_s: f64,
+    /// Exposed TP communication.
+    pub tp_s: f64,
+    /// Exposed CP communication.
+    pub cp_s: f64,
+    /// Exposed EP all-to-all.
+    pub ep_s: f64,
+    /// What pipeline transfers add.
+    pub pp_s: f64,
+    /// Exposed data-parallel communication.
+    pub dp_s: f64,
+    /// Pipeline bubble.
+    pub bubble_s: f64,
+    /// Optimizer step.
+    pub optimizer_s: f64,
+    /// Events the simulator processed in the final run (0 in the analytical mode).
+    pub events: u64,
+}
+
+impl TrainingRow {
+    /// The column names, in order (the CSV header; the JSON keys).
+    pub const COLUMNS: [&'static str; 22] = [
+        "plan",
+        "placement",
+        "fidelity",
+        "step_time_s",
+        "tokens_per_s",
+        "tflops_per_gpu",
+        "hardware_tflops_per_gpu",
+        "mfu",
+        "memory_per_gpu_bytes",
+        "hbm_bytes",
+        "fits",
+        "microbatches",
+        "seq",
+        "compute_s",
+        "tp_s",
+        "cp_s",
+        "ep_s",
+        "pp_s",
+        "dp_s",
+        "bubble_s",
+        "optimizer_s",
+        "events",
+    ];
+}
+
 /// Writes rows as CSV with [`ResultRow::COLUMNS`] as the header.
 pub fn write_csv(w: &mut dyn std::io::Write, rows: &[ResultRow]) -> Result<(), csv::Error> {
     let mut out = csv::WriterBuilder::new().has_headers(false).from_writer(w);
@@ -164,6 +244,40 @@ mod tests {
         sorted_keys.sort();
         assert_eq!(sorted_keys, sorted_columns);
         assert!(json.starts_with("{\"size_bytes\":1024,\"count\":256,\"dtype\":\"float\""), "{json}");
+    }
+
+    #[test]
+    fn training_columns_are_the_serialized_field_names_in_order() {
+        let r = TrainingRow {
+            plan: "tp 8".into(),
+            placement: "tp-dp".into(),
+            fidelity: "analytical".into(),
+            step_time_s: 1.5,
+            tokens_per_s: 2.0,
+            tflops_per_gpu: 3.0,
+            hardware_tflops_per_gpu: 4.0,
+            mfu: 0.5,
+            memory_per_gpu_bytes: 7,
+            hbm_bytes: 8,
+            fits: true,
+            microbatches: 9,
+            seq: 10,
+            compute_s: 1.0,
+            tp_s: 0.1,
+            cp_s: 0.0,
+            ep_s: 0.0,
+            pp_s: 0.2,
+            dp_s: 0.3,
+            bubble_s: 0.4,
+            optimizer_s: 0.5,
+            events: 0,
+        };
+        let mut out = csv::Writer::from_writer(Vec::new());
+        out.serialize(&r).unwrap();
+        let text = String::from_utf8(out.into_inner().unwrap()).unwrap();
+        assert_eq!(text.lines().next().unwrap(), TrainingRow::COLUMNS.join(","));
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<TrainingRow>(&json).unwrap(), r);
     }
 
     #[test]

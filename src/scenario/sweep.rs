@@ -10,6 +10,10 @@
 //!   --format csv` writes: nccl-tests' columns first), `status` (`ok` | `error`) and `error`.
 //!   A point the model rejects (NVLS without NVSwitch, CollNet on one node, a fabric that
 //!   cannot be built) is one row with `status = error` and empty measurements.
+//!   A training scenario writes one row per point instead: the point's columns, `topology`,
+//!   `nodes`, `gpus`, `model`, the columns of [`TrainingRow`] (what `fabricsim train
+//!   --format json` reports), `status` (`ok`, `oom` for a plan that does not fit, with its
+//!   numbers, or `error` for a plan that breaks a rule, with empty measurements) and `error`.
 //! - `results.jsonl`: the same rows as flat JSON objects with the same keys in the same
 //!   order. Both files are written by the `csv` and `serde_json` crates.
 //! - `sweep.json` ([`MANIFEST`]): the scenario's name and point count and the shard.
@@ -43,8 +47,9 @@ use std::sync::Mutex;
 
 use super::bench::{count_for, run_bench, BenchRow};
 use super::file::Scenario;
-use super::row::ResultRow;
-use crate::collective::{Algo, CollArgs, Collective};
+use super::row::{ResultRow, TrainingRow};
+use super::training::run_training;
+use crate::collective::{Algo, CollArgs};
 use crate::fabric::build::build;
 
 /// Name of the CSV results file in an output folder.
@@ -262,7 +267,19 @@ impl std::fmt::Display for Shard {
 pub fn point_cost(s: &Scenario) -> u64 {
     let per_node = s.topology.gpus.unwrap_or(s.topology.spec.node.gpus.len() as u32).max(1);
     let gpus = u64::from(s.topology.nodes.max(1)) * u64::from(per_node);
-    let super::file::Workload::Collective(w) = &s.workload;
+    let w = match &s.workload {
+        super::file::Workload::Collective(w) => w,
+        // A training step: its micro-batches times the GPUs, much more in the event mode.
+        super::file::Workload::Training(t) => {
+            let mb = t.plan.microbatches().max(1);
+            return match s.fidelity {
+                super::bench::Fidelity::Analytical => gpus.saturating_add(mb),
+                super::bench::Fidelity::Event | super::bench::Fidelity::CriticalPath => {
+                    gpus.saturating_mul(mb).saturating_mul(100)
+                }
+            };
+        }
+    };
     let factor: u64 = match w.algo {
         Some(Algo::Ring | Algo::Pat | Algo::P2p) => 1,
         Some(Algo::Tree | Algo::Nvls) => 100,
@@ -299,6 +316,11 @@ pub fn balance(costs: &[u64], count: usize) -> Vec<usize> {
 }
 
 impl Plan {
+    /// Whether the points are training steps (a sweep runs one kind).
+    pub fn is_training(&self) -> bool {
+        self.points.first().is_some_and(|p| p.scenario.training().is_some())
+    }
+
     /// The point numbers of a shard, in point order (every point for `1/1`).
     pub fn shard_points(&self, shard: Shard) -> Vec<usize> {
         if shard.count <= 1 {
@@ -321,6 +343,16 @@ impl std::str::FromStr for Shard {
 // Running one point
 // ---------------------------------------------------------------------------------------
 
+/// What one point measured.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Measured<T> {
+    /// A collective benchmark's rows, one per size.
+    Collective(Vec<T>),
+    /// A training step's row, with the out-of-memory verdict when the plan does not fit
+    /// (and the scenario does not allow it).
+    Training(Box<TrainingRow>, Option<String>),
+}
+
 /// What one point produced.
 #[derive(Clone, Debug)]
 pub struct PointResult {
@@ -330,10 +362,10 @@ pub struct PointResult {
     pub nodes: u32,
     /// GPUs of the fabric (None when it could not be built).
     pub gpus: Option<u32>,
-    /// The collective.
-    pub collective: Collective,
+    /// The collective's name, or the trained model's.
+    pub workload: String,
     /// The rows, or why the point is invalid for the model.
-    pub outcome: Result<Vec<BenchRow>, String>,
+    pub outcome: Result<Measured<BenchRow>, String>,
 }
 
 /// Runs one point on the calling thread. Model errors (and, as a last resort, panics) become
@@ -344,13 +376,24 @@ pub fn run_point(p: &Point) -> PointResult {
         topology: s.topology.spec.name.clone(),
         nodes: s.topology.nodes,
         gpus: None,
-        collective: s.collective(),
+        workload: match (s.collective(), s.training()) {
+            (Some(c), _) => c.name().to_string(),
+            (None, Some(t)) => t.model.name.clone(),
+            (None, None) => String::new(),
+        },
         outcome: Err(String::new()),
     };
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let f = build(&s.topology.spec, &s.build_opts()).map_err(|e| e.to_string())?;
         let info = (f.name.clone(), f.num_nodes(), f.num_gpus());
-        Ok::<_, String>((info, run_bench(&f, &s.bench_config()).map_err(|e| e.to_string())))
+        let outcome = match (s.bench_config(), s.training()) {
+            (Some(cfg), _) => run_bench(&f, &cfg).map(Measured::Collective).map_err(|e| e.to_string()),
+            (None, Some(t)) => {
+                run_training(&f, t, s.fidelity).map(|(row, oom)| Measured::Training(Box::new(row), oom))
+            }
+            (None, None) => Err("the scenario has no workload".to_string()),
+        };
+        Ok::<_, String>((info, outcome))
     }));
     match caught {
         Ok(Ok(((name, nodes, gpus), outcome))) => {
@@ -359,7 +402,7 @@ pub fn run_point(p: &Point) -> PointResult {
             r.gpus = Some(gpus);
             r.outcome = match outcome {
                 // Every point leaves at least one row, so that resume can tell it is done.
-                Ok(rows) if rows.is_empty() => Err(format!(
+                Ok(Measured::Collective(rows)) if rows.is_empty() => Err(format!(
                     "no message size gives at least one element per rank on {gpus} GPUs; use larger sizes"
                 )),
                 other => other,
@@ -382,12 +425,17 @@ pub fn run_point(p: &Point) -> PointResult {
 // Rows
 // ---------------------------------------------------------------------------------------
 
-/// The CSV header for a sweep with these swept columns.
-pub fn csv_header(columns: &[String]) -> String {
+/// The CSV header for a sweep with these swept columns (of training points when `training`).
+pub fn csv_header(columns: &[String], training: bool) -> String {
     let mut h: Vec<&str> = vec!["point", "point_hash"];
     h.extend(columns.iter().map(String::as_str));
-    h.extend(["topology", "nodes", "gpus", "collective"]);
-    h.extend(ResultRow::COLUMNS);
+    if training {
+        h.extend(["topology", "nodes", "gpus", "model"]);
+        h.extend(TrainingRow::COLUMNS);
+    } else {
+        h.extend(["topology", "nodes", "gpus", "collective"]);
+        h.extend(ResultRow::COLUMNS);
+    }
     h.extend(["status", "error"]);
     let mut out = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
     // Writing to memory does not fail.
@@ -424,24 +472,25 @@ impl serde::Serialize for JsonParams<'_> {
     }
 }
 
-/// A row's measurements, or empty cells (CSV) / nulls (JSON) on an error row.
-struct Measured<'a>(Option<&'a ResultRow>, bool);
+/// A row's measurements, or empty cells (CSV) / nulls (JSON, when `.1`) named by `.2` on an
+/// error row.
+struct Cells<'a, R>(Option<&'a R>, bool, &'static [&'static str]);
 
-impl serde::Serialize for Measured<'_> {
+impl<R: serde::Serialize> serde::Serialize for Cells<'_, R> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{SerializeMap, SerializeSeq};
         match (self.0, self.1) {
             (Some(r), _) => r.serialize(s),
             (None, false) => {
-                let mut seq = s.serialize_seq(Some(ResultRow::COLUMNS.len()))?;
-                for _ in ResultRow::COLUMNS {
+                let mut seq = s.serialize_seq(Some(self.2.len()))?;
+                for _ in self.2 {
                     seq.serialize_element(&None::<u8>)?;
                 }
                 seq.end()
             }
             (None, true) => {
-                let mut map = s.serialize_map(Some(ResultRow::COLUMNS.len()))?;
-                for c in ResultRow::COLUMNS {
+                let mut map = s.serialize_map(Some(self.2.len()))?;
+                for c in self.2 {
                     map.serialize_entry(c, &None::<u8>)?;
                 }
                 map.end()
@@ -460,7 +509,39 @@ struct CsvRecord<'a> {
     nodes: u32,
     gpus: Option<u32>,
     collective: &'a str,
-    row: Measured<'a>,
+    row: Cells<'a, ResultRow>,
+    status: &'a str,
+    error: Option<&'a str>,
+}
+
+/// One line of a training sweep's `results.csv`.
+#[derive(serde::Serialize)]
+struct TrainingCsvRecord<'a> {
+    point: usize,
+    point_hash: &'a str,
+    params: CsvParams<'a>,
+    topology: &'a str,
+    nodes: u32,
+    gpus: Option<u32>,
+    model: &'a str,
+    row: Cells<'a, TrainingRow>,
+    status: &'a str,
+    error: Option<&'a str>,
+}
+
+/// One line of a training sweep's `results.jsonl`.
+#[derive(serde::Serialize)]
+struct TrainingJsonRecord<'a> {
+    point: usize,
+    point_hash: &'a str,
+    #[serde(flatten)]
+    params: JsonParams<'a>,
+    topology: &'a str,
+    nodes: u32,
+    gpus: Option<u32>,
+    model: &'a str,
+    #[serde(flatten)]
+    row: Cells<'a, TrainingRow>,
     status: &'a str,
     error: Option<&'a str>,
 }
@@ -477,7 +558,7 @@ struct JsonRecord<'a> {
     gpus: Option<u32>,
     collective: &'a str,
     #[serde(flatten)]
-    row: Measured<'a>,
+    row: Cells<'a, ResultRow>,
     status: &'a str,
     error: Option<&'a str>,
 }
@@ -490,10 +571,13 @@ struct Formatted {
 }
 
 fn format_point(p: &Point, columns: &[String], r: &PointResult) -> Result<Formatted, SweepError> {
+    if p.scenario.training().is_some() {
+        return format_training_point(p, columns, r);
+    }
     let hash = p.hash_hex();
     let rows: Vec<ResultRow> = match &r.outcome {
-        Ok(rows) => rows.iter().map(ResultRow::from).collect(),
-        Err(_) => Vec::new(),
+        Ok(Measured::Collective(rows)) => rows.iter().map(ResultRow::from).collect(),
+        _ => Vec::new(),
     };
     let error = r.outcome.as_ref().err().map(|e| e.replace(['\n', '\r'], " "));
     let measured: Vec<Option<&ResultRow>> =
@@ -511,8 +595,8 @@ fn format_point(p: &Point, columns: &[String], r: &PointResult) -> Result<Format
             topology: &r.topology,
             nodes: r.nodes,
             gpus: r.gpus,
-            collective: r.collective.name(),
-            row: Measured(*m, false),
+            collective: &r.workload,
+            row: Cells(*m, false, &ResultRow::COLUMNS),
             status,
             error: error.as_deref(),
         })
@@ -524,8 +608,8 @@ fn format_point(p: &Point, columns: &[String], r: &PointResult) -> Result<Format
             topology: &r.topology,
             nodes: r.nodes,
             gpus: r.gpus,
-            collective: r.collective.name(),
-            row: Measured(*m, true),
+            collective: &r.workload,
+            row: Cells(*m, true, &ResultRow::COLUMNS),
             status,
             error: error.as_deref(),
         };
@@ -537,6 +621,54 @@ fn format_point(p: &Point, columns: &[String], r: &PointResult) -> Result<Format
         csv: String::from_utf8_lossy(&csv).into_owned(),
         jsonl: String::from_utf8_lossy(&jsonl).into_owned(),
         rows: measured.len(),
+    })
+}
+
+/// A training point's one row: `ok`, `oom` (the numbers and the verdict) or `error`.
+fn format_training_point(p: &Point, columns: &[String], r: &PointResult) -> Result<Formatted, SweepError> {
+    let hash = p.hash_hex();
+    let (row, status, error): (Option<&TrainingRow>, &str, Option<String>) = match &r.outcome {
+        Ok(Measured::Training(row, None)) => (Some(row), "ok", None),
+        Ok(Measured::Training(row, Some(oom))) => (Some(row), "oom", Some(oom.clone())),
+        Ok(Measured::Collective(_)) => (None, "error", Some("not a training result".to_string())),
+        Err(e) => (None, "error", Some(e.clone())),
+    };
+    let error = error.map(|e| e.replace(['\n', '\r'], " "));
+    let bad =
+        |e: &dyn std::fmt::Display| SweepError::Results(format!("cannot format point {}: {e}", p.index));
+    let mut csv = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+    csv.serialize(TrainingCsvRecord {
+        point: p.index,
+        point_hash: &hash,
+        params: CsvParams(&p.params),
+        topology: &r.topology,
+        nodes: r.nodes,
+        gpus: r.gpus,
+        model: &r.workload,
+        row: Cells(row, false, &TrainingRow::COLUMNS),
+        status,
+        error: error.as_deref(),
+    })
+    .map_err(|e| bad(&e))?;
+    let mut jsonl = serde_json::to_vec(&TrainingJsonRecord {
+        point: p.index,
+        point_hash: &hash,
+        params: JsonParams(columns, &p.params),
+        topology: &r.topology,
+        nodes: r.nodes,
+        gpus: r.gpus,
+        model: &r.workload,
+        row: Cells(row, true, &TrainingRow::COLUMNS),
+        status,
+        error: error.as_deref(),
+    })
+    .map_err(|e| bad(&e))?;
+    jsonl.push(b'\n');
+    let csv = csv.into_inner().map_err(|e| bad(&e))?;
+    Ok(Formatted {
+        csv: String::from_utf8_lossy(&csv).into_owned(),
+        jsonl: String::from_utf8_lossy(&jsonl).into_owned(),
+        rows: 1,
     })
 }
 
@@ -648,7 +780,7 @@ fn read_existing(
 /// The `size_bytes` of the rows a point makes on `gpus` GPUs, in order: one per size that
 /// gives at least one element per rank (what [`run_bench`] skips, this skips).
 pub fn expected_sizes(s: &Scenario, gpus: u32) -> Vec<u64> {
-    let super::file::Workload::Collective(w) = &s.workload;
+    let super::file::Workload::Collective(w) = &s.workload else { return Vec::new() };
     w.sizes
         .iter()
         .filter_map(|&size| {
@@ -665,7 +797,7 @@ pub fn expected_sizes(s: &Scenario, gpus: u32) -> Vec<u64> {
 /// row per expected size, in order.
 fn rows_complete(p: &Point, rows: &[serde_json::Value]) -> bool {
     let Some(first) = rows.first() else { return false };
-    if first["status"] == "error" {
+    if first["status"] == "error" || p.scenario.training().is_some() {
         return rows.len() == 1;
     }
     let Some(gpus) = first["gpus"].as_u64().and_then(|g| u32::try_from(g).ok()) else { return false };
@@ -743,10 +875,10 @@ pub struct PointRows {
     pub nodes: u32,
     /// GPUs of the fabric (None when it could not be built).
     pub gpus: Option<u32>,
-    /// The collective's name.
+    /// The collective's name (the model's, for a training point).
     pub collective: String,
     /// The rows, or why the model rejected the point.
-    pub outcome: Result<Vec<ResultRow>, String>,
+    pub outcome: Result<Measured<ResultRow>, String>,
 }
 
 impl PointRows {
@@ -756,22 +888,25 @@ impl PointRows {
             topology: r.topology.clone(),
             nodes: r.nodes,
             gpus: r.gpus,
-            collective: r.collective.name().to_string(),
-            outcome: r
-                .outcome
-                .as_ref()
-                .map(|rows| rows.iter().map(ResultRow::from).collect())
-                .map_err(Clone::clone),
+            collective: r.workload.clone(),
+            outcome: match &r.outcome {
+                Ok(Measured::Collective(rows)) => {
+                    Ok(Measured::Collective(rows.iter().map(ResultRow::from).collect()))
+                }
+                Ok(Measured::Training(row, oom)) => Ok(Measured::Training(row.clone(), oom.clone())),
+                Err(e) => Err(e.clone()),
+            },
         }
     }
 
     /// Reads a resumed point's JSON lines back.
-    fn parse(index: usize, jsonl: &[String], file: &Path) -> Result<PointRows, SweepError> {
+    fn parse(index: usize, jsonl: &[String], file: &Path, training: bool) -> Result<PointRows, SweepError> {
         #[derive(serde::Deserialize)]
         struct Context {
             topology: String,
             nodes: u32,
             gpus: Option<u32>,
+            #[serde(alias = "model")]
             collective: String,
             status: String,
             error: Option<String>,
@@ -781,12 +916,17 @@ impl PointRows {
         };
         let first = jsonl.first().map(String::as_str).unwrap_or("{}");
         let c: Context = serde_json::from_str(first).map_err(bad)?;
-        let outcome = if c.status == "ok" {
-            Ok(jsonl
-                .iter()
-                .map(|l| serde_json::from_str::<ResultRow>(l))
-                .collect::<Result<_, _>>()
-                .map_err(bad)?)
+        let outcome = if training && c.status != "error" {
+            let row: TrainingRow = serde_json::from_str(first).map_err(bad)?;
+            Ok(Measured::Training(Box::new(row), if c.status == "oom" { c.error } else { None }))
+        } else if c.status == "ok" {
+            Ok(Measured::Collective(
+                jsonl
+                    .iter()
+                    .map(|l| serde_json::from_str::<ResultRow>(l))
+                    .collect::<Result<_, _>>()
+                    .map_err(bad)?,
+            ))
         } else {
             Err(c.error.unwrap_or_default())
         };
@@ -924,7 +1064,7 @@ pub fn run(
     std::fs::create_dir_all(out_dir).map_err(io_err(out_dir))?;
     let csv_path = out_dir.join(RESULTS_CSV);
     let jsonl_path = out_dir.join(RESULTS_JSONL);
-    let header = csv_header(&plan.columns);
+    let header = csv_header(&plan.columns, plan.is_training());
     let selected: Vec<&Point> = plan.shard_points(opts.shard).into_iter().map(|i| &plan.points[i]).collect();
     let by_hash: BTreeMap<String, &Point> = selected.iter().map(|p| (p.hash_hex(), *p)).collect();
     // A point of this run is complete when it holds every row it makes; others are foreign.
@@ -1000,8 +1140,10 @@ pub fn run(
     let error: Mutex<Option<SweepError>> = Mutex::new(None);
     let kept_rows: Mutex<Vec<PointRows>> = Mutex::new(Vec::new());
     if opts.keep_rows {
-        let rows =
-            done.iter().map(|(&i, l)| PointRows::parse(i, &l.1, &jsonl_path)).collect::<Result<_, _>>()?;
+        let rows = done
+            .iter()
+            .map(|(&i, l)| PointRows::parse(i, &l.1, &jsonl_path, plan.is_training()))
+            .collect::<Result<_, _>>()?;
         *kept_rows.lock().unwrap_or_else(|e| e.into_inner()) = rows;
     }
     if !todo.is_empty() {

@@ -224,11 +224,12 @@ impl Plan {
     }
     /// Micro-batches per pipeline per step.
     pub fn microbatches(&self) -> u64 {
-        self.gbs / (self.dp * self.mbs)
+        self.gbs / self.dp.saturating_mul(self.mbs).max(1)
     }
     /// GPUs the plan uses.
     pub fn world(&self) -> u64 {
-        self.tp * self.pp * self.cp * self.dp
+        // Saturating: a plan read from a file may hold any sizes; check() rejects the product.
+        self.tp.saturating_mul(self.pp).saturating_mul(self.cp).saturating_mul(self.dp)
     }
     /// Data-parallel ranks that hold one expert shard (gradient group of the experts).
     pub fn expert_dp(&self) -> u64 {
@@ -469,7 +470,7 @@ impl Plan {
                 );
             }
         }
-        if !self.gbs.is_multiple_of(self.dp * self.mbs) {
+        if !self.gbs.is_multiple_of(self.dp.saturating_mul(self.mbs)) {
             return err(
                 "gbs",
                 format!(
@@ -477,7 +478,7 @@ impl Plan {
                     self.gbs,
                     self.dp,
                     self.mbs,
-                    self.dp * self.mbs
+                    self.dp.saturating_mul(self.mbs)
                 ),
             );
         }
@@ -807,7 +808,7 @@ impl fmt::Display for Placement {
 
 // ---------------------------------------------------------------- plan files
 
-#[derive(Deserialize, Debug)]
+#[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 struct PlanFile {
     tp: Option<Spanned<u64>>,
@@ -837,6 +838,68 @@ struct PlanFile {
     decoder_last_pipeline_num_layers: Option<Spanned<u64>>,
 }
 
+/// Every key of a plan table, in the order of [`PlanKeys`]' fields.
+pub const PLAN_KEYS: [&str; 25] = [
+    "tp",
+    "pp",
+    "vpp",
+    "dp",
+    "cp",
+    "ep",
+    "etp",
+    "sp",
+    "zero",
+    "fsdp",
+    "fsdp_shard",
+    "mbs",
+    "gbs",
+    "seq",
+    "recompute",
+    "dtype",
+    "schedule",
+    "bucket",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "tp_comm_overlap",
+    "pp_comm_overlap",
+    "order",
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+];
+
+/// The keys of a plan table as read, with where each value stands in its document: a plan
+/// file, or a table of a larger one (a scenario's `[workload]`). Deserialize it (any serde
+/// deserializer of the `toml` crate keeps the spans), then [`PlanKeys::build`] and
+/// [`PlanKeys::check`] it with the document's text, so that errors name its lines.
+#[derive(Debug, Clone)]
+pub struct PlanKeys(PlanFile);
+
+impl<'de> Deserialize<'de> for PlanKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        PlanFile::deserialize(d).map(PlanKeys)
+    }
+}
+
+/// Turns an error message and the span of the value it is about (None: the plan as a whole)
+/// into the caller's located error.
+pub type Locate<'a> = &'a dyn Fn(Option<std::ops::Range<usize>>, String) -> FileError;
+
+impl PlanKeys {
+    /// The plan these keys describe on `gpus` GPUs (unset keys take their defaults: dp fills
+    /// the GPUs, gbs is dp x mbs, sp is on with tp > 1), without checking it against a model;
+    /// errors (an unknown choice, a malformed size) are placed by `at` in the document the
+    /// keys were read from.
+    pub fn build(&self, gpus: u64, at: Locate<'_>) -> Result<Plan, FileError> {
+        build_plan(&self.0, at, gpus)
+    }
+
+    /// Checks `plan` (built from these keys) against `model` on `gpus` GPUs; an error is
+    /// placed at the offending key's value when the key is set.
+    pub fn check(&self, plan: &Plan, model: &Model, gpus: u64, at: Locate<'_>) -> Result<(), FileError> {
+        check_located(&self.0, at, plan, model, gpus)
+    }
+}
+
 /// Reads a plan table (the keys of [`Plan`] as spelled in errors: tp, pp, vpp, dp, cp, ep,
 /// etp, sp, zero, fsdp = "full"|"hybrid", fsdp_shard, mbs, gbs, seq, recompute, dtype,
 /// schedule, bucket = "80MB", overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
@@ -846,6 +909,16 @@ struct PlanFile {
 pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<Plan, FileError> {
     let src = Source { path: path.to_path_buf(), text: text.to_string() };
     let f: PlanFile = toml::from_str(text).map_err(|e| toml_error(&src, &e))?;
+    let at = |span: Option<std::ops::Range<usize>>, msg: String| match span {
+        Some(span) => src.at(span, msg),
+        None => src.invalid(msg),
+    };
+    let p = build_plan(&f, &at, gpus)?;
+    check_located(&f, &at, &p, model, gpus)?;
+    Ok(p)
+}
+
+fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError> {
     let mut p = Plan::default();
     let get = |v: &Option<Spanned<u64>>, d: u64| v.as_ref().map_or(d, |s| *s.get_ref());
     p.tp = get(&f.tp, 1);
@@ -854,22 +927,22 @@ pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<P
     p.cp = get(&f.cp, 1);
     p.ep = get(&f.ep, 1);
     p.etp = f.etp.as_ref().map(|s| *s.get_ref());
-    p.dp = get(&f.dp, (gpus / (p.tp * p.pp * p.cp).max(1)).max(1));
+    p.dp = get(&f.dp, (gpus / p.tp.saturating_mul(p.pp).saturating_mul(p.cp).max(1)).max(1));
     p.sp = f.sp.as_ref().map_or(p.tp > 1, |s| *s.get_ref());
     p.mbs = get(&f.mbs, 1);
-    p.gbs = get(&f.gbs, p.dp * p.mbs);
+    p.gbs = get(&f.gbs, p.dp.saturating_mul(p.mbs));
     p.seq = f.seq.as_ref().map(|s| *s.get_ref());
     p.first_stage_layers = f.decoder_first_pipeline_num_layers.as_ref().map(|s| *s.get_ref());
     p.last_stage_layers = f.decoder_last_pipeline_num_layers.as_ref().map(|s| *s.get_ref());
     let choice = |v: &Spanned<String>, field: &str, choices: &str| {
-        src.at(v.span(), format!("`{field}` = \"{}\" is not known; valid: {choices}", v.get_ref()))
+        at(Some(v.span()), format!("`{field}` = \"{}\" is not known; valid: {choices}", v.get_ref()))
     };
     if let Some(z) = &f.zero {
         p.sharding = Sharding::Zero(*z.get_ref());
     }
     if let Some(fs) = &f.fsdp {
         if let Some(z) = &f.zero {
-            return Err(src.at(z.span(), "give either `zero` or `fsdp`, not both"));
+            return Err(at(Some(z.span()), "give either `zero` or `fsdp`, not both".into()));
         }
         p.sharding = match fs.get_ref().as_str() {
             "full" => Sharding::FsdpFull,
@@ -898,7 +971,7 @@ pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<P
     }
     if let Some(b) = &f.bucket {
         p.bucket_bytes =
-            units::parse_bytes(b.get_ref()).map_err(|e| src.at(b.span(), format!("`bucket`: {e}")))?;
+            units::parse_bytes(b.get_ref()).map_err(|e| at(Some(b.span()), format!("`bucket`: {e}")))?;
     }
     if let Some(o) = &f.order {
         p.order = parse_order(o.get_ref()).ok_or_else(|| {
@@ -910,6 +983,10 @@ pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<P
     ov.param_gather = f.overlap_param_gather.unwrap_or(ov.param_gather);
     ov.tp_comm = f.tp_comm_overlap.unwrap_or(ov.tp_comm);
     ov.pp_comm = f.pp_comm_overlap.unwrap_or(ov.pp_comm);
+    Ok(p)
+}
+
+fn check_located(f: &PlanFile, at: Locate<'_>, p: &Plan, model: &Model, gpus: u64) -> Result<(), FileError> {
     p.check(model, gpus).map_err(|e| {
         let span = match e.field {
             "tp" => f.tp.as_ref().map(|s| s.span()),
@@ -933,12 +1010,8 @@ pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<P
             }
             _ => None,
         };
-        match span {
-            Some(span) => src.at(span, e.to_string()),
-            None => src.invalid(e.to_string()),
-        }
-    })?;
-    Ok(p)
+        at(span, e.to_string())
+    })
 }
 
 #[cfg(test)]

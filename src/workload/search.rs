@@ -573,11 +573,16 @@ pub type PriceFn<'a> = &'a dyn Fn(CollectiveKind, u64, &[u64]) -> f64;
 pub struct FabricPricer<'f> {
     fabric: &'f Fabric,
     router: Router<'f>,
-    comms: RefCell<BTreeMap<Vec<i64>, Rc<Comm>>>,
+    /// Per group shape: its communicator and the closed form's routed hops on it (routing a
+    /// group once, not once per size priced on it).
+    comms: RefCell<BTreeMap<Vec<i64>, CommMemo>>,
     analytic: RefCell<BTreeMap<PriceKey, f64>>,
     event: RefCell<BTreeMap<PriceKey, f64>>,
     failure: RefCell<Option<String>>,
 }
+
+/// A group's communicator and the closed form's routed hops on it.
+type CommMemo = (Rc<Comm>, analytic::Memo);
 
 fn coll_args(kind: CollectiveKind, bytes: u64, n: u64) -> Option<CollArgs> {
     let coll = match kind {
@@ -646,19 +651,19 @@ impl<'f> FabricPricer<'f> {
             self.analytic.borrow_mut().insert(key, 0.0);
             return 0.0;
         };
-        let comm = {
+        let (comm, memo) = {
             let mut comms = self.comms.borrow_mut();
             comms
                 .entry(key.2.clone())
                 .or_insert_with(|| {
                     let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
-                    Rc::new(Comm::from_ranks(self.fabric, &self.router, &r))
+                    (Rc::new(Comm::from_ranks(self.fabric, &self.router, &r)), analytic::Memo::default())
                 })
                 .clone()
         };
         let t = match nccl_choice(&comm, &args) {
             Some(choice) => {
-                match analytic::Model::new(self.fabric, &self.router, &comm).time(
+                match analytic::Model::with_memo(self.fabric, &self.router, &comm, &memo).time(
                     &args,
                     &choice,
                     &Knobs::default(),

@@ -104,7 +104,7 @@ fn a_scenario_without_sweep_is_one_point() {
     assert_eq!(p.name, "test");
     let s = &p.points[0].scenario;
     assert_eq!(s.topology.nodes, 2);
-    let Workload::Collective(w) = &s.workload;
+    let Workload::Collective(w) = &s.workload else { panic!("a collective workload") };
     assert_eq!(w.sizes, vec![64 << 10, 8 << 20]);
 }
 
@@ -163,6 +163,7 @@ fn ranges_linear_geometric_and_byte_sizes() {
         .iter()
         .map(|x| match &x.scenario.workload {
             Workload::Collective(w) => w.sizes.clone(),
+            Workload::Training(_) => panic!("a collective workload"),
         })
         .collect();
     assert_eq!(sizes, vec![vec![1 << 20], vec![2 << 20], vec![4 << 20], vec![8 << 20]]);
@@ -196,7 +197,7 @@ nccl.NCCL_PROTO = ["LL", "Simple"]"#,
         (r#"sizes = { min = "1M", max = "3M", step = "1M" }"#, vec![1 << 20, 2 << 20, 3 << 20]),
     ] {
         let text = BASE.replace(r#"sizes = ["64K", "8M"]"#, sizes);
-        let Workload::Collective(w) = &plan(&text).points[0].scenario.workload;
+        let Workload::Collective(w) = &plan(&text).points[0].scenario.workload else { panic!("collective") };
         assert_eq!(w.sizes, want, "{sizes}");
     }
 }
@@ -225,7 +226,7 @@ fn table_keys_set_several_settings_together() {
     assert_eq!(p.points[0].scenario.topology.spec.name, "dgx-h100");
     assert_eq!(plan(&inline).points[0].scenario.topology.spec.name, "mine");
     let p = plan(&with_sweep(r#""workload.size" = ["1M"]"#));
-    let Workload::Collective(w) = &p.points[0].scenario.workload;
+    let Workload::Collective(w) = &p.points[0].scenario.workload else { panic!("collective") };
     assert_eq!(w.sizes, vec![1 << 20]);
 }
 
@@ -309,8 +310,10 @@ fn invalid_values_are_located_with_what_is_valid() {
     assert!(e.contains("test.toml:5:9:"), "{e}");
     let e = err(&BASE.replace("superpod-h100.toml", "superpod-h10.toml"));
     assert!(e.contains("does not exist") && e.contains("did you mean \"superpod-h100.toml\"?"), "{e}");
+    // A collective's keys under kind = "training": the first unknown key, with the valid ones.
     let e = err(&BASE.replace("kind = \"collective\"", "kind = \"training\""));
-    assert!(e.contains("test.toml:7:8:") && e.contains("not implemented yet; valid: collective"), "{e}");
+    assert!(e.contains("test.toml:8:1: unknown key `collective` in a training [workload]"), "{e}");
+    assert!(e.contains("valid: kind, model, allow_oom, tp, pp"), "{e}");
     let e = err(&format!("{BASE}[nccl]\nNCCL_ALGO = \"Rnig\"\n"));
     assert!(e.contains("test.toml:11:13:") && e.contains("unknown NCCL_ALGO value"), "{e}");
     // A bad value inside a sweep list points at that value and names the point.
@@ -812,4 +815,259 @@ fn sweep_shard_and_merge_through_the_binary() {
     let o = fabricsim(&["run", s]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("s.toml:3:1: unknown field `nods`"), "{e}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Training scenarios
+// ---------------------------------------------------------------------------------------
+
+/// Llama 3 8B on one DGX H100 (8 GPUs): quick in the analytical mode.
+const TRAIN: &str = r#"
+[topology]
+file = "../topologies/dgx-h100.toml"
+[workload]
+kind = "training"
+model = "../models/llama3-8b.toml"
+tp = 2
+mbs = 1
+gbs = 16
+seq = 4096
+recompute = "selective"
+zero = 1
+"#;
+
+fn training_rows(dir: &Path) -> Vec<serde_json::Value> {
+    read(&dir.join(sweep::RESULTS_JSONL)).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn a_training_scenario_resolves_its_plan_and_defaults_to_the_analytical_mode() {
+    let p = plan(TRAIN);
+    assert_eq!(p.points.len(), 1);
+    assert!(p.is_training());
+    let s = &p.points[0].scenario;
+    assert_eq!(s.fidelity.name(), "analytical");
+    let w = s.training().expect("a training workload");
+    assert_eq!(w.model.name, "llama3-8b");
+    // dp fills the 8 GPUs: 8 / tp 2; sequence parallelism is on with tp > 1.
+    assert_eq!((w.plan.tp, w.plan.dp, w.plan.gbs, w.plan.seq), (2, 4, 16, Some(4096)));
+    assert!(w.plan.sp && w.invalid.is_none() && !w.allow_oom);
+    // The hash follows the plan, not the file's path or the order of its keys.
+    let reordered = TRAIN.replace("tp = 2\nmbs = 1", "mbs = 1\ntp = 2");
+    assert_ne!(reordered, TRAIN);
+    assert_eq!(plan(&reordered).points[0].hash, p.points[0].hash);
+    assert_ne!(plan(&TRAIN.replace("tp = 2", "tp = 4")).points[0].hash, p.points[0].hash);
+    let event = format!("fidelity = \"event\"\n{TRAIN}");
+    assert_eq!(plan(&event).points[0].scenario.fidelity.name(), "event");
+}
+
+#[test]
+fn a_sweep_over_workload_tp_gives_one_row_per_value_and_marks_invalid_plans() {
+    // tp 3 divides neither the GPUs nor the heads: an error row, not a lost point.
+    let text = format!("{TRAIN}[sweep]\n\"workload.tp\" = [1, 2, 3, 4, 8]\n");
+    let p = plan(&text);
+    assert_eq!(p.points.len(), 5);
+    assert_eq!(p.columns, vec!["workload.tp".to_string()]);
+    let bad = p.points[2].scenario.training().unwrap().invalid.clone().unwrap();
+    // dp is not given (it fills the GPUs: 8 / 3 = 2), so the error names the file, not a line.
+    assert!(
+        bad.contains("test.toml: `dp`: tp × pp × cp × dp = 3 × 1 × 1 × 2 = 6 but the cluster has 8 GPUs"),
+        "{bad}"
+    );
+    let dir = tmpdir("train-sweep");
+    let out = dir.join("out");
+    let sum = run_quiet(&p, &out, RunOpts { threads: Some(2), ..Default::default() });
+    assert_eq!((sum.points, sum.failed), (5, 1));
+    let rows = training_rows(&out);
+    assert_eq!(rows.len(), 5);
+    for (r, tp) in rows.iter().zip([1, 2, 3, 4, 8]) {
+        assert_eq!(r["workload.tp"], tp);
+        assert_eq!(r["model"], "llama3-8b");
+        if tp == 3 {
+            assert_eq!(r["status"], "error");
+            assert!(r["step_time_s"].is_null());
+            assert!(r["error"].as_str().unwrap().contains("tp × pp × cp × dp = 3 × 1 × 1 × 2 = 6"), "{r}");
+        } else {
+            assert_eq!(r["status"], "ok", "{r}");
+            assert!(r["plan"].as_str().unwrap().starts_with(&format!("tp {tp} pp 1")), "{r}");
+            let step = r["step_time_s"].as_f64().unwrap();
+            let tokens = r["tokens_per_s"].as_f64().unwrap();
+            assert!((tokens * step - 16.0 * 4096.0).abs() < 1e-6 * tokens * step, "{r}");
+            let parts: f64 = ["compute_s", "tp_s", "cp_s", "ep_s", "pp_s", "dp_s", "bubble_s", "optimizer_s"]
+                .iter()
+                .map(|k| r[*k].as_f64().unwrap())
+                .sum();
+            assert!((parts - step).abs() < 1e-9 * step, "the breakdown adds up to the step: {r}");
+            assert!(r["memory_per_gpu_bytes"].as_u64().unwrap() > 0);
+        }
+    }
+    // TP 1 has no TP communication; TP 8 has some.
+    assert_eq!(rows[0]["tp_s"], 0.0);
+    assert!(rows[4]["tp_s"].as_f64().unwrap() > 0.0);
+    // The CSV has the same rows under the training header; resuming runs nothing again.
+    let (csv, jsonl) = results(&out);
+    let header = csv.lines().next().unwrap();
+    assert!(header.starts_with(
+        "point,point_hash,workload.tp,topology,nodes,gpus,model,plan,placement,fidelity,step_time_s"
+    ));
+    assert!(header.ends_with("events,status,error"), "{header}");
+    assert_eq!(csv.lines().count(), 6);
+    let again = run_quiet(&p, &out, RunOpts { resume: true, keep_rows: true, ..Default::default() });
+    assert_eq!((again.resumed, again.ran), (5, 0));
+    assert_eq!(results(&out), (csv, jsonl));
+    assert_eq!(again.rows.len(), 5);
+    assert!(again.rows[2].outcome.is_err());
+    match &again.rows[1].outcome {
+        Ok(sweep::Measured::Training(r, None)) => {
+            assert_eq!(Some(r.step_time_s), rows[1]["step_time_s"].as_f64())
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn training_plans_that_do_not_fit_are_oom_rows() {
+    // Llama 3 70B on 8 GPUs without sharding does not fit in 80 GB.
+    let text = TRAIN.replace("llama3-8b", "llama3-70b").replace("tp = 2", "tp = 8")
+        + "[sweep]\n\"workload.allow_oom\" = [false, true]\n";
+    let p = plan(&text);
+    let dir = tmpdir("train-oom");
+    let out = dir.join("out");
+    run_quiet(&p, &out, RunOpts { threads: Some(1), ..Default::default() });
+    let rows = training_rows(&out);
+    assert_eq!(rows[0]["status"], "oom");
+    assert_eq!(rows[0]["fits"], false);
+    assert!(rows[0]["error"].as_str().unwrap().contains("the plan does not fit"), "{}", rows[0]);
+    assert!(rows[0]["step_time_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(rows[1]["status"], "ok");
+    assert_eq!(rows[1]["fits"], false);
+    assert_eq!(rows[0]["step_time_s"], rows[1]["step_time_s"]);
+}
+
+#[test]
+fn bad_training_workloads_are_located_with_what_is_valid() {
+    let e = err(&TRAIN.replace("tp = 2", "tpp = 2"));
+    assert!(
+        e.contains("test.toml:7:1: unknown key `tpp` in a training [workload] (did you mean `tp`?)"),
+        "{e}"
+    );
+    assert!(e.contains("valid: kind, model, allow_oom, tp, pp, vpp"), "{e}");
+    let e = err(&TRAIN.replace("recompute = \"selective\"", "recompute = \"selectiv\""));
+    assert!(e.contains("test.toml:11:13:") && e.contains("valid: none, selective, full"), "{e}");
+    // One point whose plan does not divide the GPUs: an error at the key's line.
+    let e = err(&TRAIN.replace("tp = 2", "tp = 2\ndp = 3"));
+    assert!(
+        e.contains("test.toml:8:6: `dp`: tp × pp × cp × dp = 2 × 1 × 1 × 3 = 6 but the cluster has 8 GPUs"),
+        "{e}"
+    );
+    let e = err(&TRAIN.replace("gbs = 16", "gbs = 15"));
+    assert!(e.contains("test.toml:9:7: `gbs`: gbs = 15 is not divisible by dp × mbs = 4 × 1 = 4"), "{e}");
+    let e = err(&TRAIN.replace("llama3-8b.toml", "llama3-8.toml"));
+    assert!(e.contains("test.toml:6:9:") && e.contains("did you mean \"llama3-8b.toml\"?"), "{e}");
+    let e = err(&TRAIN.replace("model = \"../models/llama3-8b.toml\"\n", ""));
+    assert!(e.contains("needs `model`"), "{e}");
+    let e = err(&format!("{TRAIN}[nccl]\nNCCL_ALGO = \"Ring\"\n"));
+    assert!(e.contains("[nccl] applies to collective workloads"), "{e}");
+    let e = err(&format!("{TRAIN}[sweep]\n\"workload.tpx\" = [1, 2]\n"));
+    assert!(e.contains("sweep path `workload.tpx` does not exist (did you mean `workload.tp`?)"), "{e}");
+}
+
+#[test]
+fn a_training_scenario_gives_the_numbers_of_train_with_the_same_flags() {
+    let path = root().join("scenarios/llama3-70b-h100.toml");
+    let dir = tmpdir("train-vs-run");
+    let out = dir.join("out");
+    let o = fabricsim(&["run", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let row = &training_rows(&out)[0];
+    let topo = root().join("topologies/superpod-h100.toml");
+    let model = root().join("models/llama3-70b.toml");
+    let flags = [
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--topology",
+        topo.to_str().unwrap(),
+        "--nodes",
+        "64",
+        "--tp",
+        "8",
+        "--pp",
+        "4",
+        "--vpp",
+        "5",
+        "--cp",
+        "1",
+        "--dp",
+        "16",
+        "--mbs",
+        "1",
+        "--gbs",
+        "512",
+        "--seq",
+        "8192",
+        "--recompute",
+        "selective",
+        "--dtype",
+        "bf16",
+        "--zero",
+        "1",
+        "--format",
+        "json",
+    ];
+    let o = fabricsim(&flags);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for k in ["step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "memory_per_gpu_bytes"] {
+        assert_eq!(row[k], t[k], "{k}");
+    }
+    for k in ["compute", "tp", "pp", "dp", "bubble", "optimizer"] {
+        assert_eq!(row[format!("{k}_s").as_str()], t["breakdown"][format!("{k}_s").as_str()], "{k}");
+    }
+    assert_eq!(row["plan"], t["plan"]);
+    // `train SCENARIO` is the same step, and its flags override the file.
+    let o = fabricsim(&["train", path.to_str().unwrap(), "--format", "json"]);
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["step_time_s"], t["step_time_s"]);
+    let o = fabricsim(&["train", path.to_str().unwrap(), "--tp", "4", "--dp", "32", "--format", "json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s4: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(s4["plan"].as_str().unwrap().starts_with("tp 4 pp 4 vpp 5 cp 1 ep 1 dp 32"), "{s4}");
+    assert_ne!(s4["step_time_s"], t["step_time_s"]);
+    // A bad override names its flag; a bad file value its line; both exit with status 2.
+    let o = fabricsim(&["train", path.to_str().unwrap(), "--recompute", "selectiv"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        e.contains(
+            "--recompute selectiv: `recompute` = \"selectiv\" is not known; valid: none, selective, full"
+        ),
+        "{e}"
+    );
+    let o = fabricsim(&["train", path.to_str().unwrap(), "--tp", "3"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(e.contains("llama3-70b-h100.toml:27:6: `dp`: tp × pp × cp × dp = 3 × 4 × 1 × 16 = 192"), "{e}");
+    // A scenario with a sweep is for `run`.
+    let o = fabricsim(&["train", root().join("scenarios/llama3-405b-scaling.toml").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("`train` times one step"));
+}
+
+#[test]
+fn run_fails_on_a_single_training_point_that_does_not_fit() {
+    let dir = tmpdir("train-oom-run");
+    let text = TRAIN
+        .replace("../topologies/", &format!("{}/", root().join("topologies").display()))
+        .replace("../models/llama3-8b", &format!("{}/llama3-70b", root().join("models").display()))
+        .replace("tp = 2", "tp = 8");
+    let path = dir.join("oom.toml");
+    std::fs::write(&path, &text).unwrap();
+    let out = dir.join("out");
+    let o = fabricsim(&["run", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("the plan does not fit") && e.contains("allow_oom = true"), "{e}");
+    // The row is written all the same.
+    assert_eq!(training_rows(&out)[0]["status"], "oom");
 }

@@ -878,7 +878,7 @@ fn runs_not_fitted_on_are_within_15_percent() {
 /// Held-out runs outside 15% today, with the README's mechanism ("Training steps", known
 /// misses). Nothing is fitted to them; the test bounds them loosely so that a regression
 /// still fails, and fails too when one comes within 15% (then it moves to the asserted set).
-const KNOWN_MISSES: [(&str, f64); 13] = [
+const KNOWN_MISSES: [(&str, f64); 11] = [
     ("narayanan21-gpt18.4b", 0.20),
     ("narayanan21-gpt310.1b", 0.25),
     ("narayanan21-gpt529.6b", 0.32),
@@ -889,8 +889,6 @@ const KNOWN_MISSES: [(&str, f64); 13] = [
     ("korthikanti22-gpt530b-full", 0.31),
     ("korthikanti22-gpt1t-selective-sp", 0.32),
     ("korthikanti22-gpt1t-full", 0.38),
-    ("parmar24-nemotron4-15b-dp192", 0.22),
-    ("parmar24-nemotron4-15b-dp288", 0.22),
     ("nemo2407-gpt3-175b-512gpu-fp8", 0.20),
 ];
 
@@ -937,7 +935,9 @@ fn published_training_runs_out_of_sample() {
     let med = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
     assert!(med < 0.11, "median |error| of the held-out runs within 15%: {:.1}%", med * 100.0);
     assert!(
-        s.median_held_out < 0.17,
+        // 11.0% on 2026-12-02, since PAT's event lowering sends a window of blocks at a time
+        // (the Nemotron-4 DP 192/288 runs came within 15%).
+        s.median_held_out < 0.12,
         "median |error| of every held-out run: {:.1}%",
         s.median_held_out * 100.0
     );
