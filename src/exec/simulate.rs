@@ -1451,7 +1451,7 @@ impl<'a> Sim<'a> {
                 let r = &engine.resources()[ri];
                 let e = per_link.entry(*l).or_insert((0, SimTime::ZERO, 0));
                 e.0 += r.bytes;
-                e.1 = e.1 + r.busy;
+                e.1 += r.busy;
                 e.2 += 1;
             }
         }
