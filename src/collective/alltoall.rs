@@ -296,6 +296,14 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     Ok(s)
 }
 
+/// The closed form of all-to-all and send/recv: `rounds` rounds of one message of `bytes`
+/// per peer at the slowest hop's rate, and one latency.
+pub fn closed_form(hops: &[super::cost::Hop], rounds: u32, bytes: f64, payload: f64) -> f64 {
+    let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
+    let per_round = hops.iter().map(|h| h.t(super::cost::wire(bytes, payload))).fold(0.0, f64::max);
+    rounds as f64 * per_round + slow
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ pub mod alltoall;
 pub mod chunking;
 pub mod collnet;
 pub mod comm;
+pub mod cost;
 pub mod nvls;
 pub mod pat;
 pub mod ring;

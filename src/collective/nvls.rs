@@ -16,6 +16,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::fabric::params::Resolved;
+use crate::fabric::{Fabric, LinkClass, RouteOpts, Router};
+
 use super::chunking::chunking;
 use super::ring::{loops, single_rank, Loop};
 use super::tree::{children, dtree_parents, span, step};
@@ -398,6 +401,103 @@ fn multi_node_allreduce(
             let mut binds_b = vec![Binding::Group(mc[d as usize])];
             binds_b.extend(peers.iter().copied());
             s.add_stream_at(me, lane_b, c, pos as u32, bprog, &binds_b, ch.off);
+        }
+    }
+}
+
+/// The closed form of the in-switch algorithms (NVLS on one node, NVLS-Tree, CollNet
+/// Direct and Chain): the intra-node reduce and multicast at the NVLS rate against the
+/// inter-node traffic at the NIC rate per head, plus the tree's or chain's depth of
+/// latencies.
+#[allow(clippy::too_many_arguments)]
+pub fn closed_form(
+    f: &Fabric,
+    router: &Router,
+    comm: &Comm,
+    args: &CollArgs,
+    choice: &Choice,
+    p: &Resolved,
+    per_ch_bytes: f64,
+    used: u32,
+) -> f64 {
+    // NVLink per GPU toward the switch and the NIC path, shared by the channels.
+    let nodes = comm.num_nodes();
+    let ppn = comm.ppn() as f64;
+    let g0 = f.gpus[0];
+    let nvl = f
+        .domains
+        .first()
+        .and_then(|d| d.nvswitch)
+        .and_then(|sw| f.link_between(g0, sw))
+        .map(|l| f.link(l).bw.0 as f64 * p.link_eff[0] / 1e6)
+        .unwrap_or(f.gpu_nvlink_bw(0).0 as f64 * p.link_eff[0] / 1e6);
+    let nvl_lat = f
+        .domains
+        .first()
+        .and_then(|d| d.nvswitch)
+        .and_then(|sw| f.link_between(g0, sw))
+        .map(|l| f.link(l).latency.as_us())
+        .unwrap_or(0.5);
+    let nic = comm.nic_gbps * 1e3 * p.link_eff[4];
+    let heads =
+        if nodes == 1 || comm.nic_owners[0].is_empty() { ppn } else { comm.nic_owners[0].len() as f64 };
+    let nch = used as f64;
+    let simple = &p.proto[2];
+    let sigma = simple.step(LinkClass::NvLink).as_us();
+    let net_sigma = p.sharp_step.as_us();
+    let net_lat = {
+        // A representative cross-node route.
+        let other = comm.nodes.get(1).map(|n| n[0]).unwrap_or(0);
+        let fabric = |r: u32| comm.fabric_ranks.get(r as usize).copied().unwrap_or(r);
+        router
+            .route(fabric(0), fabric(other), &RouteOpts::default())
+            .map(|r| r.links.iter().map(|l| f.link(*l).latency.as_us()).sum::<f64>())
+            .unwrap_or(0.0)
+    };
+    let eff = p.nvls_eff;
+    let chunk = 128.0 * 1024.0f64;
+    let total = per_ch_bytes * nch;
+    match (choice.algo, nodes) {
+        (Algo::Nvls, 1) => {
+            // Per GPU and direction S(1 + 1/n) of multimem traffic.
+            let bw = nvl * eff;
+            let piece = chunk.min(per_ch_bytes / heads).max(1.0);
+            let op = 2.0 * (2.0 * nvl_lat + piece / (bw / nch)) + p.nvls_step.as_us();
+            let data = match args.coll {
+                Collective::AllReduce => total * (1.0 + 1.0 / ppn),
+                _ => total,
+            };
+            let loops = (per_ch_bytes / (piece * heads)).ceil().max(1.0);
+            let stream = data / bw;
+            op + stream.max(op * loops / 4.0) - piece * heads * (1.0 + 1.0 / ppn) / (bw / nch)
+        }
+        _ => {
+            // Intra-node reduce and multicast at NVLS rate, inter-node at NIC rate per head.
+            let intra = total * (1.0 + 1.0 / ppn) / (nvl * eff);
+            let inter_bytes = total / heads;
+            let inter_bw = match choice.algo {
+                Algo::NvlsTree | Algo::CollNetChain => nic / 1.5,
+                _ => nic * p.sharp_eff,
+            };
+            // NVLS with SHARP sends each head's share up and receives the result down at
+            // once (the two directions of the NIC); the others cross the NIC twice.
+            let mut inter = if choice.algo == Algo::Nvls { 1.0 } else { 2.0 } * inter_bytes / inter_bw;
+            // NCCL's per-channel NVLS-Tree cap (perChMaxNVLSTreeBw), as the event simulator
+            // applies it to every inter-node connection (collective/nvls.rs).
+            if choice.algo == Algo::NvlsTree && args.coll == Collective::AllReduce {
+                let t = crate::collective::tuner::TunerInput::from_comm(comm, false);
+                if let Some(bus) = crate::collective::tuner::nvls_tree_bus_cap(&t) {
+                    let n = comm.nranks as f64;
+                    inter = inter.max(total / (bus * 1e3 * n / (2.0 * (n - 1.0))));
+                }
+            }
+            let depth = match choice.algo {
+                Algo::NvlsTree => 2.0 * (nodes as f64).log2().ceil(),
+                _ => 2.0,
+            };
+            let chain =
+                if choice.algo == Algo::CollNetChain { 2.0 * (ppn - 1.0) * (nvl_lat + sigma) } else { 0.0 };
+            intra.max(inter) + depth * (net_lat + net_sigma) + 2.0 * (nvl_lat + sigma) + chain
         }
     }
 }

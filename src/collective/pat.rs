@@ -203,6 +203,23 @@ fn reducescatter(
     b.finish()
 }
 
+/// PAT's closed form: every step's blocks go a window of messages at a time (as [`build`]
+/// posts them), each window one latency of the slowest hop, and the `n - 1` blocks a rank
+/// receives at the slowest hop's rate.
+pub fn closed_form(
+    hops: &[super::cost::Hop],
+    steps: &[(u32, Vec<u32>)],
+    n: u32,
+    block: f64,
+    payload: f64,
+) -> f64 {
+    let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
+    let bw = hops.iter().map(|h| h.bw).fold(f64::INFINITY, f64::min);
+    let w = u64::from(super::chunking::NCCL_STEPS);
+    let rounds: u64 = steps.iter().map(|(_, b)| (b.len() as u64).div_ceil(w).max(1)).sum();
+    rounds as f64 * slow + (n - 1) as f64 * super::cost::wire(block, payload) / bw
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

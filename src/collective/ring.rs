@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use super::chunking::{chunking, slices_for, Chunking};
+use super::cost::{wire, Hop};
 use super::{channel_parts, Algo, Choice, CollArgs, CollError, Collective, Comm, Knobs};
 use crate::schedule::*;
 
@@ -358,6 +359,65 @@ fn chain(coll: Collective, role: ChainRole, loops: &[Loop], end: u64) -> Program
         }
     }
     b.finish()
+}
+
+/// The ring's closed form: `hops` are the ring connections' routed costs with their
+/// shares of the connections, looped as [`build`] loops (chunks, slices, window); a chain
+/// for broadcast and reduce.
+#[allow(clippy::too_many_arguments)]
+pub fn closed_form(
+    coll: Collective,
+    n: u32,
+    per_ch: f64,
+    e: f64,
+    ch: &Chunking,
+    hops: &[(Hop, f64)],
+    payload: f64,
+    reduce_bw: f64,
+) -> f64 {
+    let per_ch_bytes = per_ch * e;
+    let chain = matches!(coll, Collective::Broadcast | Collective::Reduce);
+    let (steps, block) = match coll {
+        Collective::AllReduce => (2 * (n - 1), n as f64),
+        Collective::AllGather | Collective::ReduceScatter => (n - 1, 1.0),
+        _ => (n - 1, 1.0),
+    };
+    // Loops as the schedule builds them.
+    let chunk = ch.chunk_bytes as f64;
+    let mut left = per_ch_bytes;
+    let mut total_t = 0.0;
+    let window = ch.window as f64;
+    let mut first = true;
+    while left > 0.0 {
+        let rc = chunk.min((left / block).ceil().max(e));
+        let nsl = (rc / ch.min_slice_bytes.max(1) as f64).ceil().clamp(1.0, ch.slices as f64);
+        let sl = (rc / nsl).ceil();
+        let m = wire(sl, payload);
+        let reduces = coll.reduces();
+        let t_of = |h: &Hop| h.t(m).max(if reduces { sl / reduce_bw } else { 0.0 });
+        // A step's slices stream at the slowest hop's pace, unless the window (messages in
+        // flight per connection) throttles them; the dependency chain that carries a slice
+        // around the ring crosses every kind of hop in proportion to its share.
+        let stream = hops
+            .iter()
+            .map(|(h, _)| (nsl * t_of(h)).max((t_of(h) + h.lat + h.step) * nsl / window))
+            .fold(0.0, f64::max);
+        let chain_lat: f64 = hops.iter().map(|(h, w)| w * (t_of(h) + h.lat + h.step)).sum();
+        let step_time = stream.max(chain_lat);
+        if chain {
+            // Pipelined chain: the first message crosses n-1 hops, the rest follow at the
+            // bottleneck's pace.
+            let msg: f64 = hops.iter().map(|(h, w)| w * h.msg(m)).sum();
+            let slowest: f64 = hops.iter().map(|(h, _)| h.msg(m)).fold(0.0, f64::max);
+            let tau = hops.iter().map(|(h, _)| h.t(m)).fold(0.0f64, f64::max).max(slowest / window);
+            total_t += if first { steps as f64 * msg + (nsl - 1.0) * tau } else { nsl * tau };
+        } else {
+            total_t += steps as f64 * step_time;
+        }
+        first = false;
+        left -= rc * block;
+    }
+    total_t
 }
 
 #[cfg(test)]

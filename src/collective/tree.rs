@@ -201,6 +201,30 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     Ok(s)
 }
 
+/// The tree's closed form from the routed trees' `shape`, the protocol's chunking (`ch`,
+/// with the tree's chunk), a channel's bytes and element size: one chunk's trip from the
+/// deepest leaf to the root and back, then the others at the slowest connection's pace
+/// (its message rate under the window, or the reduction), or the most loaded link's bytes
+/// when that is longer.
+pub fn closed_form(
+    shape: &super::cost::TreeShape,
+    ch: &super::chunking::Chunking,
+    per_ch_bytes: f64,
+    e: f64,
+    payload: f64,
+    reduce_bw: f64,
+) -> f64 {
+    use super::cost::wire;
+    let chunk = (ch.chunk_bytes as f64).min(per_ch_bytes).max(e);
+    let k = (per_ch_bytes / chunk).ceil().max(1.0);
+    let m = wire(chunk, payload);
+    let path = shape.paths.iter().map(|&(a, b)| a + m * b).fold(0.0, f64::max);
+    let tau = (m * shape.tau).max((shape.lat + m * shape.tau) / ch.window as f64).max(chunk / reduce_bw);
+    let pipeline = 2.0 * path + (k - 1.0) * tau;
+    let bandwidth = wire(per_ch_bytes, payload) * shape.per_byte + path;
+    pipeline.max(bandwidth)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

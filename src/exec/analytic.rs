@@ -2,7 +2,11 @@
 //! parameters, chunking and routes the event simulator uses, with static link-sharing
 //! factors instead of queues (the kind of model NCCL's tuner is, but with fabricsim's
 //! calibrated costs). Microseconds per collective; it agrees with the event mode when
-//! nothing is contended (tested), and it is what large sweeps use first.
+//! nothing is contended (tested), and it is what large sweeps use first. This module routes
+//! each algorithm's connections and applies the shares ([`crate::collective::cost::Hop`]);
+//! the formulas live beside their algorithms (`closed_form` in `collective::ring`, `tree`,
+//! `nvls`, `pat`, `alltoall`). [`critical_path`] is the analytical mode over the IR: any
+//! schedule, no closed form needed.
 //!
 //! Per algorithm the time is the launch, the latency of the dependency chain a piece of
 //! data travels (steps times hop latency, protocol step latency and one message), and the
@@ -13,33 +17,15 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use crate::collective::chunking::{chunking, Chunking};
-use crate::collective::{channel_parts, tree, Algo, Choice, CollArgs, CollError, Collective, Comm, Knobs};
+use crate::collective::chunking::chunking;
+use crate::collective::cost::{Hop, TreeShape};
+use crate::collective::{
+    channel_parts, nvls, ring, tree, Algo, Choice, CollArgs, CollError, Collective, Comm, Knobs,
+};
 use crate::fabric::params::{kind_index, Resolved};
 use crate::fabric::{Fabric, LinkClass, LinkId, PathType, RouteOpts, Router};
 use crate::schedule::Proto;
 use crate::units::SimTime;
-
-/// Cost of sending one message over one connection class.
-#[derive(Clone, Copy, Debug)]
-struct Hop {
-    /// Route latency (links plus one packet per link).
-    lat: f64,
-    /// Per-channel bandwidth in bytes per µs after static sharing.
-    bw: f64,
-    /// Protocol step latency, µs.
-    step: f64,
-}
-
-impl Hop {
-    fn t(&self, bytes: f64) -> f64 {
-        bytes / self.bw
-    }
-    /// One message end to end.
-    fn msg(&self, bytes: f64) -> f64 {
-        self.lat + self.step + self.t(bytes)
-    }
-}
 
 /// Link loads of a set of connections: how many connections cross each link.
 /// Link loads and the routes themselves.
@@ -138,30 +124,10 @@ fn weighted(hops: impl Iterator<Item = Hop>) -> Vec<(Hop, f64)> {
     v
 }
 
-fn wire(bytes: f64, payload: f64) -> f64 {
-    (bytes / payload).ceil()
-}
-
 /// Routes and link shares of one (algorithm, protocol, channels, collective) on a
 /// communicator: the hops the closed forms price, with each hop's share of the
 /// connections, and the shape of the trees (default for other algorithms).
 type Hops = Rc<(Vec<(Hop, f64)>, TreeShape)>;
-
-/// What the tree closed form needs of the routed trees (zero for other algorithms).
-#[derive(Clone, Copy, Debug, Default)]
-struct TreeShape {
-    /// Two candidate longest leaf-to-root paths as (fixed µs, µs per byte) at the
-    /// unshared per-connection rate: the one with the most fixed latency, the one with the
-    /// most per-byte time.
-    paths: [(f64, f64); 2],
-    /// µs per byte of one connection's traffic on the most loaded link (connections on
-    /// it / its bandwidth).
-    per_byte: f64,
-    /// Slowest connection's µs per byte.
-    tau: f64,
-    /// Largest fixed µs of one message (route latency plus protocol step).
-    lat: f64,
-}
 
 /// The closed-form model of one communicator on one fabric. It memoizes the routed hops of
 /// every (algorithm, protocol, channels, collective) it prices, so a size sweep routes each
@@ -269,7 +235,7 @@ impl<'a> Model<'a> {
                     )
                 });
                 let ch = chunking(args.coll, Algo::Ring, choice.proto, knobs);
-                ring_time(args.coll, n, per_ch, e as f64, &ch, &hops.0, payload, reduce_bw)
+                ring::closed_form(args.coll, n, per_ch, e as f64, &ch, &hops.0, payload, reduce_bw)
             }
             Algo::Tree => {
                 let built = self.hops((Algo::Tree, choice.proto, used, args.coll), || {
@@ -330,24 +296,10 @@ impl<'a> Model<'a> {
                 let mut ch = chunking(args.coll, Algo::Tree, choice.proto, knobs);
                 ch.chunk_bytes =
                     tree::tree_chunk(comm, choice.proto, args.count * e, choice.nchannels, ch.chunk_bytes);
-                let chunk = (ch.chunk_bytes as f64).min(per_ch * e as f64).max(e as f64);
-                let k = (per_ch * e as f64 / chunk).ceil().max(1.0);
-                let m = wire(chunk, payload);
-                // One chunk from the deepest leaf to the root (and as long back down).
-                let path = shape.paths.iter().map(|&(a, b)| a + m * b).fold(0.0, f64::max);
-                // Pipelined: the first chunk fills both directions, the others follow at
-                // the slowest connection's pace (its message rate under the window, or
-                // the reduction).
-                let tau = (m * shape.tau)
-                    .max((shape.lat + m * shape.tau) / ch.window as f64)
-                    .max(chunk / reduce_bw);
-                let pipeline = 2.0 * path + (k - 1.0) * tau;
-                // Bandwidth-bound: the most loaded link carries every connection's bytes.
-                let bandwidth = wire(per_ch * e as f64, payload) * shape.per_byte + path;
-                pipeline.max(bandwidth)
+                tree::closed_form(&shape, &ch, per_ch * e as f64, e as f64, payload, reduce_bw)
             }
             Algo::Nvls | Algo::NvlsTree | Algo::CollNetDirect | Algo::CollNetChain => {
-                nvls_collnet_time(f, router, comm, args, choice, p, per_ch * e as f64, used)
+                nvls::closed_form(f, router, comm, args, choice, p, per_ch * e as f64, used)
             }
             Algo::Pat => {
                 let steps = crate::collective::pat::pat_steps(n);
@@ -374,14 +326,7 @@ impl<'a> Model<'a> {
                     )
                 });
                 let hops: Vec<Hop> = built.0.iter().map(|x| x.0).collect();
-                let block = per_ch * e as f64;
-                let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
-                let bw = hops.iter().map(|h| h.bw).fold(f64::INFINITY, f64::min);
-                // A step's blocks go a window of messages at a time (collective::pat), each
-                // window one latency.
-                let w = u64::from(crate::collective::chunking::NCCL_STEPS);
-                let rounds: u64 = steps.iter().map(|(_, b)| (b.len() as u64).div_ceil(w).max(1)).sum();
-                rounds as f64 * slow + (n - 1) as f64 * wire(block, payload) / bw
+                crate::collective::pat::closed_form(&hops, &steps, n, per_ch * e as f64, payload)
             }
             Algo::P2p => {
                 let rounds = if args.coll == Collective::SendRecv { 1 } else { n - 1 };
@@ -400,162 +345,10 @@ impl<'a> Model<'a> {
                     )
                 });
                 let hops: Vec<Hop> = built.0.iter().map(|x| x.0).collect();
-                let bytes = per_ch * e as f64;
-                let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
-                let per_round = hops.iter().map(|h| h.t(wire(bytes, payload))).fold(0.0, f64::max);
-                rounds as f64 * per_round + slow
+                crate::collective::alltoall::closed_form(&hops, rounds, per_ch * e as f64, payload)
             }
         };
         Ok(SimTime::checked_from_us_f64(t0 + body)?)
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn ring_time(
-    coll: Collective,
-    n: u32,
-    per_ch: f64,
-    e: f64,
-    ch: &Chunking,
-    hops: &[(Hop, f64)],
-    payload: f64,
-    reduce_bw: f64,
-) -> f64 {
-    let per_ch_bytes = per_ch * e;
-    let chain = matches!(coll, Collective::Broadcast | Collective::Reduce);
-    let (steps, block) = match coll {
-        Collective::AllReduce => (2 * (n - 1), n as f64),
-        Collective::AllGather | Collective::ReduceScatter => (n - 1, 1.0),
-        _ => (n - 1, 1.0),
-    };
-    // Loops as the schedule builds them.
-    let chunk = ch.chunk_bytes as f64;
-    let mut left = per_ch_bytes;
-    let mut total_t = 0.0;
-    let window = ch.window as f64;
-    let mut first = true;
-    while left > 0.0 {
-        let rc = chunk.min((left / block).ceil().max(e));
-        let nsl = (rc / ch.min_slice_bytes.max(1) as f64).ceil().clamp(1.0, ch.slices as f64);
-        let sl = (rc / nsl).ceil();
-        let m = wire(sl, payload);
-        let reduces = coll.reduces();
-        let t_of = |h: &Hop| h.t(m).max(if reduces { sl / reduce_bw } else { 0.0 });
-        // A step's slices stream at the slowest hop's pace, unless the window (messages in
-        // flight per connection) throttles them; the dependency chain that carries a slice
-        // around the ring crosses every kind of hop in proportion to its share.
-        let stream = hops
-            .iter()
-            .map(|(h, _)| (nsl * t_of(h)).max((t_of(h) + h.lat + h.step) * nsl / window))
-            .fold(0.0, f64::max);
-        let chain_lat: f64 = hops.iter().map(|(h, w)| w * (t_of(h) + h.lat + h.step)).sum();
-        let step_time = stream.max(chain_lat);
-        if chain {
-            // Pipelined chain: the first message crosses n-1 hops, the rest follow at the
-            // bottleneck's pace.
-            let msg: f64 = hops.iter().map(|(h, w)| w * h.msg(m)).sum();
-            let slowest: f64 = hops.iter().map(|(h, _)| h.msg(m)).fold(0.0, f64::max);
-            let tau = hops.iter().map(|(h, _)| h.t(m)).fold(0.0f64, f64::max).max(slowest / window);
-            total_t += if first { steps as f64 * msg + (nsl - 1.0) * tau } else { nsl * tau };
-        } else {
-            total_t += steps as f64 * step_time;
-        }
-        first = false;
-        left -= rc * block;
-    }
-    total_t
-}
-
-#[allow(clippy::too_many_arguments)]
-fn nvls_collnet_time(
-    f: &Fabric,
-    router: &Router,
-    comm: &Comm,
-    args: &CollArgs,
-    choice: &Choice,
-    p: &Resolved,
-    per_ch_bytes: f64,
-    used: u32,
-) -> f64 {
-    // NVLink per GPU toward the switch and the NIC path, shared by the channels.
-    let nodes = comm.num_nodes();
-    let ppn = comm.ppn() as f64;
-    let g0 = f.gpus[0];
-    let nvl = f
-        .domains
-        .first()
-        .and_then(|d| d.nvswitch)
-        .and_then(|sw| f.link_between(g0, sw))
-        .map(|l| f.link(l).bw.0 as f64 * p.link_eff[0] / 1e6)
-        .unwrap_or(f.gpu_nvlink_bw(0).0 as f64 * p.link_eff[0] / 1e6);
-    let nvl_lat = f
-        .domains
-        .first()
-        .and_then(|d| d.nvswitch)
-        .and_then(|sw| f.link_between(g0, sw))
-        .map(|l| f.link(l).latency.as_us())
-        .unwrap_or(0.5);
-    let nic = comm.nic_gbps * 1e3 * p.link_eff[4];
-    let heads =
-        if nodes == 1 || comm.nic_owners[0].is_empty() { ppn } else { comm.nic_owners[0].len() as f64 };
-    let nch = used as f64;
-    let simple = &p.proto[2];
-    let sigma = simple.step(LinkClass::NvLink).as_us();
-    let net_sigma = p.sharp_step.as_us();
-    let net_lat = {
-        // A representative cross-node route.
-        let other = comm.nodes.get(1).map(|n| n[0]).unwrap_or(0);
-        let fabric = |r: u32| comm.fabric_ranks.get(r as usize).copied().unwrap_or(r);
-        router
-            .route(fabric(0), fabric(other), &RouteOpts::default())
-            .map(|r| r.links.iter().map(|l| f.link(*l).latency.as_us()).sum::<f64>())
-            .unwrap_or(0.0)
-    };
-    let eff = p.nvls_eff;
-    let chunk = 128.0 * 1024.0f64;
-    let total = per_ch_bytes * nch;
-    match (choice.algo, nodes) {
-        (Algo::Nvls, 1) => {
-            // Per GPU and direction S(1 + 1/n) of multimem traffic.
-            let bw = nvl * eff;
-            let piece = chunk.min(per_ch_bytes / heads).max(1.0);
-            let op = 2.0 * (2.0 * nvl_lat + piece / (bw / nch)) + p.nvls_step.as_us();
-            let data = match args.coll {
-                Collective::AllReduce => total * (1.0 + 1.0 / ppn),
-                _ => total,
-            };
-            let loops = (per_ch_bytes / (piece * heads)).ceil().max(1.0);
-            let stream = data / bw;
-            op + stream.max(op * loops / 4.0) - piece * heads * (1.0 + 1.0 / ppn) / (bw / nch)
-        }
-        _ => {
-            // Intra-node reduce and multicast at NVLS rate, inter-node at NIC rate per head.
-            let intra = total * (1.0 + 1.0 / ppn) / (nvl * eff);
-            let inter_bytes = total / heads;
-            let inter_bw = match choice.algo {
-                Algo::NvlsTree | Algo::CollNetChain => nic / 1.5,
-                _ => nic * p.sharp_eff,
-            };
-            // NVLS with SHARP sends each head's share up and receives the result down at
-            // once (the two directions of the NIC); the others cross the NIC twice.
-            let mut inter = if choice.algo == Algo::Nvls { 1.0 } else { 2.0 } * inter_bytes / inter_bw;
-            // NCCL's per-channel NVLS-Tree cap (perChMaxNVLSTreeBw), as the event simulator
-            // applies it to every inter-node connection (collective/nvls.rs).
-            if choice.algo == Algo::NvlsTree && args.coll == Collective::AllReduce {
-                let t = crate::collective::tuner::TunerInput::from_comm(comm, false);
-                if let Some(bus) = crate::collective::tuner::nvls_tree_bus_cap(&t) {
-                    let n = comm.nranks as f64;
-                    inter = inter.max(total / (bus * 1e3 * n / (2.0 * (n - 1.0))));
-                }
-            }
-            let depth = match choice.algo {
-                Algo::NvlsTree => 2.0 * (nodes as f64).log2().ceil(),
-                _ => 2.0,
-            };
-            let chain =
-                if choice.algo == Algo::CollNetChain { 2.0 * (ppn - 1.0) * (nvl_lat + sigma) } else { 0.0 };
-            intra.max(inter) + depth * (net_lat + net_sigma) + 2.0 * (nvl_lat + sigma) + chain
-        }
     }
 }
 
@@ -565,7 +358,8 @@ fn nvls_collnet_time(
 /// crosses, so no flow queues behind another: each op starts when its dependencies,
 /// messages and credits allow, and takes its uncontended time at its share. It needs no
 /// model of the algorithm, so it prices schedules no closed form covers (composed parts,
-/// training steps, new algorithms); the closed forms above are tested against it.
+/// training steps, new algorithms); the closed forms are tested against the event mode
+/// beside it.
 ///
 /// A link's share is the link's rate over the number of owners that use it *at once*. A
 /// first pass gives every owner an equal share and measures, per link, how many of them
