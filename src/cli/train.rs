@@ -109,6 +109,24 @@ pub struct TrainArgs {
     pub trace: Option<PathBuf>,
 }
 
+/// The plan keys given as integer flags, with their values.
+fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 12] {
+    [
+        ("tp", a.tp),
+        ("pp", a.pp),
+        ("vpp", a.vpp),
+        ("dp", a.dp),
+        ("cp", a.cp),
+        ("ep", a.ep),
+        ("mbs", a.mbs),
+        ("gbs", a.gbs),
+        ("seq", a.seq),
+        ("decoder_first_pipeline_num_layers", a.decoder_first_pipeline_num_layers),
+        ("decoder_last_pipeline_num_layers", a.decoder_last_pipeline_num_layers),
+        ("zero", a.zero.map(u64::from)),
+    ]
+}
+
 /// The plan as a plan file's text: the file's, then every flag given.
 fn plan_text(a: &TrainArgs) -> Result<String> {
     let mut text = match &a.plan {
@@ -124,25 +142,10 @@ fn plan_text(a: &TrainArgs) -> Result<String> {
             .collect();
         text.push_str(&format!("{key} = {value}\n"));
     };
-    for (k, v) in [
-        ("tp", a.tp),
-        ("pp", a.pp),
-        ("vpp", a.vpp),
-        ("dp", a.dp),
-        ("cp", a.cp),
-        ("ep", a.ep),
-        ("mbs", a.mbs),
-        ("gbs", a.gbs),
-        ("seq", a.seq),
-        ("decoder_first_pipeline_num_layers", a.decoder_first_pipeline_num_layers),
-        ("decoder_last_pipeline_num_layers", a.decoder_last_pipeline_num_layers),
-    ] {
+    for (k, v) in numeric_flags(a) {
         if let Some(v) = v {
             set(k, v.to_string());
         }
-    }
-    if let Some(z) = a.zero {
-        set("zero", z.to_string());
     }
     for (k, v) in [("recompute", &a.recompute), ("dtype", &a.dtype), ("schedule", &a.schedule)] {
         if let Some(v) = v {
@@ -179,20 +182,7 @@ fn overrides(a: &TrainArgs) -> Result<Vec<Override>> {
     if a.allow_oom {
         put("workload.allow_oom", toml::Value::Boolean(true), "--allow-oom".into());
     }
-    for (k, v) in [
-        ("tp", a.tp),
-        ("pp", a.pp),
-        ("vpp", a.vpp),
-        ("dp", a.dp),
-        ("cp", a.cp),
-        ("ep", a.ep),
-        ("mbs", a.mbs),
-        ("gbs", a.gbs),
-        ("seq", a.seq),
-        ("decoder_first_pipeline_num_layers", a.decoder_first_pipeline_num_layers),
-        ("decoder_last_pipeline_num_layers", a.decoder_last_pipeline_num_layers),
-        ("zero", a.zero.map(u64::from)),
-    ] {
+    for (k, v) in numeric_flags(a) {
         if let Some(v) = v {
             let flag = format!("--{} {v}", k.replace('_', "-"));
             put(&format!("workload.{k}"), toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX)), flag);
