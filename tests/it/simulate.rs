@@ -211,9 +211,9 @@ fn the_critical_path_over_the_ir_tracks_the_event_mode_for_every_algorithm() {
     // costs with static link shares instead of queues, each share measured as how many
     // owners use the link at once. With no queues it misses only what dynamic sharing
     // adds: a connection borrowing the gaps another leaves, and the order in which flows
-    // reach a link. Every algorithm stays within 30% of the event mode at every size
-    // (PAT's turn-taking connections at 256 MiB are the worst, +26%), and within 3% at the
-    // median; the closed forms are allowed 75% (test above).
+    // reach a link. Every algorithm stays within 25% of the event mode at every size
+    // (all-to-all across 4 nodes at 4 MiB is the worst, +19%; NVLS at 4 MiB -13%), and
+    // within 3% at the median (0.9%); the closed forms are allowed 75% (test above).
     let one = fabric("dgx-h100.toml", None, None);
     let four = fabric("dgx-h100.toml", Some(4), None);
     let pod = fabric("superpod-h100.toml", Some(4), None);
@@ -263,7 +263,7 @@ fn the_critical_path_over_the_ir_tracks_the_event_mode_for_every_algorithm() {
     let text = format!("{a}\n{b}");
     eprintln!("{text}");
     let errs: Vec<f64> = ea.iter().chain(&eb).map(|e| e.abs()).collect();
-    assert!(errs.iter().all(|e| *e <= 0.30), "{text}");
+    assert!(errs.iter().all(|e| *e <= 0.25), "{text}");
     assert!(median(&errs) <= 0.03, "median {:.3}\n{text}", median(&errs));
 }
 
