@@ -449,8 +449,9 @@ struct StreamState {
     room_blocked: bool,
     engine_path: PathRef,
     reducer_path: PathRef,
-    /// The stream's member position in the group of each binding (0 for peers).
-    group_member: Vec<u32>,
+    /// Per binding: the simulated group it names (index into `Sim::groups`, `u32::MAX` for
+    /// peers and groups not simulated) and the stream's member position in it.
+    group_member: Vec<(u32, u32)>,
     finished: bool,
     /// Streams blocked on a Wait for one of this stream's ops: (op, waiting stream).
     waiters: Vec<(u32, u32)>,
@@ -496,7 +497,6 @@ struct Sim<'a> {
     stream_index: Vec<u32>,
     conns: Vec<ConnState>,
     groups: Vec<GroupState>,
-    group_index: BTreeMap<u32, u32>,
     flows: Vec<FlowRec>,
     free: Vec<u32>,
     nflows: u64,
@@ -941,10 +941,11 @@ impl<'a> Sim<'a> {
                 .stream_bindings(st)
                 .iter()
                 .map(|b| match *b {
-                    Binding::Group(g) => {
-                        s.groups[g as usize].members.iter().position(|&m| m == st.rank).unwrap_or(0) as u32
-                    }
-                    Binding::Peer { .. } => 0,
+                    Binding::Group(g) => (
+                        g,
+                        s.groups[g as usize].members.iter().position(|&m| m == st.rank).unwrap_or(0) as u32,
+                    ),
+                    Binding::Peer { .. } => (u32::MAX, 0),
                 })
                 .collect();
             streams.push(StreamState {
@@ -1082,6 +1083,12 @@ impl<'a> Sim<'a> {
                 compute_res.insert(st.rank, engine.add_path(&[r]));
             }
         }
+        // Bindings name their group's state directly: no lookup per switch op.
+        for ss in &mut streams {
+            for gm in &mut ss.group_member {
+                gm.0 = group_index.get(&gm.0).copied().unwrap_or(u32::MAX);
+            }
+        }
         let sim = Sim {
             s,
             f,
@@ -1092,7 +1099,6 @@ impl<'a> Sim<'a> {
             stream_index,
             conns,
             groups,
-            group_index,
             flows: Vec::new(),
             free: Vec::new(),
             nflows: 0,
@@ -1266,10 +1272,10 @@ impl<'a> Sim<'a> {
                     self.issued(k, i as u32, n, now);
                 }
                 Op::Switch(sw) => {
-                    let b = sw.group as usize;
-                    let Binding::Group(gid) = self.s.stream_bindings(st)[b] else { return };
-                    let Some(&gk) = self.group_index.get(&gid) else { return };
-                    let m = self.streams[ku].group_member[b];
+                    let Some(&(gk, m)) = self.streams[ku].group_member.get(sw.group as usize) else { return };
+                    if gk == u32::MAX {
+                        return;
+                    }
                     self.issued(k, i as u32, 1, now);
                     let joined = self.groups[gk as usize].meet.join(m, k, i as u32);
                     debug_assert!(joined.is_ok(), "{joined:?}");
