@@ -402,8 +402,7 @@ pub fn build_schedule(
         Algo::P2p => alltoall::build(comm, args, choice, knobs),
     }?;
     s.part0_mut().name = format!("{} {}/{}", args.coll, choice.algo, choice.proto);
-    s.part0_mut().ring_lockstep = choice.algo == Algo::Ring
-        && matches!(args.coll, Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter);
+    s.part0_mut().ring_lockstep = choice.algo == Algo::Ring && ring::moves_in_lockstep(args.coll);
     Ok(s)
 }
 

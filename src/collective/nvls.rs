@@ -135,11 +135,8 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     // channel's tree warps drive. Every inter-node connection (one channel, one head, one
     // peer) carries 1/(channels x heads) of the buffer, so the cap on the bus bandwidth is
     // a cap on each connection at that share of the algorithm bandwidth it implies.
-    if nodes > 1 && choice.algo == Algo::NvlsTree && args.coll == Collective::AllReduce {
-        let t = super::tuner::TunerInput::from_comm(comm, false);
-        if let Some(bus) = super::tuner::nvls_tree_bus_cap(&t) {
-            let n = comm.nranks as f64;
-            let alg = bus * n / (2.0 * (n - 1.0));
+    if choice.algo == Algo::NvlsTree && args.coll == Collective::AllReduce {
+        if let Some(alg) = tree_algbw_cap(comm) {
             let per_conn = alg / (used.max(1) as f64 * heads.len().max(1) as f64);
             s.part0_mut().net_conn_bw = Some(crate::units::Bandwidth::from_gbytes(per_conn));
         }
@@ -405,6 +402,15 @@ fn multi_node_allreduce(
     }
 }
 
+/// NCCL's cap on the algorithm bandwidth of a multi-node NVLS-Tree all-reduce, GB/s: its
+/// bus-bandwidth cap ([`super::tuner::nvls_tree_bus_cap`]) over the all-reduce's bus
+/// factor `2(n-1)/n`. None on one node or where the generation has no NVLS.
+fn tree_algbw_cap(comm: &Comm) -> Option<f64> {
+    let bus = super::tuner::nvls_tree_bus_cap(&super::tuner::TunerInput::from_comm(comm, false))?;
+    let n = comm.nranks as f64;
+    Some(bus * n / (2.0 * (n - 1.0)))
+}
+
 /// The closed form of the in-switch algorithms (NVLS on one node, NVLS-Tree, CollNet
 /// Direct and Chain): the intra-node reduce and multicast at the NVLS rate against the
 /// inter-node traffic at the NIC rate per head, plus the tree's or chain's depth of
@@ -451,7 +457,7 @@ pub fn closed_form(
         let fabric = |r: u32| comm.fabric_ranks.get(r as usize).copied().unwrap_or(r);
         router
             .route(fabric(0), fabric(other), &RouteOpts::default())
-            .map(|r| r.links.iter().map(|l| f.link(*l).latency.as_us()).sum::<f64>())
+            .map(|r| f.route_latency(&r.links).as_us())
             .unwrap_or(0.0)
     };
     let eff = p.nvls_eff;
@@ -485,10 +491,8 @@ pub fn closed_form(
             // NCCL's per-channel NVLS-Tree cap (perChMaxNVLSTreeBw), as the event simulator
             // applies it to every inter-node connection (collective/nvls.rs).
             if choice.algo == Algo::NvlsTree && args.coll == Collective::AllReduce {
-                let t = crate::collective::tuner::TunerInput::from_comm(comm, false);
-                if let Some(bus) = crate::collective::tuner::nvls_tree_bus_cap(&t) {
-                    let n = comm.nranks as f64;
-                    inter = inter.max(total / (bus * 1e3 * n / (2.0 * (n - 1.0))));
+                if let Some(alg) = tree_algbw_cap(comm) {
+                    inter = inter.max(total / (alg * 1e3));
                 }
             }
             let depth = match choice.algo {

@@ -361,6 +361,13 @@ fn chain(coll: Collective, role: ChainRole, loops: &[Loop], end: u64) -> Program
     b.finish()
 }
 
+/// Whether a ring of `coll` advances in lockstep: NCCL charges every step of a multi-node
+/// all-reduce, all-gather or reduce-scatter ring at least the network's step
+/// (`Part::ring_lockstep`; the event simulator and the closed form both apply it).
+pub fn moves_in_lockstep(coll: Collective) -> bool {
+    matches!(coll, Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter)
+}
+
 /// The ring's closed form: `hops` are the ring connections' routed costs with their
 /// shares of the connections, looped as [`build`] loops (chunks, slices, window); a chain
 /// for broadcast and reduce.

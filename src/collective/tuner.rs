@@ -306,22 +306,6 @@ pub fn nvls_tree_bus_cap(t: &TunerInput) -> Option<f64> {
     (per_ch > 0.0).then_some(g.nchannels as f64 * per_ch)
 }
 
-/// NCCL's cap on the bus bandwidth of a multi-node Tree all-reduce, GB/s: the tree graph's
-/// channels times `perChMaxTreeBw` (LL, Simple) or `perChMaxTreeLL128Bw` (LL128) of the
-/// generation and node count (NCCL_FACTS §2.3). None on one node.
-pub fn tree_bus_cap(t: &TunerInput, proto: Proto) -> Option<f64> {
-    let g = t.graphs[Algo::Tree as usize]?;
-    if t.nnodes < 2 {
-        return None;
-    }
-    let idx2 = if t.nnodes == 2 { 1 } else { 2 };
-    let per_ch = match proto {
-        Proto::LL128 => PER_CH_TREE_LL128[t.cc][idx2],
-        _ => PER_CH_TREE[t.cc][idx2],
-    };
-    (per_ch > 0.0).then_some(g.nchannels as f64 * per_ch)
-}
-
 /// NCCL's (latency µs, bandwidth GB/s) for one (collective, algorithm, protocol), or None
 /// where NCCL's model gives it no bandwidth.
 pub fn model_entry(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -> Option<(f64, f64)> {

@@ -48,14 +48,6 @@ fn loads(router: &Router, ranks: &[u32], edges: &[(u32, u32, u32)]) -> Loads {
     (load, routes)
 }
 
-fn class_of(ty: PathType) -> LinkClass {
-    match ty {
-        PathType::Nvl | PathType::Nvb | PathType::Loc => LinkClass::NvLink,
-        PathType::Net | PathType::Pxn => LinkClass::Net,
-        _ => LinkClass::Pcie,
-    }
-}
-
 fn hop_of(
     f: &Fabric,
     p: &Resolved,
@@ -77,12 +69,7 @@ fn hop_of(
         let granule = if link.kind == crate::fabric::LinkKind::Net { 4096.0 } else { 256.0 };
         lat += link.latency.as_us() + granule / b;
     }
-    Hop { lat, bw, step: pr.step(class_of(ty)).as_us() }
-}
-
-/// Sum of the link latencies of a route, µs.
-fn route_latency(f: &Fabric, links: &[LinkId]) -> f64 {
-    links.iter().map(|l| f.link(*l).latency.as_us()).sum()
+    Hop { lat, bw, step: pr.step(ty.class()).as_us() }
 }
 
 /// NCCL's all-reduce, all-gather and reduce-scatter rings advance in lockstep: when a ring
@@ -96,14 +83,14 @@ fn lockstep_floor(
     coll: Collective,
     routes: &[(Vec<LinkId>, PathType)],
 ) -> f64 {
-    if !matches!(coll, Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter) {
+    if !ring::moves_in_lockstep(coll) {
         return 0.0;
     }
     let net = p.proto[proto].step(LinkClass::Net).as_us();
     routes
         .iter()
-        .filter(|(_, ty)| class_of(*ty) == LinkClass::Net)
-        .map(|(l, _)| route_latency(f, l) + net)
+        .filter(|(_, ty)| ty.class() == LinkClass::Net)
+        .map(|(l, _)| f.route_latency(l).as_us() + net)
         .fold(0.0, f64::max)
 }
 
@@ -228,7 +215,7 @@ impl<'a> Model<'a> {
                     (
                         weighted(routes.iter().map(|(l, ty)| {
                             let mut h = hop_of(f, p, proto, l, *ty, &load, 1.0);
-                            h.step = h.step.max(floor - route_latency(f, l));
+                            h.step = h.step.max(floor - f.route_latency(l).as_us());
                             h
                         })),
                         TreeShape::default(),
@@ -317,7 +304,7 @@ impl<'a> Model<'a> {
                             let mut h = hop_of(f, p, proto, l, *ty, &load, scale);
                             // A p2p channel drives at most NCCL's per-channel rate over the
                             // network (as the simulator's per-connection server).
-                            if class_of(*ty) == LinkClass::Net {
+                            if ty.class() == LinkClass::Net {
                                 h.bw = h.bw.min(crate::collective::alltoall::P2P_PER_CHANNEL_NET_GBPS * 1e3);
                             }
                             h

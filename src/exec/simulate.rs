@@ -976,27 +976,22 @@ impl<'a> Sim<'a> {
         // A lockstep ring that crosses the network: every connection's step lasts at least as
         // long as the part's slowest network step (route latency plus the protocol's network
         // step latency), per part.
-        let route_lat = |links: &[LinkId]| links.iter().fold(SimTime::ZERO, |t, &l| t + f.link(l).latency);
         let mut net_step = vec![SimTime::ZERO; s.parts.len()];
         for (ci, (links, ty)) in conn_routes.iter().enumerate() {
             let part = &s.parts[conn_part[ci] as usize];
             if part.ring_lockstep && matches!(ty, PathType::Net | PathType::Pxn) {
-                let t = route_lat(links) + p.proto[part.proto as usize].step(LinkClass::Net);
+                let t = f.route_latency(links) + p.proto[part.proto as usize].step(LinkClass::Net);
                 let m = &mut net_step[conn_part[ci] as usize];
                 *m = (*m).max(t);
             }
         }
         for (ci, c) in conns.iter_mut().enumerate() {
             let (links, ty) = &conn_routes[ci];
-            let class = match ty {
-                PathType::Nvl | PathType::Nvb | PathType::Loc => LinkClass::NvLink,
-                PathType::Net | PathType::Pxn => LinkClass::Net,
-                _ => LinkClass::Pcie,
-            };
+            let class = ty.class();
             c.step_latency = p.proto[s.parts[conn_part[ci] as usize].proto as usize].step(class);
             let floor = net_step[conn_part[ci] as usize];
             if floor > SimTime::ZERO {
-                let own = route_lat(links);
+                let own = f.route_latency(links);
                 c.step_latency = c.step_latency.max(SimTime(floor.0.saturating_sub(own.0)));
             }
             if c.sender == u32::MAX || stream_index[c.sender as usize] == u32::MAX {

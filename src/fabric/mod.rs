@@ -310,6 +310,10 @@ impl Fabric {
     pub fn link(&self, id: LinkId) -> &Link {
         &self.links[id.idx()]
     }
+    /// Sum of the latencies of a route's links.
+    pub fn route_latency(&self, links: &[LinkId]) -> SimTime {
+        links.iter().fold(SimTime::ZERO, |t, &l| t + self.link(l).latency)
+    }
     /// Outgoing links of a device.
     pub fn out_links(&self, d: DeviceId) -> &[LinkId] {
         let a = self.out_start[d.idx()] as usize;

@@ -58,6 +58,15 @@ impl PathType {
             PathType::Net => "NET",
         }
     }
+    /// The link class whose protocol costs a connection of this type pays: NVLink inside
+    /// the node, the network across nodes (PXN included), PCIe otherwise.
+    pub fn class(self) -> super::LinkClass {
+        match self {
+            PathType::Nvl | PathType::Nvb | PathType::Loc => super::LinkClass::NvLink,
+            PathType::Net | PathType::Pxn => super::LinkClass::Net,
+            _ => super::LinkClass::Pcie,
+        }
+    }
 }
 
 /// A routed path.

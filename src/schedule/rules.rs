@@ -172,11 +172,6 @@ impl Rendezvous {
         }
     }
 
-    /// Members that must join an instance before it runs.
-    pub fn expect(&self) -> u32 {
-        self.expect
-    }
-
     /// The member at position `m` joins its next instance with op `op` of stream `stream`:
     /// the instance, and whether every expected member has now joined it. An error when the
     /// member is more than [`GROUP_SLOTS`] instances ahead of the oldest pending one (the
