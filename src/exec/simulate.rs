@@ -514,7 +514,8 @@ struct Sim<'a> {
     now: SimTime,
     /// (send conn, recv conn) of every binding of every simulated stream.
     stream_conns: Vec<(u32, u32)>,
-    lane_map: BTreeMap<(u32, u32), u32>,
+    /// Per simulated stream: the stream each lane offset of its `Wait` ops names.
+    wait_targets: Vec<Vec<(i32, Option<u32>)>>,
 }
 
 impl StreamState {
@@ -928,6 +929,22 @@ impl<'a> Sim<'a> {
         };
         let mut streams = Vec::with_capacity(sim_streams.len());
         let mut flat_conns = Vec::new();
+        // The streams that `Wait` ops name, resolved once (no map lookup per op).
+        let wait_targets: Vec<Vec<(i32, Option<u32>)>> = sim_streams
+            .iter()
+            .map(|&i| {
+                let st = &s.streams[i as usize];
+                let mut v: Vec<(i32, Option<u32>)> = Vec::new();
+                for ins in s.instrs(st) {
+                    if let Op::Wait { lane_delta, .. } = ins.op {
+                        if !v.iter().any(|w| w.0 == lane_delta) {
+                            v.push((lane_delta, Schedule::wait_target(&by_lane, st, lane_delta)));
+                        }
+                    }
+                }
+                v
+            })
+            .collect();
         for (k, &i) in sim_streams.iter().enumerate() {
             let st = &s.streams[i as usize];
             let proto = proto_of(st);
@@ -1045,13 +1062,13 @@ impl<'a> Sim<'a> {
             for u in &ups {
                 let rs: Vec<ResourceId> =
                     u.iter().map(|&l| server_of(l, owner, &mut engine, &mut roles)).collect();
-                up_refs.push(engine.add_path(&rs));
+                up_refs.push(engine.add_fan_path(&rs));
             }
             let mut down_refs = Vec::new();
             for d in &downs {
                 let rs: Vec<ResourceId> =
                     d.iter().map(|&l| server_of(l, owner, &mut engine, &mut roles)).collect();
-                down_refs.push(engine.add_path(&rs));
+                down_refs.push(engine.add_fan_path(&rs));
             }
             group_index.insert(gi, groups.len() as u32);
             let part = group_part[gi as usize].unwrap_or(0);
@@ -1105,7 +1122,7 @@ impl<'a> Sim<'a> {
             op_log: None,
             now: SimTime::ZERO,
             stream_conns: flat_conns,
-            lane_map: s.lane_map(),
+            wait_targets,
         };
         Ok((sim, engine))
     }
@@ -1176,7 +1193,7 @@ impl<'a> Sim<'a> {
                 dep_next: ss.dep_next,
                 dep_end: ss.dep_end,
             };
-            let block = match rules::check(self.s, &mut cur, &self.lane_map, &*self) {
+            let block = match rules::check(self.s, &mut cur, &*self) {
                 Ok(b) => b,
                 Err(never) => match never {},
             };
@@ -1484,6 +1501,11 @@ impl<'a> Sim<'a> {
 
 impl Progress for Sim<'_> {
     type Error = std::convert::Infallible;
+    #[inline]
+    fn wait_target(&self, stream: u32, lane_delta: i32) -> Option<u32> {
+        let k = self.stream_index[stream as usize] as usize;
+        self.wait_targets[k].iter().find(|w| w.0 == lane_delta).and_then(|w| w.1)
+    }
     #[inline]
     fn is_done(&self, stream: u32, op: u32) -> bool {
         // A stream that is not simulated (folded away) counts as done.

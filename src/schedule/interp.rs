@@ -544,7 +544,7 @@ impl<'a, M> Machine<'a, M> {
             dep_next: st.dep_next,
             dep_end: st.dep_end,
         };
-        let block = rules::check(s, &mut cur, &self.by_lane, &*self)?;
+        let block = rules::check(s, &mut cur, &*self)?;
         self.streams[k as usize].dep_next = cur.dep_next;
         if block != Block::No {
             return Ok(Some(block));
@@ -902,6 +902,9 @@ impl<M> Progress for Machine<'_, M> {
     type Error = ScheduleError;
     fn is_done(&self, stream: u32, op: u32) -> bool {
         Machine::is_done(self, stream, op)
+    }
+    fn wait_target(&self, stream: u32, lane_delta: i32) -> Option<u32> {
+        Schedule::wait_target(&self.by_lane, &self.s.streams[stream as usize], lane_delta)
     }
     fn conn(&self, stream: u32, slot: u16, send: bool) -> Result<u32, ScheduleError> {
         self.peer(stream, slot).map(|(s, r)| if send { s } else { r })

@@ -21,8 +21,6 @@
 //! Completion is the backend's: at issue in the interpreter, when the flows end in the
 //! simulator; a switch op when its group's instance has run.
 
-use std::collections::BTreeMap;
-
 use super::{Op, Schedule, MAX_OPS_IN_FLIGHT};
 
 /// What the next op of a stream waits for.
@@ -60,6 +58,9 @@ pub trait Progress {
     fn queued(&self, conn: u32) -> usize;
     /// Whether `more` messages may be sent on a connection now.
     fn has_room(&self, conn: u32, more: usize) -> bool;
+    /// The stream that a [`Op::Wait`] of `stream` names: the one of the same rank and
+    /// channel `lane_delta` lanes away ([`Schedule::wait_target`]); `None` when there is none.
+    fn wait_target(&self, stream: u32, lane_delta: i32) -> Option<u32>;
 }
 
 /// Where a stream is: its next op, every op below `done_below` complete, and its next
@@ -81,12 +82,7 @@ pub struct Cursor {
 /// Whether the next op of the stream at `cur` may be issued; `cur.dep_next` moves past the
 /// dependencies that are met.
 #[inline]
-pub fn check<P: Progress>(
-    s: &Schedule,
-    cur: &mut Cursor,
-    by_lane: &BTreeMap<(u32, u32), u32>,
-    p: &P,
-) -> Result<Block, P::Error> {
+pub fn check<P: Progress>(s: &Schedule, cur: &mut Cursor, p: &P) -> Result<Block, P::Error> {
     let st = &s.streams[cur.stream as usize];
     let i = cur.pc;
     let ins = &s.programs[st.program as usize].instrs[i as usize];
@@ -128,7 +124,7 @@ pub fn check<P: Progress>(
             }
             Ok(Block::No)
         }
-        Op::Wait { lane_delta, op } => match Schedule::wait_target(by_lane, st, *lane_delta) {
+        Op::Wait { lane_delta, op } => match p.wait_target(cur.stream, *lane_delta) {
             Some(t) if !p.is_done(t, *op) => Ok(Block::Wait { stream: t, op: *op }),
             // A lane with no stream waits for nothing (the validator rejects it).
             _ => Ok(Block::No),
