@@ -13,4 +13,5 @@ pub mod plot;
 pub mod timeline;
 pub mod topo;
 pub mod trace;
+pub mod training;
 pub mod utilisation;
