@@ -1,7 +1,8 @@
 //! `fabricsim run SCENARIO [-o DIR]`: runs one scenario (its whole sweep), prints a compact
 //! comparison table (bus bandwidth by message size, one block per fabric and one column per
 //! swept setting), and writes `results.csv`, `results.jsonl` and a default plot (busbw vs
-//! size, one line per swept setting, one figure per fabric) into DIR (default
+//! size, one line per swept setting, one figure per fabric; for a training scenario the step
+//! breakdown and memory per point and the pipeline diagram) into DIR (default
 //! `out/<scenario name>/`). The table and plots come from the run's rows in memory (resumed
 //! points read back as typed rows), not from re-reading the CSV.
 
@@ -257,7 +258,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let opts = RunOpts { threads: a.threads, resume: a.resume, keep_rows: true, ..Default::default() };
     let summary = execute(&plan, &out, &opts)?;
     if plan.is_training() {
-        return finish_training(&plan, &summary);
+        return finish_training(&plan, &summary, (!a.no_plot).then_some(out.as_path()));
     }
     let res = collect(&plan, &summary.rows);
     print_table(&plan, &res);
@@ -295,7 +296,11 @@ fn trace(point: &Point, path: &std::path::Path, ranks: TraceRanksArg) -> Result<
 /// A training scenario's results: one line per point (its swept settings, step time,
 /// throughput, MFU, memory and the largest exposed parts), the files written; a scenario of
 /// one point whose plan is invalid or does not fit fails with the reason (exit status 2).
-fn finish_training(plan: &Plan, summary: &fabricsim::scenario::sweep::RunSummary) -> Result<()> {
+fn finish_training(
+    plan: &Plan,
+    summary: &fabricsim::scenario::sweep::RunSummary,
+    plot_dir: Option<&std::path::Path>,
+) -> Result<()> {
     println!(
         "# {}: training step per point, {} fidelity{}",
         plan.name,
@@ -358,11 +363,87 @@ fn finish_training(plan: &Plan, summary: &fabricsim::scenario::sweep::RunSummary
         }
     }
     println!();
-    for f in [&summary.csv, &summary.jsonl] {
+    let mut files = vec![summary.csv.clone(), summary.jsonl.clone()];
+    if let Some(dir) = plot_dir {
+        files.extend(training_plots(plan, summary, dir)?);
+    }
+    for f in files {
         println!("wrote {}", f.display());
     }
     match failure {
         Some(e) if plan.points.len() == 1 => anyhow::bail!("{e}"),
         _ => Ok(()),
     }
+}
+
+/// The figures of a training run beside its CSV: where the step time goes, one bar per point
+/// (`breakdown`); memory per GPU by category, one bar per point, against HBM (`memory`); and
+/// the pipeline diagram of the first point that ran (`pipeline`, that point timed again with
+/// its fidelity, since the rows keep no per-pass times).
+fn training_plots(
+    plan: &Plan,
+    summary: &fabricsim::scenario::sweep::RunSummary,
+    out: &std::path::Path,
+) -> Result<Vec<PathBuf>> {
+    use fabricsim::report::training::{
+        breakdown_chart, memory_bar, memory_chart, row_breakdown_bar, PipelineChart,
+    };
+    let (mut bars, mut mem, mut hbm, mut first) = (Vec::new(), Vec::new(), Vec::new(), None);
+    for pr in &summary.rows {
+        let Ok(Measured::Training(r, _)) = &pr.outcome else { continue };
+        let point = plan.points.get(pr.index);
+        let label = match point.map(|p| p.label.as_str()) {
+            Some(l) if !l.is_empty() => format!("{}: {l}", pr.index),
+            _ => pr.collective.clone(),
+        };
+        bars.push(row_breakdown_bar(label.clone(), r));
+        if !hbm.contains(&r.hbm_bytes) {
+            hbm.push(r.hbm_bytes);
+        }
+        if let Some(w) = point.and_then(|p| p.scenario.training()) {
+            if let Ok(m) = fabricsim::workload::memory::peak_memory(&w.model, &w.plan) {
+                mem.push(memory_bar(label, &m));
+            }
+        }
+        first.get_or_insert(pr.index);
+    }
+    let Some(first) = first else { return Ok(Vec::new()) };
+    let ctx = |what: &str| format!("plotting the {what} into {}", out.display());
+    let mut files = breakdown_chart(format!("{}: where the step time goes", plan.name), bars)
+        .subtitle("per point; exposed communication is what the critical path shows")
+        .render(out, "breakdown")
+        .with_context(|| ctx("step breakdown"))?;
+    if !mem.is_empty() {
+        let line = hbm.iter().copied().min().unwrap_or(0);
+        let mut chart = memory_chart(format!("{}: memory per GPU (largest stage)", plan.name), mem, line);
+        if hbm.len() > 1 {
+            chart = chart.subtitle("the points' GPUs differ in HBM; the line is the smallest");
+        }
+        files.extend(chart.render(out, "memory").with_context(|| ctx("memory"))?);
+    }
+    let p = &plan.points[first];
+    if let Some(w) = p.scenario.training() {
+        let f = fabricsim::fabric::build::build(&p.scenario.topology.spec, &p.scenario.build_opts())?;
+        let run = fabricsim::scenario::training::run_step(&f, &w.model, &w.plan, p.scenario.fidelity)
+            .map_err(anyhow::Error::msg)?;
+        if let Some(pipe) = &run.estimate.pipeline {
+            let sched = &pipe.schedule;
+            let title = if p.label.is_empty() {
+                format!("{}: pipeline schedule", plan.name)
+            } else {
+                format!("{}: pipeline schedule of point {first}", plan.name)
+            };
+            let chart = PipelineChart::from_run(title, pipe).subtitle(format!(
+                "{} ({}), {} stages x {} chunk(s), {} micro-batches, {} fidelity; white space is the bubble",
+                w.model.name,
+                sched.kind.name(),
+                sched.stages,
+                sched.chunks,
+                sched.microbatches,
+                p.scenario.fidelity.name()
+            ));
+            files.extend(chart.render(out, "pipeline").with_context(|| ctx("pipeline diagram"))?);
+        }
+    }
+    Ok(files)
 }

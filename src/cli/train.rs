@@ -107,6 +107,11 @@ pub struct TrainArgs {
     /// pipeline transfers, DP collectives, optimizer); needs `--fidelity event`.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Write the step's figures into this folder (created if missing), PNG and SVG each:
+    /// `pipeline` (micro-batches per stage over time), `breakdown` (where the step time goes)
+    /// and `memory` (memory per GPU by category and stage against HBM).
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
 }
 
 /// The plan keys given as integer flags, with their values.
@@ -298,6 +303,9 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if a.trace.is_some() && mode != Mode::Event {
         bail!("--trace needs --fidelity event (the analytical mode has no timeline)");
     }
+    if let Some(dir) = &a.plot {
+        super::check_out_dir("--plot", dir)?;
+    }
     let run = run_step(&f, &model, &plan, mode).map_err(anyhow::Error::msg)?;
     let how = match &run.detail {
         StepDetail::Event(ev) => {
@@ -321,6 +329,19 @@ pub fn run(a: TrainArgs) -> Result<()> {
     match a.format.as_str() {
         "json" => print_json(&model.name, &plan_summary(&plan), &placement, &layers, est, hbm, &how)?,
         _ => print_table(&model.name, &f.name, &plan_summary(&plan), &placement, &layers, est, hbm, &how),
+    }
+    if let Some(dir) = &a.plot {
+        let title = format!("{} on {}", model.name, f.name);
+        let files = fabricsim::report::training::step_figures(dir, "", &title, est, hbm)
+            .with_context(|| format!("--plot {}", dir.display()))?;
+        for p in files {
+            // JSON on stdout stays one document.
+            if a.format == "json" {
+                eprintln!("wrote {}", p.display());
+            } else {
+                println!("wrote {}", p.display());
+            }
+        }
     }
     if let Some(msg) = run.oom_message() {
         if allow_oom {

@@ -124,6 +124,8 @@ pub enum Section {
     Contention,
     /// A Chrome trace.
     Timeline,
+    /// Training steps: pipeline diagram, step breakdown per plan, memory per GPU.
+    Training,
 }
 
 impl Section {
@@ -135,6 +137,7 @@ impl Section {
             Section::Utilisation => "Link utilisation over time",
             Section::Contention => "Two collectives sharing spine links",
             Section::Timeline => "Timeline",
+            Section::Training => "Training steps",
         }
     }
 }
@@ -176,6 +179,8 @@ struct Plan {
     contention_each: u32,
     contention_size: u64,
     trace_size: u64,
+    /// A training step of few micro-batches.
+    quick_training: bool,
 }
 
 impl Plan {
@@ -192,6 +197,7 @@ impl Plan {
                 contention_each: 1,
                 contention_size: 64 << 20,
                 trace_size: 256 << 10,
+                quick_training: true,
             }
         } else {
             Plan {
@@ -212,6 +218,7 @@ impl Plan {
                 contention_each: 4,
                 contention_size: 256 << 20,
                 trace_size: 2 << 20,
+                quick_training: false,
             }
         }
     }
@@ -229,6 +236,7 @@ enum Job {
     Heat,
     Contention,
     Trace,
+    Training,
 }
 
 /// Builds the whole gallery into `cfg.out_dir` and writes `index.html`. `progress` is
@@ -254,7 +262,7 @@ pub fn build_gallery(cfg: &GalleryConfig, progress: &(dyn Fn(&str) + Sync)) -> R
     }
     jobs.push(Job::Scaling);
     jobs.extend(manifest.into_iter().filter(|d| d.asserted).take(plan.datasets).map(Job::Accuracy));
-    jobs.extend([Job::Heat, Job::Contention, Job::Trace]);
+    jobs.extend([Job::Heat, Job::Contention, Job::Trace, Job::Training]);
 
     let ctx = Ctx { root: &cfg.root, out: &cfg.out_dir, plan: &plan };
     let results: Vec<Result<Vec<Entry>, GalleryError>> = jobs
@@ -277,6 +285,11 @@ pub fn build_gallery(cfg: &GalleryConfig, progress: &(dyn Fn(&str) + Sync)) -> R
     let index = cfg.out_dir.join("index.html");
     std::fs::write(&index, index_html(&entries, &cfg.out_dir, cfg.quick))
         .map_err(|source| GalleryError::Io { path: index.clone(), source })?;
+    // The training page: the training section alone.
+    let training: Vec<Entry> = entries.iter().filter(|e| e.section == Section::Training).cloned().collect();
+    let page = cfg.out_dir.join("training.html");
+    std::fs::write(&page, index_html(&training, &cfg.out_dir, cfg.quick))
+        .map_err(|source| GalleryError::Io { path: page.clone(), source })?;
     Ok(Gallery { entries, index })
 }
 
@@ -343,6 +356,7 @@ impl Ctx<'_> {
             Job::Heat => self.heat().map(|e| vec![e]),
             Job::Contention => self.contention().map(|e| vec![e]),
             Job::Trace => self.trace().map(|e| vec![e]),
+            Job::Training => self.training(),
         }
     }
 
@@ -773,6 +787,111 @@ impl Ctx<'_> {
             stats.slices,
         );
         Ok(Entry { section: Section::Timeline, stem, caption, notes, files: vec![path] })
+    }
+
+    /// The shipped training scenario (`scenarios/llama3-70b-h100.toml`, analytical mode):
+    /// memory per stage of its plan, the step breakdown of that plan beside two variants (no
+    /// interleaving; TP 4 with PP 8), and the pipeline diagram of the plan with a global
+    /// batch of 128 (eight micro-batches per pipeline, so that each box has room for its
+    /// number). The quick run uses a global batch of 128 throughout.
+    fn training(&self) -> Result<Vec<Entry>, GalleryError> {
+        use crate::report::training::{breakdown_bar, breakdown_chart, memory_figure, pipeline_figure};
+        use crate::scenario::file::{load_plan_with, Override};
+        use crate::scenario::training::{plan_summary, run_step, TrainingRun};
+        let path = self.root.join("scenarios/llama3-70b-h100.toml");
+        let figure = "training-llama3-70b-h100";
+        let fail = |message: String| GalleryError::Reference { figure: figure.into(), message };
+        let int = |key: &str, v: i64| Override {
+            path: format!("workload.{key}"),
+            value: toml::Value::Integer(v),
+            flag: format!("{key} = {v}"),
+        };
+        let quick = self.plan.quick_training;
+        // Quick: eight micro-batches per pipeline (PP 8 of the third plan needs a multiple of 8).
+        let base: Vec<Override> = if quick { vec![int("gbs", 128)] } else { Vec::new() };
+        let diagram: i64 = 128;
+        let step = |extra: Vec<Override>| -> Result<(TrainingRun, String, String), GalleryError> {
+            let mut overrides: Vec<Override> =
+                base.iter().filter(|b| extra.iter().all(|e| e.path != b.path)).cloned().collect();
+            overrides.extend(extra);
+            let plan = load_plan_with(&path, &overrides).map_err(|e| fail(e.to_string()))?;
+            let Some(point) = plan.points.first() else {
+                return Err(fail("the scenario has no point".into()));
+            };
+            let s = &point.scenario;
+            let Some(w) = s.training() else { return Err(fail("not a training scenario".into())) };
+            let f = fabric::build::build(&s.topology.spec, &s.build_opts())
+                .map_err(|source| GalleryError::Topology { figure: figure.into(), source })?;
+            let run = run_step(&f, &w.model, &w.plan, s.fidelity).map_err(fail)?;
+            let title = format!("{} on {} ({})", w.model.name, f.name, describe(&f));
+            Ok((run, title, plan_summary(&w.plan)))
+        };
+        let (main, title, summary) = step(Vec::new())?;
+        let memory = memory_figure(self.out, &format!("{figure}-memory"), &title, &main.estimate, main.hbm)?;
+        let mut bars = vec![breakdown_bar(
+            format!("scenario plan: {:.2} s", main.estimate.step_time_s),
+            &main.estimate.breakdown,
+        )];
+        for (name, extra) in
+            [("no interleaving", vec![int("vpp", 1)]), ("TP 4, PP 8", vec![int("tp", 4), int("pp", 8)])]
+        {
+            let (run, _, _) = step(extra)?;
+            bars.push(breakdown_bar(
+                format!("{name}: {:.2} s", run.estimate.step_time_s),
+                &run.estimate.breakdown,
+            ));
+        }
+        let plans = breakdown_chart("Llama 3 70B on 512 H100: where the step time goes, by plan", bars)
+            .subtitle("analytical mode, each distinct collective simulated on its group of the SuperPOD")
+            .render(self.out, &format!("{figure}-plans"))?;
+        let (small, _, _) = step(vec![int("gbs", diagram)])?;
+        let pipeline = match &small.estimate.pipeline {
+            Some(pipe) => pipeline_figure(
+                self.out,
+                &format!("{figure}-pipeline"),
+                &format!("{title}, global batch {diagram}"),
+                pipe,
+            )?,
+            None => return Err(fail("the analytical step has no pass timings".into())),
+        };
+        let notes = format!(
+            "Plan: {summary}. Analytical mode: collectives simulated on their groups, the step assembled by the \
+             dependency timer."
+        );
+        Ok(vec![
+            Entry {
+                section: Section::Training,
+                stem: format!("{figure}-pipeline"),
+                caption: format!(
+                    "Pipeline schedule of one Llama 3 70B step on 512 H100, interleaved 1F1B with a global batch of \
+                     {diagram} (the scenario's takes {:.2} s at MFU {:.1}%); analytical mode: each box a forward \
+                     (blue) or backward (orange) pass of one micro-batch where the dependency timer put it, lighter \
+                     for later chunks; the white space is the bubble.",
+                    main.estimate.step_time_s,
+                    100.0 * main.estimate.mfu
+                ),
+                notes: notes.clone(),
+                files: pipeline,
+            },
+            Entry {
+                section: Section::Training,
+                stem: format!("{figure}-plans"),
+                caption: "Where the step time goes for three plans of the same model and cluster (analytical mode): \
+                          compute, exposed communication per group, the pipeline bubble and the optimizer."
+                    .into(),
+                notes: "The bars add up to each plan's step time.".into(),
+                files: plans,
+            },
+            Entry {
+                section: Section::Training,
+                stem: format!("{figure}-memory"),
+                caption: "Memory per GPU by category for each pipeline stage of the scenario's plan, against the \
+                          H100's HBM (the analytical memory model)."
+                    .into(),
+                notes,
+                files: memory,
+            },
+        ])
     }
 }
 

@@ -3,6 +3,8 @@
 //! Three modules are the exception and say so: `timeline` and `utilisation` read a traced
 //! simulation and the fabric (to name links and devices), and `gallery` runs the
 //! benchmarks and simulations whose figures it draws.
+//! `training` draws a timed training step from the workload layer's results (the step's pass
+//! timings, breakdown and memory); it runs nothing.
 
 pub mod bench;
 pub mod csvdata;
@@ -13,4 +15,5 @@ pub mod plot;
 pub mod timeline;
 pub mod topo;
 pub mod trace;
+pub mod training;
 pub mod utilisation;

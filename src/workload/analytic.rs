@@ -28,7 +28,7 @@ use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline}
 use super::flops::step_flops;
 use super::memory::{memory_by_stage, stage_params, Memory};
 use super::model::Model;
-use super::pipeline::{Pass, PipeOp, PipelineSchedule};
+use super::pipeline::{Pass, PipeOp, PipelineRun, PipelineSchedule};
 use super::plan::{Coord, GroupKind, Placement, Plan, Sharding};
 use crate::fabric::GpuSpec;
 
@@ -81,6 +81,9 @@ pub struct StepEstimate {
     pub memory_by_stage: Vec<Memory>,
     /// Micro-batches per pipeline.
     pub microbatches: u64,
+    /// The pipeline as timed: every stage's passes with their start and end (None where
+    /// the step was not timed pass by pass).
+    pub pipeline: Option<PipelineRun>,
 }
 
 /// Communication times of one micro-batch through one chunk on one GPU, in seconds: what
@@ -366,7 +369,9 @@ pub fn estimate(
         bubble: ideal.makespan - ideal.busy[busiest],
         optimizer: opt,
     };
-    summarize(model, plan, r.peak_flops, step, breakdown)
+    let mut est = summarize(model, plan, r.peak_flops, step, breakdown)?;
+    est.pipeline = Some(PipelineRun { schedule: sched, timing });
+    Ok(est)
 }
 
 /// The step's figures from its time and breakdown: throughput, MFU (against `peak_flops`)
@@ -397,5 +402,6 @@ pub(crate) fn summarize(
         memory,
         memory_by_stage,
         microbatches: plan.microbatches(),
+        pipeline: None,
     })
 }

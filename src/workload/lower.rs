@@ -56,7 +56,7 @@ use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{collective_time, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
 use super::memory::stage_params;
 use super::model::Model;
-use super::pipeline::{Pass, PipeOp, PipelineSchedule};
+use super::pipeline::{Pass, PipeOp, PipelineRun, PipelineSchedule, Timing};
 use super::plan::{Coord, Placement, Plan, Sharding};
 use crate::collective::{self, CollArgs, Knobs};
 use crate::exec::simulate::SimOpts;
@@ -580,7 +580,13 @@ pub fn step_event(f: &Fabric, model: &Model, plan: &Plan, opts: &EventOpts) -> R
         bubble,
         optimizer: opt,
     };
-    let estimate = summarize(model, plan, r.peak_flops, step, breakdown)?;
+    let mut estimate = summarize(model, plan, r.peak_flops, step, breakdown)?;
+    // Every pass as the engine ran it, for the pipeline diagram.
+    let when = |f: fn(&super::concurrent::JobTime) -> SimTime| -> Vec<Vec<f64>> {
+        built.ops.iter().map(|ids| ids.iter().map(|id| secs(f(&out.jobs[id.0 as usize]))).collect()).collect()
+    };
+    let timing = Timing { start: when(|j| j.start), end: when(|j| j.end), makespan: pipe_end, busy };
+    estimate.pipeline = Some(PipelineRun { schedule: sched, timing });
     let jobs: Vec<StepJob> = built
         .jobs
         .iter()

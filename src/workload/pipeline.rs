@@ -75,6 +75,17 @@ impl Timing {
     }
 }
 
+/// A timed pipeline: the schedule and when each of its ops ran, in seconds from the step's
+/// start (the analytical timer's or the event engine's times), for reports such as the
+/// pipeline diagram.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineRun {
+    /// Each stage's op order.
+    pub schedule: PipelineSchedule,
+    /// When each op started and ended (same indices as [`PipelineSchedule::ops`]).
+    pub timing: Timing,
+}
+
 fn op(mb: u32, chunk: u32, pass: Pass) -> PipeOp {
     PipeOp { mb, chunk, pass }
 }

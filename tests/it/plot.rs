@@ -493,3 +493,169 @@ fn plot_command_skips_rejected_points_and_splits_mixed_series() {
     assert!(!stderr.contains("File exists"), "{stderr}");
     cleanup(&dir);
 }
+
+// ---------------------------------------------------------------------------------------
+// Training-step figures
+// ---------------------------------------------------------------------------------------
+
+/// The shipped Llama 3 70B scenario (TP8 PP4 VPP5 DP16 on 512 H100), with a global batch of
+/// 64 (four micro-batches per pipeline), timed in `fidelity`.
+fn llama70b_step(fidelity: &str) -> fabricsim::scenario::training::TrainingRun {
+    use fabricsim::scenario::file::{load_plan_with, Override};
+    let o = |path: &str, value: toml::Value| Override { path: path.into(), value, flag: path.into() };
+    let plan = load_plan_with(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/llama3-70b-h100.toml"),
+        &[o("workload.gbs", toml::Value::Integer(64)), o("fidelity", toml::Value::String(fidelity.into()))],
+    )
+    .unwrap();
+    let s = &plan.points[0].scenario;
+    let w = s.training().unwrap();
+    let f = fabricsim::fabric::build::build(&s.topology.spec, &s.build_opts()).unwrap();
+    fabricsim::scenario::training::run_step(&f, &w.model, &w.plan, s.fidelity).unwrap()
+}
+
+#[test]
+fn training_step_figures_show_every_stage_pass_and_category() {
+    use fabricsim::report::training::{step_figures, PipelineChart};
+    use fabricsim::workload::pipeline::Pass;
+    let run = llama70b_step("analytical");
+    let est = &run.estimate;
+    // The breakdown bar is the step: its parts add up to the step time.
+    let bar = fabricsim::report::training::breakdown_bar("x", &est.breakdown);
+    assert!(
+        (bar.total() - est.step_time_s).abs() <= 1e-9 * est.step_time_s,
+        "{} vs {}",
+        bar.total(),
+        est.step_time_s
+    );
+    // Every pass of every stage is a box: 4 stages x 4 micro-batches x 5 chunks x (F, B),
+    // none overlapping another on its stage, all inside the step.
+    let pipe = est.pipeline.as_ref().expect("the analytical step keeps its pass timings");
+    let chart = PipelineChart::from_run("t", pipe);
+    assert_eq!(chart.passes.len(), 4 * 4 * 5 * 2);
+    for s in 0..4 {
+        let mut boxes: Vec<_> = chart.passes.iter().filter(|p| p.stage == s).collect();
+        boxes.sort_by(|a, b| a.start.total_cmp(&b.start));
+        assert_eq!(boxes.iter().filter(|p| p.pass == Pass::F).count(), 20);
+        for w in boxes.windows(2) {
+            assert!(w[1].start >= w[0].end - 1e-12, "stage {s}: {:?} overlaps {:?}", w[0], w[1]);
+        }
+    }
+    assert!(chart.makespan() <= est.step_time_s + 1e-12);
+    // The drawn idle share of the busiest stage is the pipeline's bubble (with transfers).
+    let idle = chart.idle_share();
+    assert!(idle.iter().all(|&x| (0.0..1.0).contains(&x)) && idle.iter().any(|&x| x > 0.0), "{idle:?}");
+
+    let dir = temp_dir("training-figures");
+    let files = step_figures(&dir, "", "llama3-70b", est, run.hbm).unwrap();
+    let names: Vec<String> =
+        files.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(
+        names,
+        ["pipeline.png", "pipeline.svg", "breakdown.png", "breakdown.svg", "memory.png", "memory.svg"]
+    );
+    for p in files.iter().filter(|p| p.extension().is_some_and(|x| x == "png")) {
+        let (w, _, colours) = png_info(p);
+        assert!(w >= 1000 && colours.len() > 10, "{} looks blank", p.display());
+    }
+    let svg = std::fs::read_to_string(dir.join("pipeline.svg")).unwrap();
+    for text in ["stage 0", "stage 3", "forward", "backward", "interleaved"] {
+        assert!(svg.contains(text), "pipeline.svg lacks {text:?}");
+    }
+    // The boxes carry their micro-batch numbers, 1 to 4.
+    let texts: Vec<&str> = svg
+        .split("<text")
+        .skip(1)
+        .filter_map(|t| Some(t.split_once('>')?.1.split("</text>").next()?.trim()))
+        .collect();
+    for mb in ["1", "2", "3", "4"] {
+        assert!(texts.contains(&mb), "no box numbered {mb}");
+    }
+    assert!(!texts.contains(&"5"), "only four micro-batches");
+    let svg = std::fs::read_to_string(dir.join("breakdown.svg")).unwrap();
+    for text in ["compute", "exposed TP", "bubble", "step time (s)"] {
+        assert!(svg.contains(text), "breakdown.svg lacks {text:?}");
+    }
+    let svg = std::fs::read_to_string(dir.join("memory.svg")).unwrap();
+    for text in ["parameters", "optimizer states", "activations", "HBM 75 GiB", "stage 3"] {
+        assert!(svg.contains(text), "memory.svg lacks {text:?}");
+    }
+    // Same input, same bytes.
+    let again = temp_dir("training-figures-again");
+    step_figures(&again, "", "llama3-70b", est, run.hbm).unwrap();
+    for n in &names {
+        assert_eq!(std::fs::read(dir.join(n)).unwrap(), std::fs::read(again.join(n)).unwrap(), "{n} differs");
+    }
+    cleanup(&dir);
+    cleanup(&again);
+}
+
+#[test]
+fn event_mode_pipeline_diagram_comes_from_the_engine() {
+    let ev = llama70b_step("event");
+    let an = llama70b_step("analytical");
+    let (pe, pa) = (ev.estimate.pipeline.unwrap(), an.estimate.pipeline.unwrap());
+    // Same schedule, passes timed by the engine: each within the step, and the pipeline's
+    // makespan within 10% of the analytical timer's (the modes agree within a stated bound).
+    assert_eq!(pe.schedule, pa.schedule);
+    for (s, ops) in pe.schedule.ops.iter().enumerate() {
+        for i in 0..ops.len() {
+            assert!(
+                pe.timing.end[s][i] > pe.timing.start[s][i] && pe.timing.end[s][i] <= ev.estimate.step_time_s
+            );
+        }
+    }
+    let gap = (pe.timing.makespan - pa.timing.makespan).abs() / pa.timing.makespan;
+    assert!(gap < 0.10, "event {} vs analytical {}", pe.timing.makespan, pa.timing.makespan);
+}
+
+#[test]
+fn stacked_bars_reject_bad_input() {
+    use fabricsim::report::training::{StackedBar, StackedBarChart};
+    let dir = temp_dir("stacked-bad");
+    let cats = vec!["a".to_string(), "b".to_string()];
+    let chart = |bars| StackedBarChart::new("t", "s", cats.clone(), bars);
+    let e = chart(vec![StackedBar { label: "x".into(), values: vec![1.0] }]).render(&dir, "x").unwrap_err();
+    assert!(e.to_string().contains("1 values for 2 categories"), "{e}");
+    let e = chart(vec![StackedBar { label: "x".into(), values: vec![1.0, f64::NAN] }])
+        .render(&dir, "x")
+        .unwrap_err();
+    assert!(e.to_string().contains("not finite"), "{e}");
+    assert!(matches!(chart(vec![]).render(&dir, "x"), Err(PlotError::NoData { .. })));
+    let ok = chart(vec![StackedBar { label: "x".into(), values: vec![1.0, 2.0] }]).limit(4.0, "cap");
+    assert_eq!(ok.render(&dir, "x").unwrap().len(), 2);
+    cleanup(&dir);
+}
+
+#[test]
+fn train_plot_and_run_write_training_figures() {
+    let dir = temp_dir("train-plot");
+    let scenario = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scenarios/llama3-70b-h100.toml");
+    let d = dir.join("train");
+    let (ok, out, err) =
+        fabricsim(&["train", scenario.to_str().unwrap(), "--gbs", "64", "--plot", d.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    for stem in ["pipeline", "breakdown", "memory"] {
+        assert!(out.contains(&format!("wrote {}", d.join(format!("{stem}.svg")).display())), "{out}");
+        assert!(d.join(format!("{stem}.png")).is_file());
+    }
+    // --plot onto a file: an error naming the flag, exit status 2.
+    let file = dir.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let st = Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+        .args(["train", scenario.to_str().unwrap(), "--plot", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(st.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&st.stderr).contains("--plot"));
+    // `run` on a training scenario writes them beside its CSV.
+    let r = dir.join("run");
+    let (ok, out, err) = fabricsim(&["run", scenario.to_str().unwrap(), "-o", r.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    for stem in ["results.csv", "breakdown.svg", "memory.svg", "pipeline.svg", "pipeline.png"] {
+        assert!(r.join(stem).is_file(), "no {stem}: {out}");
+    }
+    let svg = std::fs::read_to_string(r.join("breakdown.svg")).unwrap();
+    assert!(svg.contains("llama3-70b"), "a run without a sweep labels its bar with the model");
+    cleanup(&dir);
+}

@@ -287,6 +287,19 @@ fn quick_report_writes_index_and_every_figure() {
     for stem in ["busbw-dgx-h100", "scaling-superpod-h100", "utilisation-", "contention-", "accuracy-"] {
         assert!(g.entries.iter().any(|e| e.stem.starts_with(stem)), "no figure {stem}*");
     }
+    // The training page: the pipeline diagram, the breakdown by plan and memory per stage,
+    // also on a page of their own.
+    for stem in [
+        "training-llama3-70b-h100-pipeline",
+        "training-llama3-70b-h100-plans",
+        "training-llama3-70b-h100-memory",
+    ] {
+        assert!(g.entries.iter().any(|e| e.stem == stem && e.files.len() == 2), "no figure {stem}");
+        assert!(html.contains(&format!("src=\"{stem}.png\"")), "{stem} is not on the index");
+    }
+    let page = std::fs::read_to_string(dir.join("training.html")).unwrap();
+    assert!(page.contains("Training steps") && page.contains("training-llama3-70b-h100-pipeline.png"));
+    assert!(!page.contains("busbw-dgx-h100"), "the training page shows only training figures");
     for p in &pngs {
         let name = p.file_name().unwrap().to_str().unwrap();
         assert!(html.contains(&format!("src=\"{name}\"")), "{name} is not embedded");
