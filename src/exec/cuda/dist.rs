@@ -446,11 +446,10 @@ pub fn emulate<T: Element>(
         let mut moves = Vec::new();
         for (q, queue) in queues.iter().enumerate() {
             match queue.front() {
-                Some(Unit::Op(o)) => {
-                    if op_waits.get(o).is_none_or(|w| w.iter().all(|p| done.contains(p))) {
-                        moves.push(Move::Start(q));
-                    }
+                Some(Unit::Op(o)) if op_waits.get(o).is_none_or(|w| w.iter().all(|p| done.contains(p))) => {
+                    moves.push(Move::Start(q));
                 }
+                Some(Unit::Op(_)) => {}
                 Some(Unit::G(g, dev)) => {
                     if started.contains(&(*g, *dev)) {
                         let all = d.groups[*g as usize]
