@@ -489,3 +489,48 @@ fn timeouts_name_what_never_came() {
     assert!(e.to_string().starts_with("only 0 of the 2 other ranks joined"), "{e}");
     assert!(e.to_string().contains("missing ranks: 1, 2"), "{e}");
 }
+
+/// `validate --gpu --multi-node` checks the launch before anything else, on any build: no
+/// launcher and no flags, or a malformed rendezvous address, exit 2 naming what to set.
+/// With a valid launch it goes on to say what is missing (the feature, or CUDA).
+#[test]
+fn a_multi_node_launch_without_its_environment_says_what_to_set() {
+    let run = |extra: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"));
+        c.args(["validate", "--gpu", "--multi-node", "-b", "8", "-e", "1K"]).args(extra);
+        for v in [
+            "SLURM_PROCID",
+            "SLURM_NTASKS",
+            "OMPI_COMM_WORLD_RANK",
+            "RANK",
+            "WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ] {
+            c.env_remove(v);
+        }
+        let out = c.output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("error: the world size is not known: set --world-size"), "{err}");
+    let (code, err) = run(&["--rank", "0", "--world-size", "2", "--rendezvous", "node001"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("error: rendezvous=node001: expected HOST:PORT"), "{err}");
+    let (code, err) = run(&["--rank", "2", "--world-size", "2", "--rendezvous", "node001:29500"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("rank 2 is outside the world of 2 processes"), "{err}");
+    let (code, err) = run(&["--rank", "0", "--world-size", "2", "--rendezvous", "127.0.0.1:1"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    #[cfg(not(feature = "cuda"))]
+    assert!(err.contains("built without the cuda feature"), "{err}");
+    #[cfg(feature = "cuda")]
+    {
+        // SAFETY: only tries to open the library file.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            assert!(err.contains("the CUDA driver was not found"), "{err}");
+        }
+    }
+}
