@@ -1181,6 +1181,77 @@ pub fn leave_one_out(datasets: &[FitDataset], opts: &FitOptions) -> Result<Vec<G
     Ok(out)
 }
 
+/// The reference tables the shipped parameters of `generation` were chosen on: the
+/// manifest's entries with `tuned = true` whose topology is of that generation and whose
+/// file name contains `filter`, bound to their topologies (the inputs of
+/// `calibrate --from-reference`).
+pub fn tuned_datasets(root: &Path, generation: Generation, filter: &str) -> Result<Vec<FitDataset>, String> {
+    let dir = reference::reference_dir(root);
+    let sets = reference::load_manifest(&dir).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let mut gens: Vec<&'static str> = Vec::new();
+    for d in sets.iter().filter(|d| d.tuned && d.file.contains(filter)) {
+        let Some(fd) = FitDataset::from_manifest(root, d)? else { continue };
+        if !gens.contains(&fd.generation().key()) {
+            gens.push(fd.generation().key());
+        }
+        if fd.generation() == generation {
+            out.push(fd);
+        }
+    }
+    if out.is_empty() {
+        return Err(format!(
+            "no tuned table of generation {} in {}{}; generations with tuned tables: {}",
+            generation.key(),
+            dir.join("datasets.toml").display(),
+            if filter.is_empty() { String::new() } else { format!(" whose name contains \"{filter}\"") },
+            if gens.is_empty() { "none".to_string() } else { gens.join(", ") }
+        ));
+    }
+    Ok(out)
+}
+
+/// A shipped value set against a fit of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShippedCheck {
+    /// Parameter key (params.toml's).
+    pub key: &'static str,
+    /// The shipped value (the fit's prior).
+    pub shipped: f64,
+    /// The fitted value.
+    pub fitted: f64,
+    /// The fit's relative standard error, when it has one.
+    pub rel_stderr: Option<f64>,
+    /// Whether the data constrained it at all.
+    pub constrained: bool,
+    /// |ln(fitted / shipped)| in standard errors (`None`: unconstrained or no error).
+    pub sigmas: Option<f64>,
+}
+
+/// Every fitted parameter's shipped value against the fit started from it: how many of the
+/// fit's standard errors apart they are, on the log scale the fit works in.
+pub fn shipped_against_fit(rep: &FitReport) -> Vec<ShippedCheck> {
+    rep.params
+        .iter()
+        .map(|p| {
+            let sigmas = match (p.constrained, p.rel_stderr) {
+                (true, Some(se)) if se > 0.0 && p.prior > 0.0 && p.value > 0.0 => {
+                    Some((p.value / p.prior).ln().abs() / se)
+                }
+                _ => None,
+            };
+            ShippedCheck {
+                key: p.def.key,
+                shipped: p.prior,
+                fitted: p.value,
+                rel_stderr: p.rel_stderr,
+                constrained: p.constrained,
+                sigmas,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

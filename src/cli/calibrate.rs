@@ -12,8 +12,11 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use fabricsim::calibrate::fit::{fit, CsvLaunch, FitDataset, FitOptions, FitReport, Unit, BANDS};
+use fabricsim::calibrate::fit::{
+    fit, shipped_against_fit, tuned_datasets, CsvLaunch, FitDataset, FitOptions, FitReport, Unit, BANDS,
+};
 use fabricsim::calibrate::profile::parse_profile;
+use fabricsim::fabric::Generation;
 use fabricsim::report::plot::{Axis, LineChart, Series};
 use fabricsim::scenario::bench::Fidelity;
 
@@ -23,11 +26,25 @@ use super::values::FidelityArg;
 #[derive(Args, Debug)]
 pub struct CalibrateArgs {
     /// Topology the measurements were taken on (its GPU generation's parameters are fitted).
-    #[arg(long)]
-    pub topology: PathBuf,
+    #[arg(long, required_unless_present = "from_reference")]
+    pub topology: Option<PathBuf>,
     /// nccl-tests logs, or CSVs with size_bytes,time_us[,busbw_GBps] columns (`.csv`).
-    #[arg(required = true)]
+    #[arg(required_unless_present = "from_reference", conflicts_with = "from_reference")]
     pub inputs: Vec<PathBuf>,
+    /// Fit one generation's parameters to the reference tables they were chosen on
+    /// (`tuned = true` in validate/reference/datasets.toml), each on its own topology, and
+    /// print the shipped value of every parameter against the fit (docs/PARAMETERS.md).
+    #[arg(long, requires = "generation", conflicts_with = "topology")]
+    pub from_reference: bool,
+    /// With --from-reference: the generation (ampere, hopper, blackwell).
+    #[arg(long, requires = "from_reference")]
+    pub generation: Option<String>,
+    /// With --from-reference: only tables whose file name contains this.
+    #[arg(long, default_value = "", requires = "from_reference")]
+    pub filter: String,
+    /// With --from-reference: project root holding validate/reference/ and topologies/.
+    #[arg(long, default_value = ".", requires = "from_reference")]
+    pub root: PathBuf,
     /// The calibration profile to write (TOML); figures go to its folder.
     #[arg(short = 'o', long = "out")]
     pub out: PathBuf,
@@ -73,7 +90,11 @@ fn show(unit: Unit, v: f64) -> String {
 /// Runs `calibrate`.
 pub fn run(a: CalibrateArgs) -> Result<()> {
     super::check_writable("-o", &a.out)?;
-    let spec = fabricsim::fabric::load_topology(&a.topology)?;
+    if a.from_reference {
+        return run_from_reference(&a);
+    }
+    let topology = a.topology.clone().context("--topology is required")?;
+    let spec = fabricsim::fabric::load_topology(&topology)?;
     let spec = Arc::new(spec);
     let mut datasets = Vec::new();
     let launch = CsvLaunch {
@@ -99,21 +120,70 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     };
     let rep = fit(&datasets, &opts).map_err(anyhow::Error::msg)?;
     print_report(&rep);
-    let text = profile_text(&a, &rep)?;
+    let inputs: Vec<String> = a.inputs.iter().map(|p| p.display().to_string()).collect();
+    let text = profile_text(&a, &topology.display().to_string(), &inputs, &rep)?;
+    write_profile(&a, &text, &rep)
+}
+
+fn write_profile(a: &CalibrateArgs, text: &str, rep: &FitReport) -> Result<()> {
     // The profile must be readable as one: check it with the reader every command uses.
-    parse_profile(&text, &a.out.display().to_string()).context("the written profile does not read back")?;
-    std::fs::write(&a.out, &text).with_context(|| format!("writing {}", a.out.display()))?;
+    parse_profile(text, &a.out.display().to_string()).context("the written profile does not read back")?;
+    std::fs::write(&a.out, text).with_context(|| format!("writing {}", a.out.display()))?;
     println!();
     println!("wrote {}", a.out.display());
     if !a.no_plot {
         let dir = a.out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let stem =
             a.out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "profile".into());
-        for p in plot(&rep, dir, &stem)? {
+        for p in plot(rep, dir, &stem)? {
             println!("wrote {}", p.display());
         }
     }
     Ok(())
+}
+
+/// `calibrate --from-reference --generation G`: the fit of G's parameters on the tables
+/// they were chosen on, and each shipped value against it.
+fn run_from_reference(a: &CalibrateArgs) -> Result<()> {
+    let g = a.generation.as_deref().unwrap_or("");
+    let generation = match g.to_ascii_lowercase().as_str() {
+        "volta" => Generation::Volta,
+        "ampere" => Generation::Ampere,
+        "hopper" => Generation::Hopper,
+        "blackwell" => Generation::Blackwell,
+        _ => anyhow::bail!("--generation {g}: expected one of volta, ampere, hopper, blackwell"),
+    };
+    let datasets = tuned_datasets(&a.root, generation, &a.filter).map_err(anyhow::Error::msg)?;
+    println!("fitting the {} parameters on {} tuned reference tables:", generation.key(), datasets.len());
+    for d in &datasets {
+        println!("  {}", d.name);
+    }
+    println!();
+    let opts = FitOptions {
+        fidelity: Fidelity::from(a.fidelity),
+        correct: Fidelity::from(a.fidelity) == Fidelity::Analytical,
+        ..Default::default()
+    };
+    let rep = fit(&datasets, &opts).map_err(anyhow::Error::msg)?;
+    print_report(&rep);
+    println!();
+    println!("shipped (src/fabric/params.toml [{}]) against the fit:", generation.key());
+    println!("{:<38} {:>12} {:>12} {:>10} {:>8}", "parameter", "shipped", "fitted", "±1 s.e.", "apart");
+    for c in shipped_against_fit(&rep) {
+        let def =
+            rep.params.iter().find(|p| p.def.key == c.key).map(|p| p.def.unit).unwrap_or(Unit::Fraction);
+        println!(
+            "{:<38} {:>12} {:>12} {:>10} {:>8}",
+            c.key,
+            show(def, c.shipped),
+            if c.constrained { show(def, c.fitted) } else { "-".into() },
+            c.rel_stderr.map(pct).unwrap_or("-".into()),
+            c.sigmas.map(|s| format!("{s:.1} s.e.")).unwrap_or_else(|| "unconstrained".into())
+        );
+    }
+    let inputs: Vec<String> = datasets.iter().map(|d| d.name.clone()).collect();
+    let text = profile_text(a, "each table's own (validate/reference/datasets.toml)", &inputs, &rep)?;
+    write_profile(a, &text, &rep)
 }
 
 fn print_report(rep: &FitReport) {
@@ -159,14 +229,11 @@ fn print_report(rep: &FitReport) {
 }
 
 /// The profile: `[params]` (fitted values) and `[calibration]` (inputs, residuals, confidence).
-fn profile_text(a: &CalibrateArgs, rep: &FitReport) -> Result<String> {
+fn profile_text(a: &CalibrateArgs, topology: &str, inputs: &[String], rep: &FitReport) -> Result<String> {
     let mut meta = toml::Table::new();
-    meta.insert("topology".into(), a.topology.display().to_string().into());
+    meta.insert("topology".into(), topology.into());
     meta.insert("generation".into(), format!("{:?}", rep.generation).to_lowercase().into());
-    meta.insert(
-        "inputs".into(),
-        toml::Value::Array(a.inputs.iter().map(|p| p.display().to_string().into()).collect()),
-    );
+    meta.insert("inputs".into(), toml::Value::Array(inputs.iter().map(|p| p.clone().into()).collect()));
     meta.insert(
         "method".into(),
         format!(

@@ -88,6 +88,73 @@ pub struct GpuArgs {
     /// With --gpu: folder for the CSV files (default validate/measurements/DATE-GPU under --root).
     #[arg(long, requires = "gpu")]
     pub out: Option<PathBuf>,
+    /// With --gpu: one process of a launch across nodes (srun, mpirun, torchrun-style
+    /// variables or --rank/--world-size): transfers between processes go over NCCL
+    /// send/recv, NCCL's unique id through a TCP rendezvous on rank 0 (README, "Validating
+    /// across nodes").
+    #[arg(long, requires = "gpu")]
+    pub multi_node: bool,
+    /// With --multi-node: whose variables give the rank and world size.
+    #[arg(long, value_enum, ignore_case = true, default_value = "auto", requires = "multi_node")]
+    pub launcher: LauncherArg,
+    /// With --multi-node: rank 0's HOST:PORT (default MASTER_ADDR:MASTER_PORT, port 29500).
+    #[arg(long, requires = "multi_node")]
+    pub rendezvous: Option<String>,
+    /// With --multi-node: this process's rank (overrides the launcher's).
+    #[arg(long, requires = "multi_node")]
+    pub rank: Option<u32>,
+    /// With --multi-node: processes in all (overrides the launcher's).
+    #[arg(long, requires = "multi_node")]
+    pub world_size: Option<u32>,
+    /// With --multi-node: this process's rank on its node (overrides the launcher's).
+    #[arg(long, requires = "multi_node")]
+    pub local_rank: Option<u32>,
+    /// With --multi-node: processes per node (overrides the launcher's).
+    #[arg(long, requires = "multi_node")]
+    pub procs_per_node: Option<u32>,
+    /// With --multi-node: GPUs each process drives (default: 1 when several processes share
+    /// a node, else every visible GPU); process p's are those of local rank p's block.
+    #[arg(long, requires = "multi_node")]
+    pub gpus_per_process: Option<u32>,
+    /// With --multi-node: seconds to wait for every rank at the rendezvous.
+    #[arg(long, default_value_t = 120, requires = "multi_node")]
+    pub rendezvous_timeout: u64,
+}
+
+/// The launcher whose environment `--multi-node` reads.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LauncherArg {
+    /// The first that is set: Slurm, Open MPI, torchrun-style.
+    Auto,
+    /// SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID.
+    Slurm,
+    /// OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE.
+    Mpi,
+    /// RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE.
+    Env,
+}
+
+impl GpuArgs {
+    /// The launch environment of a `--multi-node` process, from the environment and the
+    /// flags (GPU-free: checked before anything loads CUDA).
+    pub fn launch_env(&self) -> Result<fabricsim::exec::cuda::launch::LaunchEnv> {
+        use fabricsim::exec::cuda::launch::{self, Explicit, Launcher};
+        let l = match self.launcher {
+            LauncherArg::Auto => Launcher::Auto,
+            LauncherArg::Slurm => Launcher::Slurm,
+            LauncherArg::Mpi => Launcher::Mpi,
+            LauncherArg::Env => Launcher::Env,
+        };
+        let x = Explicit {
+            rank: self.rank,
+            world: self.world_size,
+            local_rank: self.local_rank,
+            local_size: self.procs_per_node,
+            rendezvous: self.rendezvous.clone(),
+        };
+        let vars: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+        Ok(launch::read(l, &vars, &x)?)
+    }
 }
 
 /// Arguments of `gpu-info`.
@@ -113,7 +180,11 @@ mod imp {
     use super::*;
     use fabricsim::exec::cuda::CudaError;
 
-    pub fn validate(_a: &GpuArgs, _root: &std::path::Path) -> Result<()> {
+    pub fn validate(a: &GpuArgs, _root: &std::path::Path) -> Result<()> {
+        if a.multi_node {
+            // The launch is checked first, so a broken launch says so on any build.
+            a.launch_env()?;
+        }
         Err(CudaError::NotBuilt.into())
     }
 
@@ -135,9 +206,12 @@ mod imp {
     use super::*;
     use fabricsim::collective::{self, Algo, Choice, CollArgs, Comm};
     use fabricsim::exec::cpu::Element;
+    use fabricsim::exec::cuda::driver::require;
     use fabricsim::exec::cuda::driver::{Devices, Kernels};
+    use fabricsim::exec::cuda::launch::LaunchEnv;
     use fabricsim::exec::cuda::nccl::{self, Comms};
-    use fabricsim::exec::cuda::{bench, plan, run};
+    use fabricsim::exec::cuda::rendezvous::{config_hash, Rendezvous, Timeouts};
+    use fabricsim::exec::cuda::{bench, dist, plan, run, CudaError, Library};
     use fabricsim::fabric::build::BuildOpts;
     use fabricsim::fabric::routing::Router;
     use fabricsim::scenario::bench::{count_for, run_bench, sweep_sizes, BenchConfig, Fidelity};
@@ -285,6 +359,9 @@ mod imp {
     }
 
     pub fn validate(a: &GpuArgs, root: &Path, fidelity: Fidelity, params: Option<toml::Table>) -> Result<()> {
+        if a.multi_node {
+            return validate_multi(a, root, fidelity, params);
+        }
         let coll = collective::Collective::from(a.collective);
         let dtype = DType::from(a.datatype);
         let redop = RedOp::from(a.op);
@@ -407,29 +484,62 @@ mod imp {
             );
             out.push(row);
         }
+        let meta = Meta {
+            what,
+            gpu: devs.info[0].name.clone(),
+            ngpus: devs.len(),
+            driver: devs.driver_version,
+            nccl: nccl_ok,
+            ranks,
+            schedule_note: format!("fabricsim's schedule run on the GPUs ({ranks} ranks on {ndev} GPUs)"),
+        };
+        write_tables(a, root, &meta, coll, dtype, redop, &out)
+    }
+
+    /// What the measurement files say about where they were measured.
+    struct Meta {
+        what: String,
+        gpu: String,
+        /// GPUs NCCL ran on (its bus factor's rank count).
+        ngpus: u32,
+        driver: i32,
+        nccl: Option<i32>,
+        ranks: u32,
+        schedule_note: String,
+    }
+
+    /// Writes the NCCL, schedule-on-GPU and side-by-side CSV files.
+    #[allow(clippy::too_many_arguments)]
+    fn write_tables(
+        a: &GpuArgs,
+        root: &Path,
+        m: &Meta,
+        coll: collective::Collective,
+        dtype: DType,
+        redop: RedOp,
+        out: &[Row],
+    ) -> Result<()> {
         let date = today();
         let dir = a.out.clone().unwrap_or_else(|| {
-            root.join("validate/measurements").join(format!(
-                "{date}-{}-{}gpu",
-                slug(&devs.info[0].name),
-                devs.len()
-            ))
+            root.join("validate/measurements").join(format!("{date}-{}-{}gpu", slug(&m.gpu), m.ngpus))
         });
         super::super::check_out_dir("--out", &dir)?;
         std::fs::create_dir_all(&dir).with_context(|| format!("--out {}", dir.display()))?;
-        let nv = nccl_ok.map(|v| format!("NCCL {v}")).unwrap_or_else(|| "no NCCL".into());
+        let nv = m.nccl.map(|v| format!("NCCL {v}")).unwrap_or_else(|| "no NCCL".into());
         let head = format!(
-            "# source: fabricsim validate --gpu on {what}, CUDA driver {}, {nv}, {date}; {} on {ranks} ranks, {}; \
+            "# source: fabricsim validate --gpu on {}, CUDA driver {}, {nv}, {date}; {} on {} ranks, {}; \
              CUDA-event median of {} runs after {} warm-up",
-            devs.driver_version,
+            m.what,
+            m.driver,
             coll,
+            m.ranks,
             dtype.nccl_name(),
             a.iters,
             a.warmup
         );
         let table = |pick: &Pick<'_>, note: &str| -> String {
             let mut s = format!("{head}; {note}\nsize_bytes,count,dtype,redop,time_us,algbw_GBps,busbw_GBps,inplace_time_us\n");
-            for r in &out {
+            for r in out {
                 if let Some((count, t, n)) = pick(r) {
                     let algbw = r.size as f64 / t / 1e3;
                     let _ = writeln!(
@@ -449,23 +559,20 @@ mod imp {
             (
                 format!("{name}-nccl.csv"),
                 table(
-                    &|r: &Row| r.nccl_us.map(|t| (r.nccl_count, t, devs.len())),
+                    &|r: &Row| r.nccl_us.map(|t| (r.nccl_count, t, m.ngpus)),
                     &format!(
                         "NCCL's own collective on {} GPUs, NCCL_ALGO/NCCL_PROTO from the schedule",
-                        devs.len()
+                        m.ngpus
                     ),
                 ),
             ),
             (
                 format!("{name}-schedule-on-gpu.csv"),
-                table(
-                    &|r: &Row| r.gpu_us.map(|t| (r.count, t, ranks)),
-                    &format!("fabricsim's schedule run on the GPUs ({ranks} ranks on {ndev} GPUs)"),
-                ),
+                table(&|r: &Row| r.gpu_us.map(|t| (r.count, t, m.ranks)), &m.schedule_note),
             ),
             (format!("{name}-side-by-side.csv"), {
                 let mut s = format!("{head}\nsize_bytes,count,algo,proto,channels,simulated_us,schedule_gpu_us,nccl_us,check,plan_ops,copies,kernels\n");
-                for r in &out {
+                for r in out {
                     let _ = writeln!(
                         s,
                         "{},{},{},{},{},{:.2},{},{},{},{},{},{}",
@@ -495,6 +602,312 @@ mod imp {
             bail!("the GPU result differs from the CPU executor");
         }
         Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn exec_share_typed<T: Element>(
+        devs: &Devices,
+        k: &Kernels,
+        s: &Schedule,
+        dp: &dist::DistPlan,
+        me: u32,
+        comms: &Comms,
+        rdv: &mut Rendezvous,
+        len: u64,
+        check: bool,
+        a: &GpuArgs,
+    ) -> Result<run::GpuTiming> {
+        // Every process computes the CPU result when checking, so it needs every rank's
+        // input; otherwise only its own (a process of a 16-GPU run at 1 GiB would else hold
+        // 16 GiB of inputs). Each rank's input depends only on the rank and the size.
+        let mine = &dp.procs[me as usize].devices;
+        let ins: Vec<Vec<T>> = (0..s.nranks)
+            .map(|r| {
+                if check || mine.binary_search(&r).is_ok() {
+                    let mut rng =
+                        Pcg64Mcg::seed_from_u64(len.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(r));
+                    (0..len)
+                        .map(|_| {
+                            if T::EPSILON == 0.0 {
+                                T::from_bits(rng.random::<u64>())
+                            } else {
+                                T::from_f64(rng.random_range(-1.0..1.0))
+                            }
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
+        let mut barrier = || rdv.barrier().map_err(|e| CudaError::Invalid(e.to_string()));
+        Ok(run::execute_share(devs, k, s, dp, me, Some(comms), &mut barrier, &ins, check, a.warmup, a.iters)?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn exec_share(
+        devs: &Devices,
+        k: &Kernels,
+        s: &Schedule,
+        dp: &dist::DistPlan,
+        me: u32,
+        comms: &Comms,
+        rdv: &mut Rendezvous,
+        len: u64,
+        check: bool,
+        a: &GpuArgs,
+    ) -> Result<run::GpuTiming> {
+        let f = match s.part0().dtype {
+            DType::F32 => exec_share_typed::<f32>,
+            DType::F16 => exec_share_typed::<f16>,
+            DType::BF16 => exec_share_typed::<bf16>,
+            DType::F64 => exec_share_typed::<f64>,
+            DType::I32 => exec_share_typed::<i32>,
+            DType::I8 => exec_share_typed::<i8>,
+            DType::I64 => exec_share_typed::<i64>,
+        };
+        f(devs, k, s, dp, me, comms, rdv, len, check, a)
+    }
+
+    /// `validate --gpu --multi-node`: this process's share of the schedule across the
+    /// launch's nodes; rank 0 gathers every process's time and check, prints and writes.
+    fn validate_multi(
+        a: &GpuArgs,
+        root: &Path,
+        fidelity: Fidelity,
+        params: Option<toml::Table>,
+    ) -> Result<()> {
+        let env = a.launch_env()?;
+        let coll = collective::Collective::from(a.collective);
+        let dtype = DType::from(a.datatype);
+        let redop = RedOp::from(a.op);
+        let sizes = sweep_sizes(
+            parse_bytes(&a.minbytes).context("-b")?,
+            parse_bytes(&a.maxbytes).context("-e")?,
+            Some(a.stepfactor),
+            None,
+        )?;
+        let check_max = parse_bytes(&a.check_max).context("--check-max")?;
+        if a.iters == 0 {
+            bail!("--iters 0: at least one timed run");
+        }
+        if a.ranks.is_some() {
+            bail!("--ranks: with --multi-node the schedule's ranks are the launch's GPUs (processes x --gpus-per-process)");
+        }
+        if a.gpus_per_process == Some(0) {
+            bail!("--gpus-per-process must be at least 1");
+        }
+        let topo = a.topology.clone().unwrap_or_else(|| root.join("topologies/hgx-h200.toml"));
+        let spec = super::super::bench::load_any_topology(&topo)?;
+        let topo_bytes = std::fs::read(&topo).with_context(|| format!("--topology {}", topo.display()))?;
+        // CUDA and NCCL are checked before the rendezvous, so a process without them fails
+        // at once (the others then time out at the rendezvous, saying which rank is missing).
+        require(Library::Driver)?;
+        require(Library::Nccl)?;
+        let devs = match a.gpus_per_process {
+            None if env.local_size == 1 => Devices::open(None)?,
+            g => {
+                let g = g.unwrap_or(1);
+                // Each process sees every GPU of its node (take its block), or only its own.
+                match Devices::open_range(env.local_rank * g, Some(g)) {
+                    Ok(d) if d.len() == g => d,
+                    _ => Devices::open_range(0, Some(g))?,
+                }
+            }
+        };
+        let g = devs.len();
+        if a.gpus_per_process.is_some_and(|want| want != g) {
+            bail!("--gpus-per-process {}: this process sees only {g} GPUs", a.gpus_per_process.unwrap_or(0));
+        }
+        let total = g * env.world;
+        let gpn = g * env.local_size;
+        let f = fabricsim::fabric::build::build(
+            &spec,
+            &BuildOpts { nodes: Some(env.nodes), gpus_per_node: Some(gpn), params: params.clone() },
+        )?;
+        let cfg = BenchConfig {
+            coll,
+            sizes,
+            dtype,
+            redop,
+            algo: a.algo.algo(),
+            proto: a.proto.proto(),
+            channels: a.channels,
+            fidelity,
+            ..Default::default()
+        };
+        let rows = run_bench(&f, &cfg)?;
+        // Everything that shapes the schedule, the sizes or the timing, and nothing that
+        // differs between processes.
+        let canon = format!(
+            "{:?}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{}|{}|{}|{g}|{}|{}|{fidelity:?}|{params:?}",
+            a.collective,
+            a.minbytes,
+            a.maxbytes,
+            a.stepfactor,
+            a.datatype,
+            a.op,
+            a.algo,
+            a.proto,
+            a.channels,
+            a.iters,
+            a.warmup,
+            a.check_max,
+            a.max_ops,
+            a.no_nccl,
+            env.world,
+            env.local_size
+        );
+        let hash = config_hash(&[canon.as_bytes(), &topo_bytes]);
+        let blob = if env.rank == 0 { nccl::unique_id()? } else { Vec::new() };
+        let t =
+            Timeouts { join: std::time::Duration::from_secs(a.rendezvous_timeout), ..Timeouts::default() };
+        let mut rdv = Rendezvous::join(env.rank, env.world, &env.rendezvous, hash, &blob, t)?;
+        let r = run_multi(a, &env, &devs, &mut rdv, &f, &cfg, &rows, g, total, check_max);
+        match r {
+            Ok(Some(out)) => {
+                let meta = Meta {
+                    what: format!("{} nodes x {gpn} {} ({} processes)", env.nodes, devs.info[0].name, env.world),
+                    gpu: format!("{}-{}nodes", devs.info[0].name, env.nodes),
+                    ngpus: total,
+                    driver: devs.driver_version,
+                    nccl: nccl::version().ok(),
+                    ranks: total,
+                    schedule_note: format!(
+                        "fabricsim's schedule run on {total} GPUs of {} nodes, NCCL send/recv between processes",
+                        env.nodes
+                    ),
+                };
+                write_tables(a, root, &meta, coll, dtype, redop, &out)
+            }
+            Ok(None) => Ok(()),
+            Err(e) => {
+                rdv.abort(&format!("{e:#}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// The sizes of a multi-node run; rank 0 returns the gathered rows.
+    #[allow(clippy::too_many_arguments)]
+    fn run_multi(
+        a: &GpuArgs,
+        env: &LaunchEnv,
+        devs: &Devices,
+        rdv: &mut Rendezvous,
+        f: &fabricsim::fabric::Fabric,
+        cfg: &BenchConfig,
+        rows: &[fabricsim::scenario::bench::BenchRow],
+        g: u32,
+        total: u32,
+        check_max: u64,
+    ) -> Result<Option<Vec<Row>>> {
+        let (coll, dtype, redop) = (cfg.coll, cfg.dtype, cfg.redop);
+        let comms = Comms::join(devs, rdv.blob(), total, env.rank * g, None)?;
+        let k = Kernels::compile(devs, &[dtype])?;
+        let router = Router::new(f, 0);
+        let mut comm = Comm::from_fabric(f, &router);
+        comm.nvls &= cfg.env.nvls;
+        if env.rank == 0 {
+            println!(
+                "{} processes on {} nodes, {g} GPU{} each ({} via {}); rendezvous {}",
+                env.world,
+                env.nodes,
+                if g == 1 { "" } else { "s" },
+                devs.info[0].name,
+                env.source,
+                env.rendezvous
+            );
+        }
+        let mut nccl_comms: Vec<((Algo, Proto), Comms)> = Vec::new();
+        let mut out = Vec::new();
+        let parse = |b: &[u8]| -> (Option<f64>, String) {
+            let t = String::from_utf8_lossy(b);
+            let (x, c) = t.split_once(';').unwrap_or(("-", "?"));
+            (x.parse::<f64>().ok(), c.to_string())
+        };
+        for r in rows {
+            let args = CollArgs { coll, count: r.count, dtype, redop, root: 0 };
+            let choice = Choice { algo: r.algo, proto: r.proto, nchannels: r.channels };
+            let s = collective::build_schedule(&comm, &args, &choice, &cfg.env.knobs)?;
+            let p = plan::lower(&s, &plan::round_robin(total, total))?;
+            let nops = p.ops.len();
+            let st = p.stats();
+            let dp = dist::split(p, &dist::blocks(total, g))?;
+            let mine = if nops as u64 > a.max_ops {
+                format!("-;skipped: {nops} ops > --max-ops")
+            } else {
+                let (ilen, _) = args.buffer_elems(total);
+                let t =
+                    exec_share(devs, &k, &s, &dp, env.rank, &comms, rdv, ilen, r.size_bytes <= check_max, a)?;
+                let check = match t.checked {
+                    Some(true) => "bit-exact",
+                    Some(false) => "DIFFERS",
+                    None => "not checked",
+                };
+                format!("{};{check}", t.median_us())
+            };
+            let all = rdv.gather(mine.as_bytes())?;
+            let nccl_count = count_for(coll, r.size_bytes, total, dtype);
+            let nccl_all =
+                if !a.no_nccl && nccl_count > 0 && fabricsim::exec::cuda::nccl_map::single_call(coll) {
+                    let key = (r.algo, r.proto);
+                    if !nccl_comms.iter().any(|(c, _)| *c == key) {
+                        let id = if env.rank == 0 { nccl::unique_id()? } else { Vec::new() };
+                        let id = rdv.broadcast(&id)?;
+                        nccl_comms.push((key, Comms::join(devs, &id, total, env.rank * g, Some(key))?));
+                    }
+                    let c =
+                        nccl_comms.iter().find(|(c, _)| *c == key).map(|x| &x.1).context("communicator")?;
+                    let na = CollArgs { count: nccl_count, ..args };
+                    rdv.barrier()?;
+                    let t = c.time(devs, &na, a.warmup, a.iters)?;
+                    rdv.gather(format!("{t};ok").as_bytes())?
+                } else {
+                    None
+                };
+            let Some(all) = all else { continue };
+            let times: Vec<(Option<f64>, String)> = all.iter().map(|b| parse(b)).collect();
+            // The slowest process's time, as nccl-tests reports the slowest rank.
+            let gpu_us = times.iter().map(|x| x.0).try_fold(0.0f64, |m, x| x.map(|x| m.max(x)));
+            let check = if times.iter().all(|x| x.1 == times[0].1) {
+                times[0].1.clone()
+            } else if times.iter().any(|x| x.1 == "DIFFERS") {
+                "DIFFERS".to_string()
+            } else {
+                times.iter().map(|x| x.1.as_str()).collect::<Vec<_>>().join("/")
+            };
+            let nccl_us = nccl_all.map(|v| v.iter().filter_map(|b| parse(b).0).fold(0.0f64, f64::max));
+            let row = Row {
+                size: r.size_bytes,
+                count: r.count,
+                algo: r.algo,
+                proto: r.proto,
+                channels: r.channels,
+                sim_us: r.time_us,
+                gpu_us,
+                check,
+                ops: nops,
+                peer_copies: st.peer_copies + st.local_copies,
+                kernels: st.kernels,
+                nccl_us,
+                nccl_count,
+            };
+            println!(
+                "{:>12} B  {:<8} {:<6} {:>3} ch  simulated {:>10.2} us  schedule-on-GPU {:>10} us  NCCL {:>10} us  {} ({} NCCL transfers)",
+                row.size,
+                row.algo,
+                row.proto,
+                row.channels,
+                row.sim_us,
+                us(row.gpu_us),
+                us(row.nccl_us),
+                row.check,
+                dp.transfers.len()
+            );
+            out.push(row);
+        }
+        Ok((env.rank == 0).then_some(out))
     }
 
     pub fn info(a: GpuInfoArgs) -> Result<()> {

@@ -270,3 +270,47 @@ fn bad_inputs_give_located_errors() {
     assert!(e.contains(&format!("{g}:1:")) && e.contains("gather_perf"), "{e}");
     crate::cleanup(&dir);
 }
+
+/// `calibrate --from-reference` reproduces the shipped Hopper values from the tables they
+/// were chosen on: on the four 8-GPU Together tables (ring all-reduce, all-gather,
+/// reduce-scatter, NVLS all-reduce), the fit started from the shipped values lowers the
+/// error, and every parameter those tables constrain stays within three of the fit's
+/// standard errors of its shipped value (docs/PARAMETERS.md gives the whole-set figures,
+/// where several do not).
+#[test]
+fn shipped_hopper_values_lie_within_the_fit_on_their_tables() {
+    use fabricsim::calibrate::fit::{shipped_against_fit, tuned_datasets};
+    let sets = tuned_datasets(root(), fabricsim::fabric::Generation::Hopper, "together-1node-8gpu").unwrap();
+    let names: Vec<&str> = sets.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(sets.len(), 4, "{names:?}");
+    let rep = fit(&sets, &FitOptions::default()).unwrap();
+    assert!(rep.loss.1 < rep.loss.0, "loss {:?}", rep.loss);
+    let checks = shipped_against_fit(&rep);
+    let constrained: Vec<_> = checks.iter().filter(|c| c.sigmas.is_some()).collect();
+    for key in
+        ["link.nvlink.efficiency", "protocol.simple.step_latency.nvlink", "nvls.efficiency", "gpu.launch"]
+    {
+        assert!(constrained.iter().any(|c| c.key == key), "{key} not constrained: {checks:?}");
+    }
+    for c in &constrained {
+        let s = c.sigmas.unwrap();
+        assert!(
+            s <= 3.0,
+            "{}: shipped {} vs fitted {} is {s:.1} standard errors apart",
+            c.key,
+            c.shipped,
+            c.fitted
+        );
+    }
+    for c in checks.iter().filter(|c| !c.constrained) {
+        assert_eq!(c.fitted, c.shipped, "{} moved without being constrained", c.key);
+    }
+    // A generation with no tuned table is an error that lists those that have one.
+    let e = tuned_datasets(root(), fabricsim::fabric::Generation::Volta, "").unwrap_err();
+    assert!(e.starts_with("no tuned table of generation volta in "), "{e}");
+    assert!(e.contains("generations with tuned tables: hopper, ampere, blackwell"), "{e}");
+    let (code, _, err) =
+        fabricsim(&["calibrate", "--from-reference", "--generation", "kepler", "-o", "x.toml"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--generation kepler: expected one of volta, ampere, hopper, blackwell"), "{err}");
+}

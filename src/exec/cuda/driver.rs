@@ -75,6 +75,14 @@ impl Devices {
     /// Loads the driver and opens up to `max` GPUs (all when `None`), enabling peer access
     /// wherever the driver allows it.
     pub fn open(max: Option<u32>) -> Result<Devices, CudaError> {
+        Devices::open_range(0, max)
+    }
+
+    /// Opens the GPUs with ordinals `first..first + count` (at most; all from `first` when
+    /// `None`):
+    /// a process of a multi-node launch opens its own; index i of the set is ordinal
+    /// `first + i`.
+    pub fn open_range(first: u32, count: Option<u32>) -> Result<Devices, CudaError> {
         require(Library::Driver)?;
         guard("opening the GPUs", || {
             call("cuInit", result::init())?;
@@ -85,11 +93,15 @@ impl Devices {
             if n == 0 {
                 return Err(CudaError::NoDevice);
             }
-            let n = max.map_or(n, |m| m.min(n));
+            let have = n;
+            let n = count.map_or(n.saturating_sub(first), |m| m.min(n.saturating_sub(first)));
+            if n == 0 {
+                return Err(CudaError::TooFewDevices { want: first + count.unwrap_or(1), have });
+            }
             let mut info = Vec::new();
             let mut ctx = Vec::new();
             for i in 0..n {
-                let c = call("cuDevicePrimaryCtxRetain", CudaContext::new(i as usize))?;
+                let c = call("cuDevicePrimaryCtxRetain", CudaContext::new((first + i) as usize))?;
                 let dev = c.cu_device();
                 let attr = |a| call("cuDeviceGetAttribute", c.attribute(a));
                 let pci = format!(
@@ -99,7 +111,7 @@ impl Devices {
                     attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?
                 );
                 info.push(GpuInfo {
-                    ordinal: i,
+                    ordinal: first + i,
                     name: call("cuDeviceGetName", result::device::get_name(dev))?,
                     cc: call("cuDeviceGetAttribute", c.compute_capability())?,
                     sms: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,

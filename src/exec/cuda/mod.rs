@@ -5,7 +5,10 @@
 //! - **GPU-free, always built and tested:** the lowering of a schedule to a GPU plan
 //!   (copies, reduction kernels and event waits per stream, buffer layout; [`plan`]) with a
 //!   host emulator of the plan, the NVRTC source of the reduction kernels per type and
-//!   operator ([`kernels`]), and the `NCCL_ALGO`/`NCCL_PROTO` mapping ([`nccl_map`]).
+//!   operator ([`kernels`]), and the `NCCL_ALGO`/`NCCL_PROTO` mapping ([`nccl_map`]); for
+//!   runs across nodes, the plan split among processes with NCCL send/recv between them
+//!   ([`dist`]), the launcher's environment ([`launch`]) and the TCP rendezvous that
+//!   exchanges NCCL's unique id and gathers the results ([`rendezvous`]).
 //! - **Behind the `cuda` cargo feature:** the driver, NVRTC, cuBLAS and NCCL loaded at run
 //!   time through cudarc's dynamic loading (`driver.rs`: loading, device discovery, peer
 //!   matrix and peer bandwidth), the plan's executor with a bit-for-bit check against the
@@ -21,9 +24,12 @@
 //! nothing of the algorithm that built it; only [`nccl_map`] names algorithms, to tell
 //! NCCL which one to compare with.
 
+pub mod dist;
 pub mod kernels;
+pub mod launch;
 pub mod nccl_map;
 pub mod plan;
+pub mod rendezvous;
 
 #[cfg(feature = "cuda")]
 pub mod bench;

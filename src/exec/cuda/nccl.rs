@@ -29,7 +29,8 @@ pub fn version() -> Result<i32, CudaError> {
     guard("asking NCCL its version", || call("ncclGetVersion", nr::get_nccl_version()))
 }
 
-fn nccl_type(d: DType) -> ns::ncclDataType_t {
+/// NCCL's data type for `d`.
+pub fn nccl_type(d: DType) -> ns::ncclDataType_t {
     match d {
         DType::F32 => ns::ncclDataType_t::ncclFloat32,
         DType::F16 => ns::ncclDataType_t::ncclFloat16,
@@ -51,10 +52,39 @@ fn nccl_op(o: RedOp) -> ns::ncclRedOp_t {
     }
 }
 
+/// One send or receive of an NCCL group.
+pub struct P2p<'a> {
+    /// This process's GPU.
+    pub device: u32,
+    /// A send (else a receive).
+    pub send: bool,
+    /// Device address.
+    pub ptr: u64,
+    /// Elements.
+    pub count: u64,
+    /// Element type.
+    pub dtype: DType,
+    /// The other side's NCCL rank.
+    pub peer: u32,
+    /// Stream.
+    pub stream: &'a Stream,
+}
+
+/// A fresh NCCL unique id (rank 0 of a multi-node run publishes it through the rendezvous).
+pub fn unique_id() -> Result<Vec<u8>, CudaError> {
+    require(Library::Nccl)?;
+    guard("creating an NCCL unique id", || {
+        let id = call("ncclGetUniqueId", nr::get_uniqueid())?;
+        Ok(id.internal.iter().map(|&c| c as u8).collect())
+    })
+}
+
 /// Communicators over every opened GPU, for one algorithm and protocol.
 pub struct Comms {
     comms: Vec<ns::ncclComm_t>,
     streams: Vec<Stream>,
+    /// Ranks of the communicator (this process's GPUs and the other processes').
+    nranks: u32,
 }
 
 impl Comms {
@@ -74,8 +104,75 @@ impl Comms {
                 nr::comm_init_all(comms.as_mut_ptr(), n as i32, list.as_ptr())
             })?;
             let streams = (0..n as u32).map(|d| Stream::new(devs, d)).collect::<Result<_, _>>()?;
-            Ok(Comms { comms, streams })
+            Ok(Comms { comms, streams, nranks: n as u32 })
         })
+    }
+
+    /// Joins a communicator of `nranks` GPUs across processes (`ncclCommInitRank` from the
+    /// unique id `id` that rank 0 published), this process's GPUs being ranks `first..`; with
+    /// `algo` set, NCCL's algorithm and protocol are set first as in [`Comms::new`].
+    pub fn join(
+        devs: &Devices,
+        id: &[u8],
+        nranks: u32,
+        first: u32,
+        algo: Option<(Algo, Proto)>,
+    ) -> Result<Comms, CudaError> {
+        require(Library::Nccl)?;
+        if id.len() != 128 {
+            return Err(CudaError::Invalid(format!("an NCCL unique id has 128 bytes, not {}", id.len())));
+        }
+        if let Some((a, p)) = algo {
+            for (k, v) in nccl_env(a, p) {
+                // Single-threaded here: nothing else reads the environment meanwhile.
+                std::env::set_var(k, v);
+            }
+        }
+        guard("joining the NCCL communicator", || {
+            let mut uid = ns::ncclUniqueId { internal: [0; 128] };
+            for (d, &b) in uid.internal.iter_mut().zip(id) {
+                *d = b as _;
+            }
+            let n = devs.len() as usize;
+            let mut comms = vec![std::ptr::null_mut(); n];
+            call("ncclGroupStart", nr::group_start())?;
+            for (d, c) in comms.iter_mut().enumerate() {
+                devs.bind(d as u32)?;
+                // SAFETY: a valid out-pointer; the id came from ncclGetUniqueId on rank 0.
+                call("ncclCommInitRank", unsafe {
+                    nr::comm_init_rank(c, nranks as i32, uid, (first + d as u32) as i32)
+                })?;
+            }
+            call("ncclGroupEnd", nr::group_end())?;
+            let streams = (0..n as u32).map(|d| Stream::new(devs, d)).collect::<Result<_, _>>()?;
+            Ok(Comms { comms, streams, nranks })
+        })
+    }
+
+    /// Enqueues `ops` as one NCCL group of sends and receives (each on its own stream).
+    pub fn p2p_group(&self, devs: &Devices, ops: &[P2p<'_>]) -> Result<(), CudaError> {
+        call("ncclGroupStart", nr::group_start())?;
+        for o in ops {
+            devs.bind(o.device)?;
+            let c = self.comms[o.device as usize];
+            let st = o.stream.raw as ns::cudaStream_t;
+            let t = nccl_type(o.dtype);
+            // SAFETY: `ptr` addresses `count` elements of a live allocation on this GPU
+            // (checked by the caller against the plan), on this GPU's communicator and stream.
+            let r = unsafe {
+                if o.send {
+                    nr::send(o.ptr as *const c_void, o.count as usize, t, o.peer as i32, c, st)
+                } else {
+                    nr::recv(o.ptr as *mut c_void, o.count as usize, t, o.peer as i32, c, st)
+                }
+            };
+            if let Err(e) = call(if o.send { "ncclSend" } else { "ncclRecv" }, r) {
+                let _ = nr::group_end();
+                return Err(e);
+            }
+        }
+        call("ncclGroupEnd", nr::group_end())?;
+        Ok(())
     }
 
     /// Times `args` (nccl-tests' count semantics): `warmup` untimed and `iters` timed calls,
@@ -83,7 +180,7 @@ impl Comms {
     pub fn time(&self, devs: &Devices, args: &CollArgs, warmup: u32, iters: u32) -> Result<f64, CudaError> {
         guard("timing NCCL's collective", || {
             let n = self.comms.len() as u32;
-            let (ilen, olen) = args.buffer_elems(n);
+            let (ilen, olen) = args.buffer_elems(self.nranks);
             let es = args.dtype.size();
             let mut bufs = Vec::new();
             for d in 0..n {

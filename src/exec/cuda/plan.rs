@@ -102,7 +102,8 @@ pub struct Region {
 }
 
 impl Region {
-    fn end(&self) -> u64 {
+    /// One past the last element.
+    pub fn end(&self) -> u64 {
         self.offset + self.len
     }
 }
@@ -711,6 +712,49 @@ pub fn emulate<T: Element>(
     init: Vec<Vec<Buffers<T>>>,
     seed: u64,
 ) -> Result<PartBuffers<T>, ExecError> {
+    let shape: Vec<usize> = init.iter().map(Vec::len).collect();
+    let mut mem = host_memory(plan, init)?;
+    if seed == 0 {
+        for op in &plan.ops {
+            run_host_op(plan, &mut mem, &op.action)?;
+        }
+    } else {
+        // Per stream, its ops in order; an op is ready when its stream reaches it and every
+        // op it waits for is done.
+        let mut queues: Vec<VecDeque<u32>> = vec![VecDeque::new(); plan.streams.len()];
+        for (i, op) in plan.ops.iter().enumerate() {
+            queues[op.stream as usize].push_back(i as u32);
+        }
+        let mut done = vec![false; plan.ops.len()];
+        let mut rng = Pcg64Mcg::seed_from_u64(seed);
+        let mut left = plan.ops.len();
+        while left > 0 {
+            let ready: Vec<usize> = (0..queues.len())
+                .filter(|&q| {
+                    queues[q]
+                        .front()
+                        .is_some_and(|&i| plan.ops[i as usize].waits.iter().all(|&w| done[w as usize]))
+                })
+                .collect();
+            if ready.is_empty() {
+                return Err(ExecError::Buffers("the plan's waits form a cycle".into()));
+            }
+            let q = ready[rng.random_range(0..ready.len())];
+            let i = queues[q].pop_front().unwrap_or(0) as usize;
+            run_host_op(plan, &mut mem, &plan.ops[i].action)?;
+            done[i] = true;
+            left -= 1;
+        }
+    }
+    Ok(host_results(plan, mem, &shape))
+}
+
+/// Every plan buffer as a host array: rank buffers taken from `init[p][r]`, staging filled
+/// with the sentinel.
+pub(super) fn host_memory<T: Element>(
+    plan: &GpuPlan,
+    init: Vec<Vec<Buffers<T>>>,
+) -> Result<Vec<Vec<T>>, ExecError> {
     if init.len() != plan.parts.len() {
         return Err(ExecError::Buffers(format!(
             "the plan has {} parts but buffers for {} were given",
@@ -752,89 +796,81 @@ pub fn emulate<T: Element>(
         };
         mem.push(v);
     }
-    let check = |r: &Region| -> Result<(), ExecError> {
-        let have = plan.buffers.get(r.buffer as usize).map_or(0, |b| b.elems);
-        if r.end() > have {
-            return Err(ExecError::Buffers(format!(
-                "plan region {}..{} of buffer {} is outside its {have} elements",
-                r.offset,
-                r.end(),
-                r.buffer
-            )));
-        }
-        Ok(())
-    };
-    let run = |mem: &mut Vec<Vec<T>>, op: &PlanOp| -> Result<(), ExecError> {
-        match &op.action {
-            Action::Copy { src, dst } => {
-                check(src)?;
-                check(dst)?;
-                let v: Vec<T> = mem[src.buffer as usize][src.offset as usize..src.end() as usize].to_vec();
-                mem[dst.buffer as usize][dst.offset as usize..dst.end() as usize].copy_from_slice(&v);
-            }
-            Action::Reduce { part, inputs, dst, postop } => {
-                check(dst)?;
-                let p = plan.parts[*part as usize];
-                let mut acc: Option<Vec<T>> = None;
-                for i in inputs {
-                    check(i)?;
-                    let x = &mem[i.buffer as usize][i.offset as usize..i.end() as usize];
-                    match acc.as_mut() {
-                        None => acc = Some(x.to_vec()),
-                        Some(a) => {
-                            for (a, &b) in a.iter_mut().zip(x) {
-                                *a = T::reduce(p.redop, *a, b);
-                            }
+    Ok(mem)
+}
+
+fn check_region(plan: &GpuPlan, r: &Region) -> Result<(), ExecError> {
+    let have = plan.buffers.get(r.buffer as usize).map_or(0, |b| b.elems);
+    if r.end() > have {
+        return Err(ExecError::Buffers(format!(
+            "plan region {}..{} of buffer {} is outside its {have} elements",
+            r.offset,
+            r.end(),
+            r.buffer
+        )));
+    }
+    Ok(())
+}
+
+/// Copies `src` to `dst` on host arrays.
+pub(super) fn host_copy<T: Element>(
+    plan: &GpuPlan,
+    mem: &mut [Vec<T>],
+    src: &Region,
+    dst: &Region,
+) -> Result<(), ExecError> {
+    check_region(plan, src)?;
+    check_region(plan, dst)?;
+    if src.len != dst.len {
+        return Err(ExecError::Buffers(format!("a copy of {} elements into {}", src.len, dst.len)));
+    }
+    let v: Vec<T> = mem[src.buffer as usize][src.offset as usize..src.end() as usize].to_vec();
+    mem[dst.buffer as usize][dst.offset as usize..dst.end() as usize].copy_from_slice(&v);
+    Ok(())
+}
+
+/// Runs one plan action on host arrays, with the CPU executor's arithmetic.
+pub(super) fn run_host_op<T: Element>(
+    plan: &GpuPlan,
+    mem: &mut [Vec<T>],
+    action: &Action,
+) -> Result<(), ExecError> {
+    match action {
+        Action::Copy { src, dst } => host_copy(plan, mem, src, dst)?,
+        Action::Reduce { part, inputs, dst, postop } => {
+            check_region(plan, dst)?;
+            let p = plan.parts[*part as usize];
+            let mut acc: Option<Vec<T>> = None;
+            for i in inputs {
+                check_region(plan, i)?;
+                let x = &mem[i.buffer as usize][i.offset as usize..i.end() as usize];
+                match acc.as_mut() {
+                    None => acc = Some(x.to_vec()),
+                    Some(a) => {
+                        for (a, &b) in a.iter_mut().zip(x) {
+                            *a = T::reduce(p.redop, *a, b);
                         }
                     }
                 }
-                let mut acc = acc.unwrap_or_default();
-                if *postop && p.redop == RedOp::Avg {
-                    for a in &mut acc {
-                        *a = a.div_ranks(p.nranks);
-                    }
+            }
+            let mut acc = acc.unwrap_or_default();
+            if *postop && p.redop == RedOp::Avg {
+                for a in &mut acc {
+                    *a = a.div_ranks(p.nranks);
                 }
-                mem[dst.buffer as usize][dst.offset as usize..dst.end() as usize].copy_from_slice(&acc);
             }
-        }
-        Ok(())
-    };
-    if seed == 0 {
-        for op in &plan.ops {
-            run(&mut mem, op)?;
-        }
-    } else {
-        // Per stream, its ops in order; an op is ready when its stream reaches it and every
-        // op it waits for is done.
-        let mut queues: Vec<VecDeque<u32>> = vec![VecDeque::new(); plan.streams.len()];
-        for (i, op) in plan.ops.iter().enumerate() {
-            queues[op.stream as usize].push_back(i as u32);
-        }
-        let mut done = vec![false; plan.ops.len()];
-        let mut rng = Pcg64Mcg::seed_from_u64(seed);
-        let mut left = plan.ops.len();
-        while left > 0 {
-            let ready: Vec<usize> = (0..queues.len())
-                .filter(|&q| {
-                    queues[q]
-                        .front()
-                        .is_some_and(|&i| plan.ops[i as usize].waits.iter().all(|&w| done[w as usize]))
-                })
-                .collect();
-            if ready.is_empty() {
-                return Err(ExecError::Buffers("the plan's waits form a cycle".into()));
-            }
-            let q = ready[rng.random_range(0..ready.len())];
-            let i = queues[q].pop_front().unwrap_or(0) as usize;
-            run(&mut mem, &plan.ops[i])?;
-            done[i] = true;
-            left -= 1;
+            mem[dst.buffer as usize][dst.offset as usize..dst.end() as usize].copy_from_slice(&acc);
         }
     }
-    let mut out: PartBuffers<T> = init
+    Ok(())
+}
+
+/// Every rank's buffers back from host arrays, `shape[p]` ranks in part p.
+pub(super) fn host_results<T: Element>(plan: &GpuPlan, mem: Vec<Vec<T>>, shape: &[usize]) -> PartBuffers<T> {
+    let mut out: PartBuffers<T> = shape
         .iter()
-        .map(|p| {
-            p.iter().map(|_| Buffers { input: Vec::new(), output: Vec::new(), scratch: Vec::new() }).collect()
+        .map(|&n| {
+            (0..n).map(|_| Buffers { input: Vec::new(), output: Vec::new(), scratch: Vec::new() }).collect()
         })
         .collect();
     for (b, v) in plan.buffers.iter().zip(mem) {
@@ -847,7 +883,7 @@ pub fn emulate<T: Element>(
             }
         }
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
