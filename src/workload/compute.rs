@@ -9,12 +9,14 @@
 //! Backward conventions: a GEMM's input and weight gradients are GEMMs of the transposed
 //! shapes; the FlashAttention-2 backward runs five matmuls to the forward's two (Dao 2023,
 //! Sec. 3), so it costs 2.5 forwards; element-wise kernels move twice their forward bytes.
+//! Unfused attention ([`Attention::Unfused`]) is the batched GEMMs of the whole score matrix
+//! plus the element-wise kernels that carry the scores through HBM between them.
 
 use serde::Deserialize;
 
 use super::flops::{attention, layer_gemms, logits_gemm, Gemm, Split};
 use super::model::Model;
-use super::plan::{Dtype, Plan, Recompute};
+use super::plan::{Attention, Dtype, Plan, Recompute};
 use crate::fabric::{Generation, GpuSpec};
 
 const PARAMS: &str = include_str!("gpu_params.toml");
@@ -111,6 +113,13 @@ impl Roofline {
         let bytes = 2.0 * (m * k + k * n + m * n) as f64;
         let t = (flops / (self.peak_flops * self.gemm_eff(m, n, k))).max(bytes / self.hbm_bytes_per_s);
         t * count as f64
+    }
+
+    /// Time of `count` BF16 GEMMs of `m x k` by `k x n` (attention's batched products run
+    /// in BF16 whatever the plan's GEMM dtype).
+    pub fn bf16_gemm_time(&self, m: u64, n: u64, k: u64, count: u64) -> f64 {
+        let bf16 = Roofline { peak_flops: self.bf16_flops, gemm_eff: self.params.gemm_eff, ..*self };
+        bf16.gemm_time(m, n, k, count)
     }
 
     /// Time of attention work of `flops` (BF16, FlashAttention efficiency).
@@ -225,25 +234,8 @@ pub fn layer_ops(model: &Model, plan: &Plan, r: &Roofline, layer: u64) -> Vec<Op
     let s = plan.seq(model);
     let t = plan.mbs * s / plan.cp;
     let mut ops: Vec<OpCost> = layer_gemms(model, layer, t).iter().map(|g| gemm_op(r, g, plan)).collect();
-    // Causal attention of the local queries against the whole sequence, split over TP heads
-    // and balanced over CP; it reads Q, K, V and writes its output.
-    let flops = attention(model, plan.mbs, s).flops_causal() / (plan.tp * plan.cp) as f64;
-    let io =
-        2.0 * t as f64 * (model.q_dim() + 2 * model.kv_dim() + model.attn_out_dim()) as f64 / plan.tp as f64;
-    let att = r.attention_time(flops).max(r.memory_time(io));
     let at = ops.iter().position(|o| o.name == "attn_out").unwrap_or(ops.len());
-    ops.insert(
-        at,
-        OpCost {
-            name: "attention",
-            kind: OpKind::Attention,
-            flops,
-            bytes: io,
-            fwd: att,
-            bwd_input: 2.5 * att,
-            bwd_weight: 0.0,
-        },
-    );
+    ops.insert(at, attention_op(model, plan, r, s, t));
     let bytes = elementwise_bytes(model, plan, layer, t);
     let ew = r.memory_time(bytes);
     ops.push(OpCost {
@@ -268,6 +260,57 @@ fn gemm_op(r: &Roofline, g: &Gemm, plan: &Plan) -> OpCost {
         fwd: r.gemm_time(m, n, k, c),
         bwd_input: r.gemm_time(m, k, n, c),
         bwd_weight: r.gemm_time(k, n, m, c),
+    }
+}
+
+/// The attention core of one layer for one micro-batch: the local queries (balanced over
+/// CP) against the whole sequence, the heads split over TP.
+fn attention_op(model: &Model, plan: &Plan, r: &Roofline, s: u64, t: u64) -> OpCost {
+    let a = attention(model, plan.mbs, s);
+    match plan.attention {
+        Attention::Flash => {
+            // Causal and fused: it reads Q, K, V and writes its output.
+            let flops = a.flops_causal() / (plan.tp * plan.cp) as f64;
+            let io = 2.0 * t as f64 * (model.q_dim() + 2 * model.kv_dim() + model.attn_out_dim()) as f64
+                / plan.tp as f64;
+            let att = r.attention_time(flops).max(r.memory_time(io));
+            OpCost {
+                name: "attention",
+                kind: OpKind::Attention,
+                flops,
+                bytes: io,
+                fwd: att,
+                bwd_input: 2.5 * att,
+                bwd_weight: 0.0,
+            }
+        }
+        Attention::Unfused => {
+            // Per sequence and local head: scores S = Q K^T (s/cp x s, inner d_qk), then the
+            // output P V (inner s). The masked upper triangle is computed all the same.
+            let (q, count) = (s / plan.cp, plan.mbs * (a.heads / plan.tp).max(1));
+            let gemms = r.bf16_gemm_time(q, s, a.d_qk, count) + r.bf16_gemm_time(q, a.d_v, s, count);
+            // The 2-byte scores and probabilities between the GEMMs (whose own reads and
+            // writes `gemm_time` counts): the fused scale-mask-softmax reads and writes them
+            // (4 bytes an element), the attention dropout reads, writes and keeps a 1-byte
+            // mask (5). Backward: dropout's gradient (5) and softmax's, which also reads the
+            // probabilities (6).
+            let elems = (count * q * s) as f64;
+            let (fwd_b, bwd_b) = if model.dropout { (9.0, 11.0) } else { (4.0, 6.0) };
+            // Backward: dQ, dK from S's gradient, dP and dV from the output's: four GEMMs.
+            let bwd_gemms = r.bf16_gemm_time(q, a.d_qk, s, count)
+                + r.bf16_gemm_time(s, a.d_qk, q, count)
+                + r.bf16_gemm_time(q, s, a.d_v, count)
+                + r.bf16_gemm_time(s, a.d_v, q, count);
+            OpCost {
+                name: "attention",
+                kind: OpKind::Attention,
+                flops: a.flops_full() / (plan.tp * plan.cp) as f64,
+                bytes: elems * fwd_b,
+                fwd: gemms + r.memory_time(elems * fwd_b),
+                bwd_input: bwd_gemms + r.memory_time(elems * bwd_b),
+                bwd_weight: 0.0,
+            }
+        }
     }
 }
 

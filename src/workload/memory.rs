@@ -12,9 +12,11 @@
 //!   the attention output (the projection's input), the MLP input, its up-projection and
 //!   activation outputs, and 1-byte dropout masks where the model has dropout. For a GPT
 //!   layer this is their `34 sbh`; without sequence parallelism the norm inputs, block
-//!   inputs and dropout masks (`10 sbh`) are not split by TP. Attention scores are never
-//!   stored: attention runs as FlashAttention, so the `5as/h` term does not appear and
-//!   selective recomputation stores what no recomputation stores. Full recomputation keeps
+//!   inputs and dropout masks (`10 sbh`) are not split by TP. Under FlashAttention (the
+//!   default) attention scores are never stored, so the `5as/h` term does not appear and
+//!   selective recomputation stores what no recomputation stores; unfused attention keeps
+//!   it (softmax output 2 bytes, dropout mask 1 and output 2 per score, split by TP) unless
+//!   recomputed. Full recomputation keeps
 //!   each layer's input (2sbh, split by TP under SP). The last stage also holds the FP32
 //!   logits of one micro-batch (`4sbv/t`).
 //! - In flight: the chunks whose forward ran and backward has not, at the peak of each
@@ -30,7 +32,7 @@ use std::fmt;
 use super::flops::{layer_gemms, Split};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
-use super::plan::{Plan, Recompute, Sharding};
+use super::plan::{Attention, Plan, Recompute, Sharding};
 
 /// A memory category.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,7 +199,15 @@ pub fn layer_activation_bytes(model: &Model, plan: &Plan, layer: u64) -> u64 {
         }
         _ => mlp(model.ffn_hidden),
     };
-    replicated / sp_div + (qkv + attn_out + ffn_part) / tp
+    // Unfused attention without recomputation keeps its scores (Korthikanti's 5as/h).
+    let scores = match (plan.attention, plan.recompute) {
+        (Attention::Unfused, Recompute::None) => {
+            let per = if model.dropout { 5 } else { 2 };
+            per * plan.mbs * model.heads * (t * plan.seq(model))
+        }
+        _ => 0,
+    };
+    replicated / sp_div + (qkv + attn_out + ffn_part + scores) / tp
 }
 
 fn v_dim(model: &Model) -> u64 {

@@ -55,6 +55,19 @@ pub enum Recompute {
     Full,
 }
 
+/// The attention kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Attention {
+    /// FlashAttention: fused and causal; the scores never reach HBM nor the activations.
+    #[default]
+    Flash,
+    /// The unfused path of Megatron before FlashAttention (its 2021-22 papers): the full
+    /// `s x s` scores are computed by batched GEMMs, pass through HBM between the GEMMs, the
+    /// fused scale-mask-softmax kernel and the attention dropout, and are kept for the
+    /// backward pass unless recomputed (Korthikanti et al.'s `5as/h` term).
+    Unfused,
+}
+
 /// Compute dtype of the GEMMs (weights and activations are stored in BF16 either way).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dtype {
@@ -144,6 +157,8 @@ pub struct Plan {
     pub seq: Option<u64>,
     /// Activation recomputation.
     pub recompute: Recompute,
+    /// Attention kernel.
+    pub attention: Attention,
     /// GEMM dtype.
     pub dtype: Dtype,
     /// Pipeline schedule (None: interleaved when `vpp` > 1, else 1F1B).
@@ -177,6 +192,7 @@ impl Default for Plan {
             gbs: 1,
             seq: None,
             recompute: Recompute::None,
+            attention: Attention::Flash,
             dtype: Dtype::Bf16,
             schedule: None,
             // Megatron-core DDP's default bucket: 40M parameters of BF16 gradients.
@@ -826,6 +842,7 @@ struct PlanFile {
     gbs: Option<Spanned<u64>>,
     seq: Option<Spanned<u64>>,
     recompute: Option<Spanned<String>>,
+    attention: Option<Spanned<String>>,
     dtype: Option<Spanned<String>>,
     schedule: Option<Spanned<String>>,
     bucket: Option<Spanned<String>>,
@@ -839,7 +856,7 @@ struct PlanFile {
 }
 
 /// Every key of a plan table, in the order of [`PlanKeys`]' fields.
-pub const PLAN_KEYS: [&str; 25] = [
+pub const PLAN_KEYS: [&str; 26] = [
     "tp",
     "pp",
     "vpp",
@@ -855,6 +872,7 @@ pub const PLAN_KEYS: [&str; 25] = [
     "gbs",
     "seq",
     "recompute",
+    "attention",
     "dtype",
     "schedule",
     "bucket",
@@ -901,7 +919,7 @@ impl PlanKeys {
 }
 
 /// Reads a plan table (the keys of [`Plan`] as spelled in errors: tp, pp, vpp, dp, cp, ep,
-/// etp, sp, zero, fsdp = "full"|"hybrid", fsdp_shard, mbs, gbs, seq, recompute, dtype,
+/// etp, sp, zero, fsdp = "full"|"hybrid", fsdp_shard, mbs, gbs, seq, recompute, attention, dtype,
 /// schedule, bucket = "80MB", overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
 /// pp_comm_overlap, order = "tp-cp-ep-dp-pp", decoder_first_pipeline_num_layers,
 /// decoder_last_pipeline_num_layers) and checks it against `model` on `gpus`
@@ -956,6 +974,13 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
             "selective" => Recompute::Selective,
             "full" => Recompute::Full,
             _ => return Err(choice(r, "recompute", "none, selective, full")),
+        };
+    }
+    if let Some(a) = &f.attention {
+        p.attention = match a.get_ref().as_str() {
+            "flash" => Attention::Flash,
+            "unfused" => Attention::Unfused,
+            _ => return Err(choice(a, "attention", "flash, unfused")),
         };
     }
     if let Some(d) = &f.dtype {
