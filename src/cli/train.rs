@@ -81,6 +81,17 @@ pub struct TrainArgs {
     /// Pipeline schedule: gpipe, 1f1b, interleaved, zb-h1.
     #[arg(long)]
     pub schedule: Option<String>,
+    /// Context-parallel exchange: p2p (ring attention, overlapped with the attention) or
+    /// all_gather (K and V all-gathered before it; Megatron's --cp-comm-type).
+    #[arg(long)]
+    pub cp_comm: Option<String>,
+    /// MoE token-routing imbalance: max/mean tokens per EP rank, averaged over the MoE
+    /// layers (1.0: balanced); the busiest rank's all-to-all and expert GEMMs set the pace.
+    #[arg(long)]
+    pub ep_imbalance: Option<f64>,
+    /// Seed of the per-layer imbalance draw.
+    #[arg(long)]
+    pub ep_seed: Option<u64>,
     /// Layers on the first pipeline stage (Megatron's flag); the other stages share the rest
     /// evenly. Without it (and --decoder-last-pipeline-num-layers) layers that do not divide
     /// by pp x vpp are split with the embedding and output layer counted as one layer each.
@@ -110,7 +121,7 @@ pub struct TrainArgs {
 }
 
 /// The plan keys given as integer flags, with their values.
-fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 12] {
+fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 13] {
     [
         ("tp", a.tp),
         ("pp", a.pp),
@@ -124,6 +135,7 @@ fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 12] {
         ("decoder_first_pipeline_num_layers", a.decoder_first_pipeline_num_layers),
         ("decoder_last_pipeline_num_layers", a.decoder_last_pipeline_num_layers),
         ("zero", a.zero.map(u64::from)),
+        ("ep_seed", a.ep_seed),
     ]
 }
 
@@ -147,10 +159,18 @@ fn plan_text(a: &TrainArgs) -> Result<String> {
             set(k, v.to_string());
         }
     }
-    for (k, v) in [("recompute", &a.recompute), ("dtype", &a.dtype), ("schedule", &a.schedule)] {
+    for (k, v) in
+        [("recompute", &a.recompute), ("dtype", &a.dtype), ("schedule", &a.schedule), ("cp_comm", &a.cp_comm)]
+    {
         if let Some(v) = v {
             set(k, format!("{v:?}"));
         }
+    }
+    if let Some(v) = a.ep_imbalance {
+        if !v.is_finite() {
+            bail!("--ep-imbalance {v}: valid: a max/mean ratio from 1.0 (balanced) to 1000");
+        }
+        set("ep_imbalance", format!("{v:?}"));
     }
     Ok(text)
 }
@@ -188,10 +208,16 @@ fn overrides(a: &TrainArgs) -> Result<Vec<Override>> {
             put(&format!("workload.{k}"), toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX)), flag);
         }
     }
-    for (k, v) in [("recompute", &a.recompute), ("dtype", &a.dtype), ("schedule", &a.schedule)] {
+    for (k, v) in
+        [("recompute", &a.recompute), ("dtype", &a.dtype), ("schedule", &a.schedule), ("cp_comm", &a.cp_comm)]
+    {
         if let Some(v) = v {
-            put(&format!("workload.{k}"), toml::Value::String(v.clone()), format!("--{k} {v}"));
+            let flag = format!("--{} {v}", k.replace('_', "-"));
+            put(&format!("workload.{k}"), toml::Value::String(v.clone()), flag);
         }
+    }
+    if let Some(v) = a.ep_imbalance {
+        put("workload.ep_imbalance", toml::Value::Float(v), format!("--ep-imbalance {v}"));
     }
     Ok(o)
 }
@@ -307,6 +333,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
             Fidelity::Event {
                 memoized: ev.memoized,
                 explicit: ev.explicit,
+                replayed: ev.replayed,
+                replay_memo: ev.replay_memo,
                 ranks: ev.ranks,
                 events: ev.events,
                 runs: ev.runs,
@@ -345,6 +373,10 @@ enum Fidelity {
         memoized: usize,
         /// Collectives simulated together in the step.
         explicit: usize,
+        /// DP/FSDP collectives replayed from memoized timings.
+        replayed: usize,
+        /// Distinct DP/FSDP collectives simulated alone for the replay.
+        replay_memo: usize,
         /// Fabric ranks the step's schedule touches.
         ranks: usize,
         /// Engine events of the final run.
@@ -360,8 +392,9 @@ impl Fidelity {
             Fidelity::Analytical { priced } => format!(
                 "analytical: {priced} distinct collectives simulated on their groups (event mode); step assembled by formula"
             ),
-            Fidelity::Event { memoized, explicit, ranks, events, runs } => format!(
+            Fidelity::Event { memoized, explicit, replayed, replay_memo, ranks, events, runs } => format!(
                 "event: the step simulated as one schedule on {ranks} ranks ({explicit} collectives together, \
+                 {replayed} DP/FSDP collectives replayed from {replay_memo} simulated alone, \
                  {memoized} distinct TP/CP/EP collectives memoized, {events} events, {runs} run(s))"
             ),
         }

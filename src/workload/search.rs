@@ -34,6 +34,7 @@ use super::analytic::{estimate, Breakdown, StepEstimate};
 use super::comm::CollectiveKind;
 use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{collective_time, nccl_choice};
+use super::lower::{step_event_with, EventOpts};
 use super::memory::{memory_by_stage_with, stage_params, Oom};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
@@ -1107,9 +1108,11 @@ pub struct Progress {
     pub total: u64,
 }
 
+/// Re-times a plan: its whole step in the event mode ([`super::lower::step_event`]).
+pub type RetimeFn<'a> = &'a dyn Fn(&Plan) -> Result<StepEstimate, String>;
+
 /// Searches `model` under `spec` on GPUs like `gpu`: `rank_price` prices a collective for
-/// the ranking (seconds), `retime_price` for the re-timing of the best `spec.retime`
-/// (None: no re-timing); `tp_ok` tells which TP sizes stay inside an NVLink domain.
+/// the ranking (seconds), `retime` re-times the best `spec.retime` (None: no re-timing); `tp_ok` tells which TP sizes stay inside an NVLink domain.
 /// `progress` is called as plans are settled.
 #[allow(clippy::too_many_arguments)]
 pub fn search(
@@ -1119,7 +1122,7 @@ pub fn search(
     spec: &SearchSpec,
     tp_ok: &dyn Fn(u64) -> bool,
     rank_price: PriceFn<'_>,
-    retime_price: Option<PriceFn<'_>>,
+    retime: Option<RetimeFn<'_>>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<SearchResult, SearchError> {
     let params = GpuParams::for_generation(gpu.generation).map_err(SearchError::Estimate)?;
@@ -1213,10 +1216,10 @@ pub fn search(
     let mut cands: Vec<Candidate> = Vec::new();
     for (j, (t, i, est)) in best.iter().enumerate() {
         let p = &fit[*i];
-        let (est2, fidelity) = match retime_price {
-            Some(price) if j < spec.retime => {
+        let (est2, fidelity) = match retime {
+            Some(step) if j < spec.retime => {
                 counts.retimed += 1;
-                (estimate(model, p, gpu, params, price).map_err(SearchError::Estimate)?, Fidelity::Event)
+                (step(p).map_err(SearchError::Estimate)?, Fidelity::Event)
             }
             _ => (est.clone(), Fidelity::Analytic),
         };
@@ -1294,7 +1297,9 @@ pub fn search_on_fabric(
     }
     let tp_ok = |tp: u64| tp_cache.get(&tp).copied().unwrap_or(false);
     let rank = |k: CollectiveKind, b: u64, r: &[u64]| pricer.analytic(k, b, r);
-    let event = |k: CollectiveKind, b: u64, r: &[u64]| pricer.event(k, b, r);
+    // Re-timing: the whole step in the event mode, its collectives memoized in the same pricer
+    // (the DP groups of every stage replayed from one simulation per shape).
+    let event = |p: &Plan| step_event_with(f, model, p, &EventOpts::default(), &pricer).map(|e| e.estimate);
     let mut res = search(model, &f.gpu, &f.name, spec, &tp_ok, &rank, Some(&event), progress)?;
     if let Some(e) = pricer.take_failure() {
         return Err(SearchError::Estimate(format!("a collective could not be priced: {e}")));
