@@ -388,7 +388,9 @@ pub fn step_on_fabric(
     plan: &super::Plan,
 ) -> Result<(super::analytic::StepEstimate, usize), String> {
     let pricer = super::search::FabricPricer::new(f);
-    let price = |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 { pricer.event(kind, bytes, ranks) };
+    let price = |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
+        pricer.event(kind, bytes, ranks)
+    };
     let gp = super::compute::GpuParams::for_generation(f.gpu.generation)?;
     let est = super::analytic::estimate(model, plan, &f.gpu, gp, &price)?;
     if let Some(e) = pricer.take_failure() {

@@ -856,7 +856,7 @@ impl Exposed {
 pub enum Fidelity {
     /// Collectives by the closed-form model.
     Analytic,
-    /// Collectives simulated in the event mode on their groups.
+    /// The whole step simulated in the event mode ([`super::lower::step_event`]).
     Event,
 }
 
