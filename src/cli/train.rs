@@ -15,9 +15,9 @@ use clap::Args;
 use fabricsim::fabric::{self, build::BuildOpts, Fabric};
 use fabricsim::scenario::bench::Fidelity as Mode;
 use fabricsim::scenario::file::{load_plan_with, Override};
-use fabricsim::scenario::training::{plan_summary, run_step, StepDetail};
+use fabricsim::scenario::training::{plan_summary, run_step_with, StepDetail};
 use fabricsim::workload::analytic::StepEstimate;
-use fabricsim::workload::lower::{EventStep, StepJobKind};
+use fabricsim::workload::lower::{EventOpts, EventStep, StepJobKind};
 use fabricsim::workload::plan::parse_plan;
 use fabricsim::workload::{load_model, Model, Placement, Plan};
 
@@ -106,6 +106,10 @@ pub struct TrainArgs {
     /// Report a plan that does not fit in HBM instead of failing.
     #[arg(long)]
     pub allow_oom: bool,
+    /// Event mode: simulate every DP/FSDP collective on all its ranks inside the step
+    /// instead of replaying each distinct one from a simulation alone (slow at scale).
+    #[arg(long)]
+    pub no_replay: bool,
     /// Output: table or json.
     #[arg(long, default_value = "table")]
     pub format: String,
@@ -324,7 +328,11 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if a.trace.is_some() && mode != Mode::Event {
         bail!("--trace needs --fidelity event (the analytical mode has no timeline)");
     }
-    let run = run_step(&f, &model, &plan, mode).map_err(anyhow::Error::msg)?;
+    if a.no_replay && mode != Mode::Event {
+        bail!("--no-replay needs --fidelity event");
+    }
+    let opts = EventOpts { replay: !a.no_replay, ..EventOpts::default() };
+    let run = run_step_with(&f, &model, &plan, mode, &opts).map_err(anyhow::Error::msg)?;
     let how = match &run.detail {
         StepDetail::Event(ev) => {
             if let Some(path) = &a.trace {

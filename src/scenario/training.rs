@@ -130,9 +130,20 @@ fn gib(b: u64) -> f64 {
 /// ([`step_on_fabric`]) or the event mode ([`step_event`]), exactly as `fabricsim train`
 /// does.
 pub fn run_step(f: &Fabric, model: &Model, plan: &Plan, fidelity: Fidelity) -> Result<TrainingRun, String> {
+    run_step_with(f, model, plan, fidelity, &EventOpts::default())
+}
+
+/// [`run_step`] with the event mode's options (`train --no-replay`).
+pub fn run_step_with(
+    f: &Fabric,
+    model: &Model,
+    plan: &Plan,
+    fidelity: Fidelity,
+    opts: &EventOpts,
+) -> Result<TrainingRun, String> {
     let (estimate, detail) = match fidelity {
         Fidelity::Event => {
-            let ev = step_event(f, model, plan, &EventOpts::default())?;
+            let ev = step_event(f, model, plan, opts)?;
             (ev.estimate.clone(), StepDetail::Event(Box::new(ev)))
         }
         Fidelity::Analytical => {
