@@ -1266,9 +1266,13 @@ fn event_mode_is_deterministic_and_names_bad_input() {
 /// the composed step, on plans of 64 to 128 GPUs where both run. What the replay drops is
 /// the contention of a stage's DP traffic with the pipeline transfers on the
 /// representative's NIC and between the DP groups of different stages; concurrent
-/// collectives of one stage still share (the proxy's resource, fairly). Bound: 3% on the
-/// step (measured below 1.5%); a replay that lost a dependency (the optimizer not waiting,
-/// a bucket issued at the wrong kernel) moves the step by more.
+/// collectives of one stage still share (the proxy's resource, fairly). So the replay is
+/// never slower (1% margin) and is faster by the pipeline transfers' lost contention:
+/// measured -0.1% (tp8 pp2), -6.4% (tp4 pp4 vpp2 dp8, whose DP buckets, reduced during the
+/// backward, share the representative's NIC with the backward transfers: exposed PP 2 ms
+/// against 11 ms), 0.0% (ZeRO-3) and -2% (no overlap). Bound: 7%; the DP exposure within
+/// 3% of the step. A replay that lost a dependency (the optimizer not waiting, a bucket
+/// issued at the wrong kernel) moves the step by more.
 #[test]
 fn replayed_dp_collectives_match_the_simulated_ones() {
     let m = model("llama3-8b");
@@ -1299,12 +1303,9 @@ fn replayed_dp_collectives_match_the_simulated_ones() {
             replay.events,
             full.events
         );
-        assert!(
-            err < 0.03,
-            "{text:?}: replay {} s vs simulated {} s",
-            replay.estimate.step_time_s,
-            full.estimate.step_time_s
-        );
+        let (r, s) = (replay.estimate.step_time_s, full.estimate.step_time_s);
+        assert!(err < 0.07, "{text:?}: replay {r} s vs simulated {s} s");
+        assert!(r <= 1.01 * s, "{text:?}: the replay drops contention, it adds none: {r} s vs {s} s");
         // Compute is the same; DP exposure agrees within the same bound of the step.
         let (a, b) = (replay.estimate.breakdown, full.estimate.breakdown);
         assert!(rel_err(a.compute, b.compute) < 1e-9, "{text:?}");
