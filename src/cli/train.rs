@@ -84,14 +84,14 @@ pub struct TrainArgs {
     /// Context-parallel exchange: p2p (ring attention, overlapped with the attention) or
     /// all_gather (K and V all-gathered before it; Megatron's --cp-comm-type).
     #[arg(long)]
-    pub cp_comm: Option<String>,
+    pub cp_comm: Option<CpCommArg>,
     /// MoE token-routing imbalance: max/mean tokens per EP rank, averaged over the MoE
     /// layers (1.0: balanced); the busiest rank's all-to-all and expert GEMMs set the pace.
     #[arg(long)]
-    pub ep_imbalance: Option<f64>,
+    pub ep_imbalance: Option<f32>,
     /// Seed of the per-layer imbalance draw.
     #[arg(long)]
-    pub ep_seed: Option<u64>,
+    pub ep_seed: Option<u32>,
     /// Layers on the first pipeline stage (Megatron's flag); the other stages share the rest
     /// evenly. Without it (and --decoder-last-pipeline-num-layers) layers that do not divide
     /// by pp x vpp are split with the embedding and output layer counted as one layer each.
@@ -139,8 +139,26 @@ fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 13] {
         ("decoder_first_pipeline_num_layers", a.decoder_first_pipeline_num_layers),
         ("decoder_last_pipeline_num_layers", a.decoder_last_pipeline_num_layers),
         ("zero", a.zero.map(u64::from)),
-        ("ep_seed", a.ep_seed),
+        ("ep_seed", a.ep_seed.map(u64::from)),
     ]
+}
+
+/// `--cp-comm`'s values (Megatron's `--cp-comm-type` spellings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CpCommArg {
+    /// Ring attention: K/V sent around the CP ring, overlapped with the attention.
+    P2p,
+    /// K/V all-gathered before the attention.
+    #[value(name = "all_gather", alias = "allgather")]
+    AllGather,
+}
+
+/// `--cp-comm` as a plan-file value.
+fn cp_comm(a: &TrainArgs) -> Option<String> {
+    a.cp_comm.map(|c| match c {
+        CpCommArg::P2p => "p2p".to_string(),
+        CpCommArg::AllGather => "all_gather".to_string(),
+    })
 }
 
 /// The plan as a plan file's text: the file's, then every flag given.
@@ -163,9 +181,12 @@ fn plan_text(a: &TrainArgs) -> Result<String> {
             set(k, v.to_string());
         }
     }
-    for (k, v) in
-        [("recompute", &a.recompute), ("dtype", &a.dtype), ("schedule", &a.schedule), ("cp_comm", &a.cp_comm)]
-    {
+    for (k, v) in [
+        ("recompute", &a.recompute),
+        ("dtype", &a.dtype),
+        ("schedule", &a.schedule),
+        ("cp_comm", &cp_comm(a)),
+    ] {
         if let Some(v) = v {
             set(k, format!("{v:?}"));
         }
@@ -212,16 +233,19 @@ fn overrides(a: &TrainArgs) -> Result<Vec<Override>> {
             put(&format!("workload.{k}"), toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX)), flag);
         }
     }
-    for (k, v) in
-        [("recompute", &a.recompute), ("dtype", &a.dtype), ("schedule", &a.schedule), ("cp_comm", &a.cp_comm)]
-    {
+    for (k, v) in [
+        ("recompute", &a.recompute),
+        ("dtype", &a.dtype),
+        ("schedule", &a.schedule),
+        ("cp_comm", &cp_comm(a)),
+    ] {
         if let Some(v) = v {
             let flag = format!("--{} {v}", k.replace('_', "-"));
             put(&format!("workload.{k}"), toml::Value::String(v.clone()), flag);
         }
     }
     if let Some(v) = a.ep_imbalance {
-        put("workload.ep_imbalance", toml::Value::Float(v), format!("--ep-imbalance {v}"));
+        put("workload.ep_imbalance", toml::Value::Float(f64::from(v)), format!("--ep-imbalance {v}"));
     }
     Ok(o)
 }

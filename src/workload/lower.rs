@@ -15,9 +15,9 @@
 //!   sender's next op waits too;
 //! - the data-parallel gradient reduction, bucket by bucket, as collectives on the stage's
 //!   real data-parallel group (all its replicas; replayed by default, see below), each
-//!   bucket issued when the
-//!   backward kernels that produce its gradients are done (with `grad_reduce` overlap; at the
-//!   end of the last backward without), buckets in order on one stream; ZeRO-3/FSDP weight
+//!   bucket issued when the backward kernels that produce its gradients are done (with
+//!   `grad_reduce` overlap; at the end of the last backward without), buckets in order on
+//!   one stream; ZeRO-3/FSDP weight
 //!   gathers layer by layer before every forward and backward kernel (prefetched one kernel
 //!   ahead with `param_gather`) and gradient reduce-scatters after every backward kernel, on
 //!   the sharding group, the optimizer after the last of them (a gather of a whole chunk
@@ -61,12 +61,13 @@
 //!   DP index 0) carries the compute stream; without replay every collective of the step
 //!   that leaves it runs on its real group of fabric ranks (a DP bucket on all replicas of
 //!   the stage), and the other ranks of that group start it when the representative reaches
-//!   the kernel that issues it (they reach it at the same time). The other TP ranks' DP groups and pipeline
-//!   transfers are copies on other rails: on a rail-optimized fabric they share no link with
-//!   the representative's except in the spine, whose sharing among them is not simulated.
+//!   the kernel that issues it (they reach it at the same time). The other TP ranks' DP
+//!   groups and pipeline transfers are copies on other rails: on a rail-optimized fabric
+//!   they share no link with the representative's except in the spine, whose sharing among
+//!   them is not simulated.
 //! - TP, CP and EP collectives (several per layer and micro-batch) are timed once per
-//!   distinct (kind, size, group shape) alone on their real group by the event engine (memoized)
-//!   and enter the layer's kernel with the exposure rules of [`super::analytic`] (TP hidden
+//!   distinct (kind, size, group shape) alone on their real group by the event engine
+//!   (memoized) and enter the layer's kernel with the exposure rules of [`super::analytic`] (TP hidden
 //!   behind the GEMMs with `tp_comm` overlap, ring attention behind the attention core).
 //!   They do not contend with DP or PP traffic in the composed run; inside an NVLink domain
 //!   they share no link with it.
