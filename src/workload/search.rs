@@ -2,7 +2,7 @@
 //! GPU count (tp, pp, vpp, cp, ep, dp, ZeRO stage, micro-batch, recomputation), the ones
 //! that do not fit in HBM discarded by [`super::memory`], the rest ranked by the analytical
 //! step time ([`super::analytic::estimate`]) with branch and bound, and the best re-timed
-//! with every collective simulated by the event engine on its real group of fabric ranks.
+//! with the whole step simulated in the event mode on the fabric ([`super::lower`]).
 //! It returns data (no printing): the candidates, the counts, and why the winner wins.
 //!
 //! How the search stays fast:
@@ -17,7 +17,9 @@
 //!   it spans: the DP groups of every pipeline stage, or the TP groups of every node, are
 //!   translations of one another and cost the same. The ranking uses the closed-form
 //!   collective model of [`crate::exec::analytic`] with NCCL's pick for the group; the
-//!   re-timing uses [`super::concurrent::collective_time`] (event mode).
+//!   re-timing runs the whole event-mode step ([`super::lower::step_event_with`]), its
+//!   collectives simulated alone by [`super::concurrent::collective_time`] and memoized in
+//!   the same pricer across the re-timed plans.
 //!
 //! Objectives: for one fabric, tokens/s, cost (GPU-hours and dollars per million tokens at
 //! a price per GPU-hour) and energy (joules per token at the GPU's TDP) are each the step
@@ -980,7 +982,7 @@ pub struct Counts {
     pub pruned: u64,
     /// Plans timed by the analytical estimate.
     pub timed: u64,
-    /// Plans re-timed with event-mode collectives.
+    /// Plans re-timed with the event-mode step.
     pub retimed: u64,
     /// Distinct collectives priced in closed form.
     pub collectives_analytic: u64,
@@ -1112,8 +1114,9 @@ pub struct Progress {
 pub type RetimeFn<'a> = &'a dyn Fn(&Plan) -> Result<StepEstimate, String>;
 
 /// Searches `model` under `spec` on GPUs like `gpu`: `rank_price` prices a collective for
-/// the ranking (seconds), `retime` re-times the best `spec.retime` (None: no re-timing); `tp_ok` tells which TP sizes stay inside an NVLink domain.
-/// `progress` is called as plans are settled.
+/// the ranking (seconds), `retime` re-times the best `spec.retime` (None: no re-timing);
+/// `tp_ok` tells which TP sizes stay inside an NVLink domain. `progress` is called as plans
+/// are settled.
 #[allow(clippy::too_many_arguments)]
 pub fn search(
     model: &Model,

@@ -1413,3 +1413,37 @@ fn ep_imbalance_slows_the_step_monotonically_and_is_seeded() {
         assert!(s.contains("p.toml:8") && s.contains("ep_imbalance") && s.contains("1.0"), "{bad}: {s}");
     }
 }
+
+/// The new plan flags from the command line: `--cp-comm all_gather` runs in the event mode
+/// with exposed CP time, `--no-replay` only with `--fidelity event`, and bad values exit 2
+/// naming the flag or key and the valid choices.
+#[test]
+fn train_flags_for_cp_comm_ep_imbalance_and_replay() {
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+            .args(["train", "--model", "models/llama3-8b.toml", "--topology", "topologies/dgx-h100.toml"])
+            .args(["--nodes", "2", "--tp", "2", "--cp", "4", "--gbs", "8", "--seq", "8192", "--allow-oom"])
+            .args(extra)
+            .current_dir(root())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = run(&["--cp-comm", "all_gather", "--fidelity", "event", "--format", "json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["breakdown"]["cp_s"].as_f64().unwrap() > 0.0, "{out}");
+    let (code, _, err) = run(&["--cp-comm", "ring"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--cp-comm") && err.contains("all_gather") && err.contains("p2p"), "{err}");
+    let (code, _, err) = run(&["--ep-imbalance", "0.5"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("ep_imbalance") && err.contains("1.0"), "{err}");
+    let (code, _, err) = run(&["--no-replay"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--no-replay") && err.contains("--fidelity event"), "{err}");
+}
