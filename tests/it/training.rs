@@ -1437,6 +1437,12 @@ fn train_flags_for_cp_comm_ep_imbalance_and_replay() {
     assert_eq!(code, Some(0), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["breakdown"]["cp_s"].as_f64().unwrap() > 0.0, "{out}");
+    // The alias, and the plan line naming the variant (shown only when not the default).
+    let (code, out, err) = run(&["--cp-comm", "allgather"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.lines().next().unwrap().ends_with(", cp_comm all_gather"), "{out}");
+    let (_, out, _) = run(&[]);
+    assert!(!out.contains("cp_comm"), "{out}");
     let (code, _, err) = run(&["--cp-comm", "ring"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("--cp-comm") && err.contains("all_gather") && err.contains("p2p"), "{err}");
