@@ -20,7 +20,12 @@
 //!   two should differ by about 2x (linear in the nodes);
 //! - `plan_search/llama3-70b_1024`: `fabricsim plan` for Llama 3 70B on 1,024 GPUs of
 //!   superpod-h100 (global batch 1024, seq 8192) without event-mode re-timing: every valid
-//!   plan enumerated, filtered by memory, ranked with bound-and-prune.
+//!   plan enumerated, filtered by memory, ranked with bound-and-prune;
+//! - `train_event/gpus/{1024,4096,16384}`: one event-mode training step of Llama 3 405B
+//!   (TP8 PP16 VPP4, seq 8192, GBS 2048, ZeRO-1, full recomputation; DP fills the GPUs) on
+//!   superpod-h100, DP collectives replayed: the cost against the GPU count;
+//! - `train_event/microbatches/{16,32,64}`: the same on 16,384 GPUs with GBS 2048, 4096 and
+//!   8192 (micro-batches per pipeline 16, 32, 64): the cost against the micro-batches.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -36,6 +41,8 @@ use fabricsim::fabric::{load_topology, Fabric};
 use fabricsim::scenario::bench::{run_bench, sweep_sizes, BenchConfig, Fidelity, NcclEnv};
 use fabricsim::units::{Bandwidth, SimTime};
 use fabricsim::workload::load_model;
+use fabricsim::workload::lower::{step_event, EventOpts};
+use fabricsim::workload::plan::{Plan, Recompute, Sharding};
 use fabricsim::workload::search::{search_on_fabric, SearchSpec};
 
 /// Issues `left` flows per sender, each on the sender's next path, as completions arrive.
@@ -202,5 +209,40 @@ fn plan_search(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, engine, collectives, algorithms, topo, plan_search);
+fn train_event(c: &mut Criterion) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model = load_model(&root.join("models/llama3-405b.toml")).expect("shipped model");
+    let plan = |gpus: u64, gbs: u64| Plan {
+        tp: 8,
+        pp: 16,
+        vpp: 4,
+        dp: gpus / 128,
+        sp: true,
+        mbs: 1,
+        gbs,
+        seq: Some(8192),
+        sharding: Sharding::Zero(1),
+        recompute: Recompute::Full,
+        ..Plan::default()
+    };
+    let mut g = c.benchmark_group("train_event");
+    g.sample_size(10).measurement_time(Duration::from_secs(20));
+    for gpus in [1024u64, 4096, 16384] {
+        let f = superpod((gpus / 8) as u32);
+        let p = plan(gpus, 2048);
+        g.bench_function(format!("gpus/{gpus}"), |b| {
+            b.iter(|| black_box(step_event(&f, &model, &p, &EventOpts::default()).expect("steps").events))
+        });
+    }
+    let f = superpod(2048);
+    for gbs in [2048u64, 4096, 8192] {
+        let p = plan(16384, gbs);
+        g.bench_function(format!("microbatches/{}", gbs / 128), |b| {
+            b.iter(|| black_box(step_event(&f, &model, &p, &EventOpts::default()).expect("steps").events))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, engine, collectives, algorithms, topo, plan_search, train_event);
 criterion_main!(benches);

@@ -47,9 +47,8 @@ pub struct PlanArgs {
     /// Candidates to show (and keep while pruning).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
-    /// How many of the best to re-time with every collective simulated (event mode); default
-    /// 3, or 0 above 4,096 GPUs, where one re-timing simulates groups of thousands of ranks
-    /// for minutes.
+    /// How many of the best to re-time with the whole step simulated (event mode, DP
+    /// collectives replayed from one simulation per group shape); default 3 at every scale.
     #[arg(long)]
     pub retime: Option<usize>,
     /// A rule every plan must follow: tp<=8, pp>=2, ep=8, zero<=1, recompute!=full, ...
@@ -77,9 +76,6 @@ pub struct PlanArgs {
     #[arg(short = 'o', long = "out")]
     pub out: Option<PathBuf>,
 }
-
-/// Above this many GPUs the best plans are not re-timed unless `--retime` asks.
-const RETIME_MAX_GPUS: u64 = 4096;
 
 /// The search request from the flags.
 fn spec(a: &PlanArgs) -> Result<SearchSpec> {
@@ -125,7 +121,7 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
         dtype,
         constraints,
         top: a.top,
-        retime: a.retime.unwrap_or(if a.gpus <= RETIME_MAX_GPUS { 3 } else { 0 }).min(a.top),
+        retime: a.retime.unwrap_or(3).min(a.top),
         objective,
         price_per_gpu_hour: price,
         tdp_watts: a.tdp,
@@ -159,12 +155,6 @@ pub fn run(a: PlanArgs) -> Result<()> {
         super::check_out_dir("-o", dir)?;
     }
     let model = load_model(&a.model)?;
-    if a.retime.is_none() && a.gpus > RETIME_MAX_GPUS {
-        eprintln!(
-            "note: above {RETIME_MAX_GPUS} GPUs the best plans are not re-timed in the event mode by default \
-             (--retime N asks for it; it takes minutes at this scale)"
-        );
-    }
     let mut results = Vec::new();
     for path in &a.topology {
         let f = fabric_for(path, a.gpus)?;

@@ -15,9 +15,9 @@ use clap::Args;
 use fabricsim::fabric::{self, build::BuildOpts, Fabric};
 use fabricsim::scenario::bench::Fidelity as Mode;
 use fabricsim::scenario::file::{load_plan_with, Override};
-use fabricsim::scenario::training::{plan_summary, run_step, StepDetail};
+use fabricsim::scenario::training::{plan_summary, run_step_with, StepDetail};
 use fabricsim::workload::analytic::StepEstimate;
-use fabricsim::workload::lower::{EventStep, StepJobKind};
+use fabricsim::workload::lower::{EventOpts, EventStep, StepJobKind};
 use fabricsim::workload::plan::parse_plan;
 use fabricsim::workload::{load_model, Model, Placement, Plan};
 
@@ -81,6 +81,17 @@ pub struct TrainArgs {
     /// Pipeline schedule: gpipe, 1f1b, interleaved, zb-h1.
     #[arg(long)]
     pub schedule: Option<String>,
+    /// Context-parallel exchange: p2p (ring attention, overlapped with the attention) or
+    /// all_gather (K and V all-gathered before it; Megatron's --cp-comm-type).
+    #[arg(long)]
+    pub cp_comm: Option<CpCommArg>,
+    /// MoE token-routing imbalance: max/mean tokens per EP rank, averaged over the MoE
+    /// layers (1.0: balanced); the busiest rank's all-to-all and expert GEMMs set the pace.
+    #[arg(long)]
+    pub ep_imbalance: Option<f32>,
+    /// Seed of the per-layer imbalance draw.
+    #[arg(long)]
+    pub ep_seed: Option<u32>,
     /// Layers on the first pipeline stage (Megatron's flag); the other stages share the rest
     /// evenly. Without it (and --decoder-last-pipeline-num-layers) layers that do not divide
     /// by pp x vpp are split with the embedding and output layer counted as one layer each.
@@ -95,6 +106,10 @@ pub struct TrainArgs {
     /// Report a plan that does not fit in HBM instead of failing.
     #[arg(long)]
     pub allow_oom: bool,
+    /// Event mode: simulate every DP/FSDP collective on all its ranks inside the step
+    /// instead of replaying each distinct one from a simulation alone (slow at scale).
+    #[arg(long)]
+    pub no_replay: bool,
     /// Output: table or json.
     #[arg(long, default_value = "table")]
     pub format: String,
@@ -115,7 +130,7 @@ pub struct TrainArgs {
 }
 
 /// The plan keys given as integer flags, with their values.
-fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 12] {
+fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 13] {
     [
         ("tp", a.tp),
         ("pp", a.pp),
@@ -129,7 +144,26 @@ fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 12] {
         ("decoder_first_pipeline_num_layers", a.decoder_first_pipeline_num_layers),
         ("decoder_last_pipeline_num_layers", a.decoder_last_pipeline_num_layers),
         ("zero", a.zero.map(u64::from)),
+        ("ep_seed", a.ep_seed.map(u64::from)),
     ]
+}
+
+/// `--cp-comm`'s values (Megatron's `--cp-comm-type` spellings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CpCommArg {
+    /// Ring attention: K/V sent around the CP ring, overlapped with the attention.
+    P2p,
+    /// K/V all-gathered before the attention.
+    #[value(name = "all_gather", alias = "allgather")]
+    AllGather,
+}
+
+/// `--cp-comm` as a plan-file value.
+fn cp_comm(a: &TrainArgs) -> Option<String> {
+    a.cp_comm.map(|c| match c {
+        CpCommArg::P2p => "p2p".to_string(),
+        CpCommArg::AllGather => "all_gather".to_string(),
+    })
 }
 
 /// The plan as a plan file's text: the file's, then every flag given.
@@ -152,10 +186,21 @@ fn plan_text(a: &TrainArgs) -> Result<String> {
             set(k, v.to_string());
         }
     }
-    for (k, v) in [("recompute", &a.recompute), ("dtype", &a.dtype), ("schedule", &a.schedule)] {
+    for (k, v) in [
+        ("recompute", &a.recompute),
+        ("dtype", &a.dtype),
+        ("schedule", &a.schedule),
+        ("cp_comm", &cp_comm(a)),
+    ] {
         if let Some(v) = v {
             set(k, format!("{v:?}"));
         }
+    }
+    if let Some(v) = a.ep_imbalance {
+        if !v.is_finite() {
+            bail!("--ep-imbalance {v}: valid: a max/mean ratio from 1.0 (balanced) to 1000");
+        }
+        set("ep_imbalance", format!("{v:?}"));
     }
     Ok(text)
 }
@@ -193,10 +238,19 @@ fn overrides(a: &TrainArgs) -> Result<Vec<Override>> {
             put(&format!("workload.{k}"), toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX)), flag);
         }
     }
-    for (k, v) in [("recompute", &a.recompute), ("dtype", &a.dtype), ("schedule", &a.schedule)] {
+    for (k, v) in [
+        ("recompute", &a.recompute),
+        ("dtype", &a.dtype),
+        ("schedule", &a.schedule),
+        ("cp_comm", &cp_comm(a)),
+    ] {
         if let Some(v) = v {
-            put(&format!("workload.{k}"), toml::Value::String(v.clone()), format!("--{k} {v}"));
+            let flag = format!("--{} {v}", k.replace('_', "-"));
+            put(&format!("workload.{k}"), toml::Value::String(v.clone()), flag);
         }
+    }
+    if let Some(v) = a.ep_imbalance {
+        put("workload.ep_imbalance", toml::Value::Float(f64::from(v)), format!("--ep-imbalance {v}"));
     }
     Ok(o)
 }
@@ -306,7 +360,11 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if let Some(dir) = &a.plot {
         super::check_out_dir("--plot", dir)?;
     }
-    let run = run_step(&f, &model, &plan, mode).map_err(anyhow::Error::msg)?;
+    if a.no_replay && mode != Mode::Event {
+        bail!("--no-replay needs --fidelity event");
+    }
+    let opts = EventOpts { replay: !a.no_replay, ..EventOpts::default() };
+    let run = run_step_with(&f, &model, &plan, mode, &opts).map_err(anyhow::Error::msg)?;
     let how = match &run.detail {
         StepDetail::Event(ev) => {
             if let Some(path) = &a.trace {
@@ -315,6 +373,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
             Fidelity::Event {
                 memoized: ev.memoized,
                 explicit: ev.explicit,
+                replayed: ev.replayed,
+                replay_memo: ev.replay_memo,
                 ranks: ev.ranks,
                 events: ev.events,
                 runs: ev.runs,
@@ -366,6 +426,10 @@ enum Fidelity {
         memoized: usize,
         /// Collectives simulated together in the step.
         explicit: usize,
+        /// DP/FSDP collectives replayed from memoized timings.
+        replayed: usize,
+        /// Distinct DP/FSDP collectives simulated alone for the replay.
+        replay_memo: usize,
         /// Fabric ranks the step's schedule touches.
         ranks: usize,
         /// Engine events of the final run.
@@ -381,8 +445,9 @@ impl Fidelity {
             Fidelity::Analytical { priced } => format!(
                 "analytical: {priced} distinct collectives simulated on their groups (event mode); step assembled by formula"
             ),
-            Fidelity::Event { memoized, explicit, ranks, events, runs } => format!(
+            Fidelity::Event { memoized, explicit, replayed, replay_memo, ranks, events, runs } => format!(
                 "event: the step simulated as one schedule on {ranks} ranks ({explicit} collectives together, \
+                 {replayed} DP/FSDP collectives replayed from {replay_memo} simulated alone, \
                  {memoized} distinct TP/CP/EP collectives memoized, {events} events, {runs} run(s))"
             ),
         }

@@ -16,7 +16,7 @@ use crate::fabric::Fabric;
 use crate::workload::analytic::StepEstimate;
 use crate::workload::concurrent::step_on_fabric;
 use crate::workload::lower::{step_event, EventOpts, EventStep};
-use crate::workload::plan::{Dtype, PlanKeys};
+use crate::workload::plan::{CpComm, Dtype, PlanKeys};
 use crate::workload::{Model, Placement, Plan};
 
 /// A training step to time: what the scenario's `[workload]` resolved to.
@@ -130,9 +130,20 @@ fn gib(b: u64) -> f64 {
 /// ([`step_on_fabric`]) or the event mode ([`step_event`]), exactly as `fabricsim train`
 /// does.
 pub fn run_step(f: &Fabric, model: &Model, plan: &Plan, fidelity: Fidelity) -> Result<TrainingRun, String> {
+    run_step_with(f, model, plan, fidelity, &EventOpts::default())
+}
+
+/// [`run_step`] with the event mode's options (`train --no-replay`).
+pub fn run_step_with(
+    f: &Fabric,
+    model: &Model,
+    plan: &Plan,
+    fidelity: Fidelity,
+    opts: &EventOpts,
+) -> Result<TrainingRun, String> {
     let (estimate, detail) = match fidelity {
         Fidelity::Event => {
-            let ev = step_event(f, model, plan, &EventOpts::default())?;
+            let ev = step_event(f, model, plan, opts)?;
             (ev.estimate.clone(), StepDetail::Event(Box::new(ev)))
         }
         Fidelity::Analytical => {
@@ -179,7 +190,7 @@ pub fn plan_summary(p: &Plan) -> String {
         Dtype::Bf16 => "bf16",
         Dtype::Fp8 => "fp8",
     };
-    format!(
+    let mut s = format!(
         "tp {} pp {} vpp {} cp {} ep {} dp {}, mbs {} gbs {} ({} micro-batches), sp {}, {:?}, recompute {:?}, {dt}, {}",
         p.tp,
         p.pp,
@@ -194,5 +205,13 @@ pub fn plan_summary(p: &Plan) -> String {
         p.sharding,
         p.recompute,
         p.schedule().name()
-    )
+    );
+    // The CP exchange and the EP imbalance only when they differ from the defaults.
+    if p.cp > 1 && p.cp_comm != CpComm::P2p {
+        s.push_str(&format!(", cp_comm {}", p.cp_comm.name()));
+    }
+    if p.ep_imbalance != 1.0 {
+        s.push_str(&format!(", ep_imbalance {} (seed {})", p.ep_imbalance, p.ep_seed));
+    }
+    s
 }

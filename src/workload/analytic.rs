@@ -10,7 +10,13 @@
 //! - CP: ring attention passes the local K and V around the CP ring, `cp - 1` steps per layer
 //!   (twice that in backward), overlapped with the attention core; what exceeds it is
 //!   exposed, and the attention it runs beside slows by the generation's overlap share.
-//! - EP: dispatch and combine all-to-all per MoE layer each way; exposed.
+//!   With `cp_comm = "all_gather"` the whole sequence's K and V are all-gathered before the
+//!   attention instead (and again in backward, with a reduce-scatter of their gradients):
+//!   exposed.
+//! - EP: dispatch and combine all-to-all per MoE layer each way; exposed. With a token-routing
+//!   imbalance ([`super::comm::ep_load_factors`]) the busiest EP rank receives `f` times the
+//!   mean tokens of a layer: its all-to-all takes `f` times the balanced one and its expert
+//!   GEMMs run on `f` times the rows; the step waits for it.
 //! - PP: one send/recv per micro-batch and stage boundary (`bsh/t` with SP); it delays the
 //!   dependent op on the next stage; without `pp_comm` overlap it also blocks the sender.
 //! - DP: gradients reduced bucket by bucket while the last micro-batch's backward produces
@@ -23,13 +29,16 @@
 //! What is sent, on which communicator and how large, comes from [`super::comm`].
 
 pub use super::comm::CollectiveKind;
-use super::comm::{chunk_gather_bytes, grad_reduces, layer_comms, p2p_bytes, shard_group_kind, HiddenBehind};
-use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
+use super::comm::{
+    chunk_gather_bytes, ep_load_factors, grad_reduces, layer_comms, p2p_bytes, shard_group_kind, HiddenBehind,
+};
+use super::compute::{chunk_cost, local_shape, optimizer_time, ChunkCost, GpuParams, Roofline};
+use super::flops::layer_gemms;
 use super::flops::step_flops;
 use super::memory::{memory_by_stage, stage_params, Memory};
 use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineRun, PipelineSchedule};
-use super::plan::{Coord, GroupKind, Placement, Plan, Sharding};
+use super::plan::{Coord, GroupKind, Placement, Plan, Recompute, Sharding};
 use crate::fabric::GpuSpec;
 
 /// Where the step time goes, in seconds; the parts add up to the step time.
@@ -138,8 +147,36 @@ pub(crate) fn chunk_costs_and_comms(
 ) -> (Vec<Vec<ChunkCost>>, Vec<Vec<ChunkComm>>) {
     let (pp, vpp) = (plan.pp, plan.vpp);
     let rank_of = |s: u64| pl.rank(Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: s });
-    let costs: Vec<Vec<ChunkCost>> =
+    let mut costs: Vec<Vec<ChunkCost>> =
         (0..pp).map(|s| (0..vpp).map(|c| chunk_cost(model, plan, r, s, c)).collect()).collect();
+    // EP token-routing imbalance: the busiest EP rank's expert GEMMs on `factor` times the
+    // mean rows (the step waits for it).
+    let load = ep_load_factors(model, plan);
+    if load.iter().any(|&f| f != 1.0) {
+        let t = plan.mbs * plan.seq(model) / plan.cp;
+        for s in 0..pp {
+            for c in 0..vpp {
+                let cost = &mut costs[s as usize][c as usize];
+                for l in plan.vstage_layers(model.layers, c * pp + s) {
+                    let f = load[l as usize];
+                    if f == 1.0 {
+                        continue;
+                    }
+                    for g in layer_gemms(model, l, t).iter().filter(|g| g.expert) {
+                        let (m, n, k, cnt) = local_shape(g, plan);
+                        let hot = ((m as f64 * f).round() as u64).max(m);
+                        let df = r.gemm_time(hot, n, k, cnt) - r.gemm_time(m, n, k, cnt);
+                        let di = r.gemm_time(hot, k, n, cnt) - r.gemm_time(m, k, n, cnt);
+                        let dw = r.gemm_time(k, n, hot, cnt) - r.gemm_time(k, n, m, cnt);
+                        cost.fwd += df;
+                        cost.gemm_fwd += df;
+                        cost.bwd_input += di + if plan.recompute == Recompute::Full { df } else { 0.0 };
+                        cost.bwd_weight += dw;
+                    }
+                }
+            }
+        }
+    }
 
     // Communication per (stage, chunk), each distinct collective priced once per stage.
     let mut comms = vec![vec![ChunkComm::default(); vpp as usize]; pp as usize];
@@ -160,16 +197,23 @@ pub(crate) fn chunk_costs_and_comms(
         for c in 0..vpp {
             let cost = &costs[s as usize][c as usize];
             let vs = c * pp + s;
-            // Per pass: TP exposed, TP hideable behind the GEMMs, CP, EP.
-            let mut sums = [[0.0f64; 4]; 2];
+            // Per pass: TP exposed, TP hideable behind the GEMMs, CP hideable behind the
+            // attention, EP, CP exposed.
+            let mut sums = [[0.0f64; 5]; 2];
             for l in plan.vstage_layers(model.layers, vs) {
                 for op in layer_comms(model, plan, l) {
-                    let t = op.count as f64 * price(op.kind, op.group, op.bytes);
+                    let mut t = op.count as f64 * price(op.kind, op.group, op.bytes);
+                    if op.group == GroupKind::Ep {
+                        // The busiest rank receives `load` times the mean: its links bound
+                        // the exchange (latency included: an upper estimate).
+                        t *= load[l as usize];
+                    }
                     let row = &mut sums[usize::from(op.pass != Pass::F)];
                     match op.group {
                         GroupKind::Tp if op.hidden_behind == HiddenBehind::Gemms => row[1] += t,
                         GroupKind::Tp => row[0] += t,
-                        GroupKind::Cp => row[2] += t,
+                        GroupKind::Cp if op.hidden_behind == HiddenBehind::Attention => row[2] += t,
+                        GroupKind::Cp => row[4] += t,
                         _ => row[3] += t,
                     }
                 }
@@ -180,8 +224,8 @@ pub(crate) fn chunk_costs_and_comms(
             let mut cc = ChunkComm {
                 tp_fwd: f[0] + exposed(f[1], gemm_f, true),
                 tp_bwd: b[0] + exposed(b[1], gemm_b, true),
-                cp_fwd: exposed(f[2], att_f, true) + share * f[2].min(att_f),
-                cp_bwd: exposed(b[2], att_b, true) + share * b[2].min(att_b),
+                cp_fwd: f[4] + exposed(f[2], att_f, true) + share * f[2].min(att_f),
+                cp_bwd: b[4] + exposed(b[2], att_b, true) + share * b[2].min(att_b),
                 ep_fwd: f[3],
                 ep_bwd: b[3],
                 ..ChunkComm::default()

@@ -14,7 +14,7 @@
 use super::memory::{stage_params, vstage_params};
 use super::model::Model;
 use super::pipeline::Pass;
-use super::plan::{GroupKind, Plan, Sharding};
+use super::plan::{CpComm, GroupKind, Plan, Sharding};
 
 /// A collective a training step issues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,19 +92,43 @@ pub fn layer_comms(model: &Model, plan: &Plan, layer: u64) -> Vec<CommOp> {
             }
         }
         if plan.cp > 1 {
-            // Ring attention: the local K and V go around the ring, cp - 1 steps; backward
-            // sends them again with their gradients.
-            let kv = 2 * t * (model.kv_dim() + model.attn_out_dim()) / plan.tp;
-            let steps = if pass == Pass::F { plan.cp - 1 } else { 2 * (plan.cp - 1) };
-            ops.push(CommOp {
-                name: "cp_kv",
-                kind: CollectiveKind::SendRecv,
-                group: GroupKind::Cp,
-                bytes: kv,
-                count: steps,
-                pass,
-                hidden_behind: HiddenBehind::Attention,
-            });
+            let kv = cp_kv_bytes(model, plan);
+            match plan.cp_comm {
+                CpComm::P2p => {
+                    // Ring attention: the local K and V go around the ring, cp - 1 steps;
+                    // backward sends them again with their gradients.
+                    let steps = if pass == Pass::F { plan.cp - 1 } else { 2 * (plan.cp - 1) };
+                    ops.push(CommOp {
+                        name: "cp_kv",
+                        kind: CollectiveKind::SendRecv,
+                        group: GroupKind::Cp,
+                        bytes: kv,
+                        count: steps,
+                        pass,
+                        hidden_behind: HiddenBehind::Attention,
+                    });
+                }
+                CpComm::AllGather => {
+                    // All-gather variant (Megatron-core `cp_comm_type = "all_gather"`,
+                    // Transformer Engine's KV all-gather attention): the whole sequence's
+                    // K and V gathered before the attention, on the critical path; the
+                    // backward gathers them again (the gathered copy is not kept) and
+                    // reduce-scatters their gradients.
+                    let op = |name, kind| CommOp {
+                        name,
+                        kind,
+                        group: GroupKind::Cp,
+                        bytes: kv * plan.cp,
+                        count: 1,
+                        pass,
+                        hidden_behind: HiddenBehind::Nothing,
+                    };
+                    ops.push(op("cp_kv_allgather", CollectiveKind::AllGather));
+                    if pass == Pass::B {
+                        ops.push(op("cp_dkv_reducescatter", CollectiveKind::ReduceScatter));
+                    }
+                }
+            }
         }
         if let Some(moe) = &model.moe {
             if plan.ep > 1 && model.is_moe_layer(layer) {
@@ -124,6 +148,37 @@ pub fn layer_comms(model: &Model, plan: &Plan, layer: u64) -> Vec<CommOp> {
         }
     }
     ops
+}
+
+/// Bytes of the local keys and values of one layer for one micro-batch on one GPU (what
+/// ring attention passes per step; the all-gather variant gathers `cp` times as much).
+pub fn cp_kv_bytes(model: &Model, plan: &Plan) -> u64 {
+    2 * local_tokens(model, plan) * (model.kv_dim() + model.attn_out_dim()) / plan.tp
+}
+
+/// Per layer of `model`, the load of the busiest EP rank over the mean (1.0 for dense
+/// layers, and for every layer without EP or with `plan.ep_imbalance` = 1.0): the step
+/// waits for the rank that receives the most tokens, so its all-to-all and its expert GEMMs
+/// set the pace. The factors are drawn per MoE layer from `plan.ep_seed` (PCG64-MCG) as
+/// `1 + (ep_imbalance - 1) * w / mean(w)` with `w` uniform in [0.5, 1.5): the mean over the
+/// MoE layers is `ep_imbalance` exactly, the layers vary around it with the seed, and a
+/// larger imbalance makes every layer's factor larger for a given seed. This is this
+/// model's knob, not a routing simulation: real imbalance depends on the router, its
+/// auxiliary loss and the data.
+pub fn ep_load_factors(model: &Model, plan: &Plan) -> Vec<f64> {
+    use rand::{RngExt, SeedableRng};
+    let mut out = vec![1.0; model.layers as usize];
+    if plan.ep <= 1 || plan.ep_imbalance == 1.0 || model.moe.is_none() {
+        return out;
+    }
+    let moe: Vec<usize> = (0..model.layers).filter(|&l| model.is_moe_layer(l)).map(|l| l as usize).collect();
+    let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(plan.ep_seed);
+    let w: Vec<f64> = moe.iter().map(|_| 0.5 + rng.random_range(0.0..1.0)).collect();
+    let mean = w.iter().sum::<f64>() / w.len().max(1) as f64;
+    for (&l, wl) in moe.iter().zip(&w) {
+        out[l] = 1.0 + (plan.ep_imbalance - 1.0) * wl / mean;
+    }
+    out
 }
 
 /// Bytes a stage sends the next per micro-batch (scatter/gather over TP under SP).

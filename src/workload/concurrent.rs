@@ -207,6 +207,23 @@ impl<'f> Concurrent<'f> {
         }
     }
 
+    /// Kernel `kernel` of compute job `compute` (and every later kernel of it) waits until
+    /// job `job` is done on every one of its ranks, wherever they are (a job that stands
+    /// for the compute rank's communication but runs on another rank: a replayed
+    /// collective, see [`super::lower`]).
+    pub fn kernel_after_everywhere(&mut self, compute: JobId, kernel: u32, job: JobId) {
+        let Some((cp, jp, _)) = self.compute_and_job(compute, job) else { return };
+        let mut ranks: Vec<u32> =
+            self.composer.get(jp).map(|s| s.streams.iter().map(|st| st.rank).collect()).unwrap_or_default();
+        ranks.sort_unstable();
+        ranks.dedup();
+        for r in ranks {
+            for e in self.composer.all_ops(jp, r) {
+                self.composer.after(LocalOp { part: cp, stream: 0, op: kernel }, e);
+            }
+        }
+    }
+
     /// Job `job` starts on the compute stream's rank only once kernel `kernel` of compute
     /// job `compute` is complete (the collective reduces the gradients that kernel made).
     pub fn after_kernel(&mut self, job: JobId, compute: JobId, kernel: u32) {
@@ -362,37 +379,22 @@ pub fn collective_time(
 
 /// One training step of `model` under `plan` on fabric `f`, estimated analytically with every
 /// distinct collective priced by [`collective_time`] on its real group of fabric ranks
-/// (memoized by kind, bytes and ranks). Returns the estimate and how many distinct
-/// collectives were simulated.
+/// (memoized by kind, bytes and group shape, [`super::search::FabricPricer`]: the DP groups
+/// of every stage, translations of one another, are simulated once). Returns the estimate
+/// and how many distinct collectives were simulated.
 pub fn step_on_fabric(
     f: &Fabric,
     model: &super::Model,
     plan: &super::Plan,
 ) -> Result<(super::analytic::StepEstimate, usize), String> {
-    use std::cell::RefCell;
-    use std::collections::BTreeMap;
-    type Key = (u8, u64, Vec<u64>);
-    let router = Router::new(f, 0);
-    let cache: RefCell<BTreeMap<Key, f64>> = RefCell::new(BTreeMap::new());
-    let failure: RefCell<Option<String>> = RefCell::new(None);
+    let pricer = super::search::FabricPricer::new(f);
     let price = |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
-        let key = (kind as u8, bytes, ranks.to_vec());
-        if let Some(&t) = cache.borrow().get(&key) {
-            return t;
-        }
-        let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
-        let t = collective_time(f, &router, kind, bytes, &r, DType::BF16).unwrap_or_else(|e| {
-            failure.borrow_mut().get_or_insert(format!("{kind:?} of {bytes} B on ranks {ranks:?}: {e}"));
-            0.0
-        });
-        cache.borrow_mut().insert(key, t);
-        t
+        pricer.event(kind, bytes, ranks)
     };
     let gp = super::compute::GpuParams::for_generation(f.gpu.generation)?;
     let est = super::analytic::estimate(model, plan, &f.gpu, gp, &price)?;
-    if let Some(e) = failure.into_inner() {
+    if let Some(e) = pricer.take_failure() {
         return Err(format!("a collective of the step could not be simulated: {e}"));
     }
-    let n = cache.borrow().len();
-    Ok((est, n))
+    Ok((est, pricer.priced().1))
 }

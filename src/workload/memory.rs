@@ -259,6 +259,12 @@ pub fn stage_memory(model: &Model, plan: &Plan, stage: u64, in_flight_chunks: u6
     if plan.tp > 1 && plan.sp {
         comm += 2 * t * model.hidden;
     }
+    if plan.cp > 1 && plan.cp_comm == super::plan::CpComm::AllGather {
+        // The all-gather CP variant holds one layer's K and V of the whole sequence, and in
+        // backward their gradients before the reduce-scatter (Megatron-core's
+        // `cp_comm_type = "all_gather"`; the gathered copy is not kept across layers).
+        comm += 2 * plan.cp * super::comm::cp_kv_bytes(model, plan);
+    }
     if plan.sharding.shards_params() {
         let biggest = stage_layers.iter().map(|&l| model.layer_params(l).total()).max().unwrap_or(0);
         comm += 2 * 2 * biggest / plan.tp;

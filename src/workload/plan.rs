@@ -77,6 +77,40 @@ pub enum Dtype {
     Fp8,
 }
 
+/// How context parallelism exchanges keys and values (Megatron-core's
+/// `TransformerConfig.cp_comm_type`, `--cp-comm-type`; implemented by Transformer Engine's
+/// context-parallel attention).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpComm {
+    /// Ring attention: each rank's K and V go around the CP ring in `cp - 1` send/recv
+    /// steps, overlapped with the attention of the blocks already received.
+    #[default]
+    P2p,
+    /// All-gather: the K and V of the whole sequence are all-gathered before the attention
+    /// (exposed), all-gathered again in the backward, and their gradients reduce-scattered.
+    AllGather,
+}
+
+impl CpComm {
+    /// Name in plan files and flags.
+    pub fn name(self) -> &'static str {
+        match self {
+            CpComm::P2p => "p2p",
+            CpComm::AllGather => "all_gather",
+        }
+    }
+    /// The valid spellings, for errors.
+    pub const CHOICES: &'static str = "p2p, all_gather (or allgather)";
+    /// Parses a plan-file or flag value.
+    pub fn parse(s: &str) -> Option<CpComm> {
+        match s {
+            "p2p" => Some(CpComm::P2p),
+            "all_gather" | "allgather" => Some(CpComm::AllGather),
+            _ => None,
+        }
+    }
+}
+
 /// Pipeline schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Schedule {
@@ -174,6 +208,14 @@ pub struct Plan {
     pub first_stage_layers: Option<u64>,
     /// Layers on the last pipeline stage (Megatron's `--decoder-last-pipeline-num-layers`).
     pub last_stage_layers: Option<u64>,
+    /// How CP exchanges keys and values.
+    pub cp_comm: CpComm,
+    /// Token-routing imbalance of MoE layers: the max/mean ratio of the tokens the EP ranks
+    /// receive, averaged over the MoE layers (1.0: balanced, as Megatron's force-balanced
+    /// benchmarks route). See [`super::comm::ep_load_factors`].
+    pub ep_imbalance: f64,
+    /// Seed of the per-layer imbalance draw.
+    pub ep_seed: u64,
 }
 
 impl Default for Plan {
@@ -201,6 +243,9 @@ impl Default for Plan {
             order: MEGATRON_ORDER,
             first_stage_layers: None,
             last_stage_layers: None,
+            cp_comm: CpComm::P2p,
+            ep_imbalance: 1.0,
+            ep_seed: 0,
         }
     }
 }
@@ -553,6 +598,15 @@ impl Plan {
         if self.bucket_bytes == 0 {
             return err("bucket", "must be at least 1 byte".into());
         }
+        if !(self.ep_imbalance.is_finite() && (1.0..=1e3).contains(&self.ep_imbalance)) {
+            return err(
+                "ep_imbalance",
+                format!(
+                    "ep_imbalance = {}; valid: the max/mean ratio of the tokens per EP rank, from 1.0 (balanced) to 1000",
+                    self.ep_imbalance
+                ),
+            );
+        }
         Ok(())
     }
 
@@ -853,10 +907,13 @@ struct PlanFile {
     order: Option<Spanned<String>>,
     decoder_first_pipeline_num_layers: Option<Spanned<u64>>,
     decoder_last_pipeline_num_layers: Option<Spanned<u64>>,
+    cp_comm: Option<Spanned<String>>,
+    ep_imbalance: Option<Spanned<f64>>,
+    ep_seed: Option<Spanned<u64>>,
 }
 
 /// Every key of a plan table, in the order of [`PlanKeys`]' fields.
-pub const PLAN_KEYS: [&str; 26] = [
+pub const PLAN_KEYS: [&str; 29] = [
     "tp",
     "pp",
     "vpp",
@@ -883,6 +940,9 @@ pub const PLAN_KEYS: [&str; 26] = [
     "order",
     "decoder_first_pipeline_num_layers",
     "decoder_last_pipeline_num_layers",
+    "cp_comm",
+    "ep_imbalance",
+    "ep_seed",
 ];
 
 /// The keys of a plan table as read, with where each value stands in its document: a plan
@@ -922,7 +982,8 @@ impl PlanKeys {
 /// etp, sp, zero, fsdp = "full"|"hybrid", fsdp_shard, mbs, gbs, seq, recompute, attention, dtype,
 /// schedule, bucket = "80MB", overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
 /// pp_comm_overlap, order = "tp-cp-ep-dp-pp", decoder_first_pipeline_num_layers,
-/// decoder_last_pipeline_num_layers) and checks it against `model` on `gpus`
+/// decoder_last_pipeline_num_layers, cp_comm = "p2p"|"all_gather", ep_imbalance, ep_seed) and
+/// checks it against `model` on `gpus`
 /// GPUs. Errors name the file, the line of the offending field and the valid choices.
 pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<Plan, FileError> {
     let src = Source { path: path.to_path_buf(), text: text.to_string() };
@@ -1003,6 +1064,11 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
             choice(o, "order", "a permutation of tp, cp, ep, dp, pp joined by '-', innermost first")
         })?;
     }
+    if let Some(c) = &f.cp_comm {
+        p.cp_comm = CpComm::parse(c.get_ref()).ok_or_else(|| choice(c, "cp_comm", CpComm::CHOICES))?;
+    }
+    p.ep_imbalance = f.ep_imbalance.as_ref().map_or(1.0, |s| *s.get_ref());
+    p.ep_seed = f.ep_seed.as_ref().map_or(0, |s| *s.get_ref());
     let ov = &mut p.overlap;
     ov.grad_reduce = f.overlap_grad_reduce.unwrap_or(ov.grad_reduce);
     ov.param_gather = f.overlap_param_gather.unwrap_or(ov.param_gather);
@@ -1027,6 +1093,7 @@ fn check_located(f: &PlanFile, at: Locate<'_>, p: &Plan, model: &Model, gpus: u6
             "zero" => f.zero.as_ref().map(|s| s.span()),
             "fsdp_shard" => f.fsdp_shard.as_ref().map(|s| s.span()),
             "bucket" => f.bucket.as_ref().map(|s| s.span()),
+            "ep_imbalance" => f.ep_imbalance.as_ref().map(|s| s.span()),
             "decoder_first_pipeline_num_layers" => {
                 f.decoder_first_pipeline_num_layers.as_ref().map(|s| s.span())
             }

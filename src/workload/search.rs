@@ -2,7 +2,7 @@
 //! GPU count (tp, pp, vpp, cp, ep, dp, ZeRO stage, micro-batch, recomputation), the ones
 //! that do not fit in HBM discarded by [`super::memory`], the rest ranked by the analytical
 //! step time ([`super::analytic::estimate`]) with branch and bound, and the best re-timed
-//! with every collective simulated by the event engine on its real group of fabric ranks.
+//! with the whole step simulated in the event mode on the fabric ([`super::lower`]).
 //! It returns data (no printing): the candidates, the counts, and why the winner wins.
 //!
 //! How the search stays fast:
@@ -17,7 +17,9 @@
 //!   it spans: the DP groups of every pipeline stage, or the TP groups of every node, are
 //!   translations of one another and cost the same. The ranking uses the closed-form
 //!   collective model of [`crate::exec::analytic`] with NCCL's pick for the group; the
-//!   re-timing uses [`super::concurrent::collective_time`] (event mode).
+//!   re-timing runs the whole event-mode step ([`super::lower::step_event_with`]), its
+//!   collectives simulated alone by [`super::concurrent::collective_time`] and memoized in
+//!   the same pricer across the re-timed plans.
 //!
 //! Objectives: for one fabric, tokens/s, cost (GPU-hours and dollars per million tokens at
 //! a price per GPU-hour) and energy (joules per token at the GPU's TDP) are each the step
@@ -34,6 +36,7 @@ use super::analytic::{estimate, Breakdown, StepEstimate};
 use super::comm::CollectiveKind;
 use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{collective_time, nccl_choice};
+use super::lower::{step_event_with, EventOpts};
 use super::memory::{memory_by_stage_with, stage_params, Oom};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
@@ -855,7 +858,7 @@ impl Exposed {
 pub enum Fidelity {
     /// Collectives by the closed-form model.
     Analytic,
-    /// Collectives simulated in the event mode on their groups.
+    /// The whole step simulated in the event mode ([`super::lower::step_event`]).
     Event,
 }
 
@@ -979,7 +982,7 @@ pub struct Counts {
     pub pruned: u64,
     /// Plans timed by the analytical estimate.
     pub timed: u64,
-    /// Plans re-timed with event-mode collectives.
+    /// Plans re-timed with the event-mode step.
     pub retimed: u64,
     /// Distinct collectives priced in closed form.
     pub collectives_analytic: u64,
@@ -1107,10 +1110,13 @@ pub struct Progress {
     pub total: u64,
 }
 
+/// Re-times a plan: its whole step in the event mode ([`super::lower::step_event`]).
+pub type RetimeFn<'a> = &'a dyn Fn(&Plan) -> Result<StepEstimate, String>;
+
 /// Searches `model` under `spec` on GPUs like `gpu`: `rank_price` prices a collective for
-/// the ranking (seconds), `retime_price` for the re-timing of the best `spec.retime`
-/// (None: no re-timing); `tp_ok` tells which TP sizes stay inside an NVLink domain.
-/// `progress` is called as plans are settled.
+/// the ranking (seconds), `retime` re-times the best `spec.retime` (None: no re-timing);
+/// `tp_ok` tells which TP sizes stay inside an NVLink domain. `progress` is called as plans
+/// are settled.
 #[allow(clippy::too_many_arguments)]
 pub fn search(
     model: &Model,
@@ -1119,7 +1125,7 @@ pub fn search(
     spec: &SearchSpec,
     tp_ok: &dyn Fn(u64) -> bool,
     rank_price: PriceFn<'_>,
-    retime_price: Option<PriceFn<'_>>,
+    retime: Option<RetimeFn<'_>>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<SearchResult, SearchError> {
     let params = GpuParams::for_generation(gpu.generation).map_err(SearchError::Estimate)?;
@@ -1213,10 +1219,10 @@ pub fn search(
     let mut cands: Vec<Candidate> = Vec::new();
     for (j, (t, i, est)) in best.iter().enumerate() {
         let p = &fit[*i];
-        let (est2, fidelity) = match retime_price {
-            Some(price) if j < spec.retime => {
+        let (est2, fidelity) = match retime {
+            Some(step) if j < spec.retime => {
                 counts.retimed += 1;
-                (estimate(model, p, gpu, params, price).map_err(SearchError::Estimate)?, Fidelity::Event)
+                (step(p).map_err(SearchError::Estimate)?, Fidelity::Event)
             }
             _ => (est.clone(), Fidelity::Analytic),
         };
@@ -1294,7 +1300,9 @@ pub fn search_on_fabric(
     }
     let tp_ok = |tp: u64| tp_cache.get(&tp).copied().unwrap_or(false);
     let rank = |k: CollectiveKind, b: u64, r: &[u64]| pricer.analytic(k, b, r);
-    let event = |k: CollectiveKind, b: u64, r: &[u64]| pricer.event(k, b, r);
+    // Re-timing: the whole step in the event mode, its collectives memoized in the same pricer
+    // (the DP groups of every stage replayed from one simulation per shape).
+    let event = |p: &Plan| step_event_with(f, model, p, &EventOpts::default(), &pricer).map(|e| e.estimate);
     let mut res = search(model, &f.gpu, &f.name, spec, &tp_ok, &rank, Some(&event), progress)?;
     if let Some(e) = pricer.take_failure() {
         return Err(SearchError::Estimate(format!("a collective could not be priced: {e}")));

@@ -402,3 +402,24 @@ fn on_published_runs_the_first_plan_is_at_least_as_fast_as_the_published_one() {
         assert_eq!(10 * rank <= all.len(), top10, "{name}: rank {rank} of {}", all.len());
     }
 }
+
+/// Re-timing (on by default at every scale) is the event-mode step of the plan: the whole
+/// step lowered and simulated, its DP collectives replayed, exactly what `train --fidelity
+/// event` reports; re-timed plans come first.
+#[test]
+fn retiming_runs_the_event_mode_step() {
+    use fabricsim::workload::lower::{step_event, EventOpts};
+    use fabricsim::workload::search::{search_on_fabric, Fidelity};
+    let m = model("llama3-8b");
+    let f = fabric("dgx-h100", 2);
+    let spec = SearchSpec { seq: Some(4096), top: 4, retime: 2, ..SearchSpec::new(16, 32) };
+    let res = search_on_fabric(&f, &m, &spec, &mut |_| {}).unwrap();
+    assert_eq!(res.counts.retimed, 2);
+    let fid: Vec<Fidelity> = res.candidates.iter().map(|c| c.fidelity).collect();
+    assert_eq!(fid, [Fidelity::Event, Fidelity::Event, Fidelity::Analytic, Fidelity::Analytic]);
+    for c in res.candidates.iter().take(2) {
+        let e = step_event(&f, &m, &c.plan, &EventOpts::default()).unwrap();
+        assert_eq!(c.step_time_s, e.estimate.step_time_s, "{}", c.label);
+    }
+    assert!(res.candidates[0].step_time_s <= res.candidates[1].step_time_s);
+}
