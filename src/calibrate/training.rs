@@ -111,6 +111,8 @@ pub struct TrainingRun {
     pub seq: Option<u64>,
     /// none, selective or full.
     pub recompute: String,
+    /// The attention kernel: flash or unfused.
+    pub attention: String,
     /// bf16 or fp8.
     pub dtype: String,
     /// The published metric.
@@ -129,7 +131,7 @@ impl TrainingRun {
     pub fn plan_text(&self) -> String {
         let mut t = format!(
             "tp = {}\npp = {}\nvpp = {}\ncp = {}\ndp = {}\nep = {}\nsp = {}\nzero = {}\nmbs = {}\ngbs = {}\n\
-             recompute = {:?}\ndtype = {:?}\n",
+             recompute = {:?}\nattention = {:?}\ndtype = {:?}\n",
             self.tp,
             self.pp,
             self.vpp,
@@ -141,6 +143,7 @@ impl TrainingRun {
             self.mbs,
             self.gbs,
             self.recompute,
+            self.attention,
             self.dtype
         );
         if let Some(s) = self.seq {

@@ -85,6 +85,10 @@ pub struct TrainArgs {
     /// all_gather (K and V all-gathered before it; Megatron's --cp-comm-type).
     #[arg(long)]
     pub cp_comm: Option<CpCommArg>,
+    /// Attention kernel: flash (FlashAttention, the default) or unfused (the full score
+    /// matrix through HBM, Megatron before FlashAttention).
+    #[arg(long)]
+    pub attention: Option<AttentionArg>,
     /// MoE token-routing imbalance: max/mean tokens per EP rank, averaged over the MoE
     /// layers (1.0: balanced); the busiest rank's all-to-all and expert GEMMs set the pace.
     #[arg(long)]
@@ -158,6 +162,23 @@ pub enum CpCommArg {
     AllGather,
 }
 
+/// `--attention`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttentionArg {
+    /// FlashAttention: fused, causal, no scores in HBM.
+    Flash,
+    /// Unfused: batched GEMMs of the whole score matrix, softmax and dropout through HBM.
+    Unfused,
+}
+
+/// `--attention` as a plan-file value.
+fn attention(a: &TrainArgs) -> Option<String> {
+    a.attention.map(|k| match k {
+        AttentionArg::Flash => "flash".to_string(),
+        AttentionArg::Unfused => "unfused".to_string(),
+    })
+}
+
 /// `--cp-comm` as a plan-file value.
 fn cp_comm(a: &TrainArgs) -> Option<String> {
     a.cp_comm.map(|c| match c {
@@ -191,6 +212,7 @@ fn plan_text(a: &TrainArgs) -> Result<String> {
         ("dtype", &a.dtype),
         ("schedule", &a.schedule),
         ("cp_comm", &cp_comm(a)),
+        ("attention", &attention(a)),
     ] {
         if let Some(v) = v {
             set(k, format!("{v:?}"));
@@ -243,6 +265,7 @@ fn overrides(a: &TrainArgs) -> Result<Vec<Override>> {
         ("dtype", &a.dtype),
         ("schedule", &a.schedule),
         ("cp_comm", &cp_comm(a)),
+        ("attention", &attention(a)),
     ] {
         if let Some(v) = v {
             let flag = format!("--{} {v}", k.replace('_', "-"));

@@ -16,7 +16,7 @@ use crate::fabric::Fabric;
 use crate::workload::analytic::StepEstimate;
 use crate::workload::concurrent::step_on_fabric;
 use crate::workload::lower::{step_event, EventOpts, EventStep};
-use crate::workload::plan::{CpComm, Dtype, PlanKeys};
+use crate::workload::plan::{Attention, CpComm, Dtype, PlanKeys};
 use crate::workload::{Model, Placement, Plan};
 
 /// A training step to time: what the scenario's `[workload]` resolved to.
@@ -206,12 +206,16 @@ pub fn plan_summary(p: &Plan) -> String {
         p.recompute,
         p.schedule().name()
     );
-    // The CP exchange and the EP imbalance only when they differ from the defaults.
+    // The CP exchange, the EP imbalance and the attention kernel only when they differ from
+    // the defaults.
     if p.cp > 1 && p.cp_comm != CpComm::P2p {
         s.push_str(&format!(", cp_comm {}", p.cp_comm.name()));
     }
     if p.ep_imbalance != 1.0 {
         s.push_str(&format!(", ep_imbalance {} (seed {})", p.ep_imbalance, p.ep_seed));
+    }
+    if p.attention == Attention::Unfused {
+        s.push_str(", unfused attention");
     }
     s
 }

@@ -203,7 +203,8 @@ pub fn layer_activation_bytes(model: &Model, plan: &Plan, layer: u64) -> u64 {
     let scores = match (plan.attention, plan.recompute) {
         (Attention::Unfused, Recompute::None) => {
             let per = if model.dropout { 5 } else { 2 };
-            per * plan.mbs * model.heads * (t * plan.seq(model))
+            // `t` local queries (mbs sequences) against the sequence's keys, per head.
+            per * model.heads * t * plan.seq(model)
         }
         _ => 0,
     };

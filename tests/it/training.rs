@@ -659,6 +659,55 @@ fn layer_ops_split_the_layer_over_tp_and_cp() {
 }
 
 #[test]
+fn unfused_attention_computes_the_whole_score_matrix_and_keeps_it_unless_recomputed() {
+    use fabricsim::workload::compute::{layer_ops, OpKind, Roofline};
+    use fabricsim::workload::flops::attention;
+    use fabricsim::workload::memory::layer_activation_bytes;
+    use fabricsim::workload::plan::{Attention, Dtype};
+    // GPT 22B as Korthikanti et al. ran it (TP 8, mbs 4, seq 2048, dropout on).
+    let m = model("megatron-gpt-22b");
+    let flash = Plan { tp: 8, mbs: 4, gbs: 4, sp: true, ..Plan::default() };
+    let unfused = Plan { attention: Attention::Unfused, ..flash.clone() };
+    let g = gpu("dgx-a100.toml");
+    let r = Roofline::new(&g, Dtype::Bf16, GpuParams::for_generation(g.generation).unwrap()).unwrap();
+    let att = |p: &Plan| layer_ops(&m, p, &r, 0).into_iter().find(|o| o.kind == OpKind::Attention).unwrap();
+    let (f, u) = (att(&flash), att(&unfused));
+    // Every score of the s x s matrix is computed, not the causal half.
+    assert!(rel_err(u.flops * 8.0, attention(&m, 4, 2048).flops_full()) < 1e-12);
+    assert!(rel_err(u.flops, 2.0 * f.flops) < 1e-12);
+    // 9 bytes per score forward through HBM: 4 heads-shard x 4 sequences x 2048 x 2048.
+    let scores = (m.heads / 8 * 4 * 2048 * 2048) as f64;
+    assert!(rel_err(u.bytes, 9.0 * scores) < 1e-12, "{} bytes", u.bytes);
+    assert!(u.fwd > f.fwd && u.bwd_input > f.bwd_input, "{u:?} vs {f:?}");
+    // Memory: Korthikanti's 5as/h term per layer (softmax output, dropout mask and output,
+    // split by TP) without recomputation, nothing once the attention core is recomputed.
+    let kept = |p: &Plan| layer_activation_bytes(&m, p, 0);
+    assert_eq!(kept(&unfused) - kept(&flash), 5 * 4 * m.heads * 2048 * 2048 / 8);
+    for rc in [Recompute::Selective, Recompute::Full] {
+        let (a, b) = (Plan { recompute: rc, ..unfused.clone() }, Plan { recompute: rc, ..flash.clone() });
+        assert_eq!(kept(&a), kept(&b), "{rc:?}");
+    }
+    // A plan file names the kernel; an unknown one is an error that lists the valid ones.
+    let dir = std::env::temp_dir().join(format!("fabricsim-attention-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("plan.toml");
+    std::fs::write(&file, "tp = 8\nmbs = 4\ngbs = 4\nattention = \"fast\"\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+        .args(["train", "--model"])
+        .arg(root().join("models/megatron-gpt-22b.toml"))
+        .arg("--topology")
+        .arg(root().join("topologies/dgx-a100.toml"))
+        .arg("--plan")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("plan.toml:4") && err.contains("valid: flash, unfused"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_layer_issues_megatron_communication_volumes() {
     use fabricsim::workload::comm::{grad_reduces, layer_comms, p2p_bytes, CollectiveKind};
     use fabricsim::workload::pipeline::Pass;
@@ -813,8 +862,17 @@ fn fitted_runs_reproduce_their_published_numbers() {
     use fabricsim::workload::plan::Dtype;
     // The three runs src/workload/gpu_params.toml was fitted on; the MFU is a check of the
     // FLOP count, which played no part in the fit.
-    let plan =
-        Plan { tp: 8, dp: 1, mbs: 4, gbs: 4, sp: true, recompute: Recompute::Selective, ..Plan::default() };
+    // The 22B run is Megatron of 2022: unfused attention (validate/reference/training_runs.csv).
+    let plan = Plan {
+        tp: 8,
+        dp: 1,
+        mbs: 4,
+        gbs: 4,
+        sp: true,
+        recompute: Recompute::Selective,
+        attention: fabricsim::workload::plan::Attention::Unfused,
+        ..Plan::default()
+    };
     let e = run("megatron-gpt-22b", &plan, "dgx-a100.toml", &a100_comm);
     assert!(rel_err(e.step_time_s, 1.10) < 0.02, "22B: {} s", e.step_time_s);
     assert!((e.mfu - 0.415).abs() < 0.01, "22B MFU {}", e.mfu);
@@ -844,7 +902,15 @@ fn runs_not_fitted_on_are_within_15_percent() {
         ("megatron-gpt-39.1b", 8, 2, 512, 1536, 138.0),
         ("megatron-gpt-145.6b", 8, 8, 1536, 2304, 148.0),
     ] {
-        let plan = Plan { tp, pp, dp: gpus / (tp * pp), gbs, recompute: Recompute::Full, ..Plan::default() };
+        let plan = Plan {
+            tp,
+            pp,
+            dp: gpus / (tp * pp),
+            gbs,
+            recompute: Recompute::Full,
+            attention: fabricsim::workload::plan::Attention::Unfused,
+            ..Plan::default()
+        };
         cases.push((name, run(name, &plan, "dgx-a100.toml", &a100_comm).hardware_tflops_per_gpu, published));
     }
     // NeMo 24.07, H100 FP8: model TFLOP/s per GPU.
@@ -878,17 +944,11 @@ fn runs_not_fitted_on_are_within_15_percent() {
 /// Held-out runs outside 15% today, with the README's mechanism ("Training steps", known
 /// misses). Nothing is fitted to them; the test bounds them loosely so that a regression
 /// still fails, and fails too when one comes within 15% (then it moves to the asserted set).
-const KNOWN_MISSES: [(&str, f64); 11] = [
-    ("narayanan21-gpt18.4b", 0.20),
-    ("narayanan21-gpt310.1b", 0.25),
-    ("narayanan21-gpt529.6b", 0.32),
-    ("narayanan21-gpt1008b", 0.32),
-    ("korthikanti22-gpt3-175b-selective-sp", 0.22),
-    ("korthikanti22-gpt3-175b-full", 0.23),
-    ("korthikanti22-gpt530b-selective-sp", 0.27),
-    ("korthikanti22-gpt530b-full", 0.31),
-    ("korthikanti22-gpt1t-selective-sp", 0.32),
-    ("korthikanti22-gpt1t-full", 0.38),
+const KNOWN_MISSES: [(&str, f64); 3] = [
+    // Narayanan et al.'s ZeRO-3 comparison point (DeepSpeed, 2021): our gathers overlap
+    // better than that implementation did (+29% since unfused attention, +13% before).
+    ("narayanan21-gpt3-175b-zero3-384", 0.35),
+    ("korthikanti22-gpt1t-full", 0.22),
     ("nemo2407-gpt3-175b-512gpu-fp8", 0.20),
 ];
 
@@ -933,11 +993,11 @@ fn published_training_runs_out_of_sample() {
     sorted.sort_by(f64::total_cmp);
     let n = sorted.len();
     let med = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
-    assert!(med < 0.11, "median |error| of the held-out runs within 15%: {:.1}%", med * 100.0);
+    assert!(med < 0.075, "median |error| of the held-out runs within 15%: {:.1}%", med * 100.0);
     assert!(
-        // 11.0% on 2026-12-02, since PAT's event lowering sends a window of blocks at a time
-        // (the Nemotron-4 DP 192/288 runs came within 15%).
-        s.median_held_out < 0.12,
+        // 7.1% on 2026-12-02 since the 2021-22 Megatron runs are timed with the unfused
+        // attention they ran (11.0% before, 15.2% with it but Ampere's GEMM constant unrefitted).
+        s.median_held_out < 0.08,
         "median |error| of every held-out run: {:.1}%",
         s.median_held_out * 100.0
     );
