@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use fabricsim::fabric::{self, build::BuildOpts, Fabric};
 use fabricsim::report::frontier::{FrontierChart, PointSet};
 use fabricsim::workload::load_model;
-use fabricsim::workload::plan::Dtype;
+use fabricsim::workload::plan::{Attention, Dtype};
 use fabricsim::workload::search::{
     parse_constraint, search_on_fabric, Candidate, Objective, Progress, SearchResult, SearchSpec,
     DEFAULT_PRICE_PER_GPU_HOUR,
@@ -44,6 +44,9 @@ pub struct PlanArgs {
     /// GEMM dtype: bf16, fp8.
     #[arg(long, default_value = "bf16")]
     pub dtype: String,
+    /// Attention kernel of the training software: flash, unfused (held for every plan).
+    #[arg(long, default_value = "flash")]
+    pub attention: String,
     /// Candidates to show (and keep while pruning).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -96,6 +99,11 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
         "fp8" => Dtype::Fp8,
         d => bail!("--dtype {d}: valid: bf16, fp8"),
     };
+    let attention = match a.attention.as_str() {
+        "flash" => Attention::Flash,
+        "unfused" => Attention::Unfused,
+        k => bail!("--attention {k}: valid: flash, unfused"),
+    };
     let objective = Objective::parse(&a.objective)
         .with_context(|| format!("--objective {}: valid: tokens_per_s, cost, energy", a.objective))?;
     let price = a.price.unwrap_or(DEFAULT_PRICE_PER_GPU_HOUR);
@@ -119,6 +127,7 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
         gbs: a.gbs,
         seq: a.seq,
         dtype,
+        attention,
         constraints,
         top: a.top,
         retime: a.retime.unwrap_or(3).min(a.top),

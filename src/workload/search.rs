@@ -40,7 +40,7 @@ use super::lower::{step_event_with, EventOpts};
 use super::memory::{memory_by_stage_with, stage_params, Oom};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
-use super::plan::{Dtype, Plan, Recompute, Schedule, Sharding};
+use super::plan::{Attention, Dtype, Plan, Recompute, Schedule, Sharding};
 use crate::collective::{CollArgs, Collective, Comm, Knobs};
 use crate::exec::analytic;
 use crate::fabric::{Fabric, GpuSpec, Router};
@@ -368,6 +368,8 @@ pub struct SearchSpec {
     pub seq: Option<u64>,
     /// GEMM dtype.
     pub dtype: Dtype,
+    /// The attention kernel the training software has (held, not searched).
+    pub attention: Attention,
     /// Rules every plan must follow (`--constraint` and `--fix`).
     pub constraints: Vec<Constraint>,
     /// How many candidates to keep (and the k of the bound).
@@ -390,6 +392,7 @@ impl SearchSpec {
             gbs,
             seq: None,
             dtype: Dtype::Bf16,
+            attention: Attention::Flash,
             constraints: Vec::new(),
             top: 10,
             retime: 3,
@@ -538,6 +541,7 @@ pub fn enumerate(model: &Model, spec: &SearchSpec, tp_ok: &dyn Fn(u64) -> bool) 
                                                 seq: spec.seq,
                                                 recompute: rc,
                                                 dtype: spec.dtype,
+                                                attention: spec.attention,
                                                 schedule,
                                                 ..Plan::default()
                                             };

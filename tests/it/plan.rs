@@ -14,7 +14,7 @@ use fabricsim::workload::analytic::estimate;
 use fabricsim::workload::compute::GpuParams;
 use fabricsim::workload::memory::peak_memory;
 use fabricsim::workload::model::{load_model, Model};
-use fabricsim::workload::plan::{parse_plan, Dtype, Plan};
+use fabricsim::workload::plan::{parse_plan, Attention, Dtype, Plan};
 use fabricsim::workload::search::{
     enumerate, parse_constraint, plan_label, rank_of, search, tp_in_domain, Cmp, Constraint, Dimension,
     FabricPricer, SearchError, SearchSpec,
@@ -381,6 +381,9 @@ fn on_published_runs_the_first_plan_is_at_least_as_fast_as_the_published_one() {
         let mut spec = SearchSpec::new(run.gpus, run.gbs);
         spec.seq = run.seq;
         spec.dtype = if run.dtype == "fp8" { Dtype::Fp8 } else { Dtype::Bf16 };
+        // The kernel the run's software had: the search holds it for every plan.
+        spec.attention = if run.attention == "unfused" { Attention::Unfused } else { Attention::Flash };
+        assert_eq!(p.attention, spec.attention, "{name}");
         spec.retime = 0;
         let pricer = FabricPricer::new(&f);
         let gp = GpuParams::for_generation(f.gpu.generation).unwrap();
