@@ -113,16 +113,18 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
             FitDataset::from_log(p, spec.clone(), &launch)?
         });
     }
-    let opts = FitOptions {
-        fidelity: Fidelity::from(a.fidelity),
-        correct: Fidelity::from(a.fidelity) == Fidelity::Analytical,
-        ..Default::default()
-    };
+    let opts = fit_options(&a);
     let rep = fit(&datasets, &opts).map_err(anyhow::Error::msg)?;
     print_report(&rep);
     let inputs: Vec<String> = a.inputs.iter().map(|p| p.display().to_string()).collect();
     let text = profile_text(&a, &topology.display().to_string(), &inputs, &rep)?;
     write_profile(&a, &text, &rep)
+}
+
+/// The fit at the fidelity asked; the analytical one corrected by the event simulator.
+fn fit_options(a: &CalibrateArgs) -> FitOptions {
+    let fidelity = Fidelity::from(a.fidelity);
+    FitOptions { fidelity, correct: fidelity == Fidelity::Analytical, ..Default::default() }
 }
 
 fn write_profile(a: &CalibrateArgs, text: &str, rep: &FitReport) -> Result<()> {
@@ -146,12 +148,9 @@ fn write_profile(a: &CalibrateArgs, text: &str, rep: &FitReport) -> Result<()> {
 /// they were chosen on, and each shipped value against it.
 fn run_from_reference(a: &CalibrateArgs) -> Result<()> {
     let g = a.generation.as_deref().unwrap_or("");
-    let generation = match g.to_ascii_lowercase().as_str() {
-        "volta" => Generation::Volta,
-        "ampere" => Generation::Ampere,
-        "hopper" => Generation::Hopper,
-        "blackwell" => Generation::Blackwell,
-        _ => anyhow::bail!("--generation {g}: expected one of volta, ampere, hopper, blackwell"),
+    let all = [Generation::Volta, Generation::Ampere, Generation::Hopper, Generation::Blackwell];
+    let Some(generation) = all.into_iter().find(|x| x.key() == g.to_ascii_lowercase()) else {
+        anyhow::bail!("--generation {g}: expected one of volta, ampere, hopper, blackwell")
     };
     let datasets = tuned_datasets(&a.root, generation, &a.filter).map_err(anyhow::Error::msg)?;
     println!("fitting the {} parameters on {} tuned reference tables:", generation.key(), datasets.len());
@@ -159,11 +158,7 @@ fn run_from_reference(a: &CalibrateArgs) -> Result<()> {
         println!("  {}", d.name);
     }
     println!();
-    let opts = FitOptions {
-        fidelity: Fidelity::from(a.fidelity),
-        correct: Fidelity::from(a.fidelity) == Fidelity::Analytical,
-        ..Default::default()
-    };
+    let opts = fit_options(a);
     let rep = fit(&datasets, &opts).map_err(anyhow::Error::msg)?;
     print_report(&rep);
     println!();

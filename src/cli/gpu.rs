@@ -362,19 +362,8 @@ mod imp {
         if a.multi_node {
             return validate_multi(a, root, fidelity, params);
         }
-        let coll = collective::Collective::from(a.collective);
-        let dtype = DType::from(a.datatype);
-        let redop = RedOp::from(a.op);
-        let sizes = sweep_sizes(
-            parse_bytes(&a.minbytes).context("-b")?,
-            parse_bytes(&a.maxbytes).context("-e")?,
-            Some(a.stepfactor),
-            None,
-        )?;
-        let check_max = parse_bytes(&a.check_max).context("--check-max")?;
-        if a.iters == 0 {
-            bail!("--iters 0: at least one timed run");
-        }
+        let (cfg, check_max) = bench_request(a, fidelity)?;
+        let (coll, dtype, redop) = (cfg.coll, cfg.dtype, cfg.redop);
         if a.ranks == Some(0) || a.ranks.is_some_and(|r| r > 72) {
             bail!("--ranks must be in 1..=72");
         }
@@ -388,17 +377,6 @@ mod imp {
             &spec,
             &BuildOpts { nodes: Some(1), gpus_per_node: Some(ranks), params },
         )?;
-        let cfg = BenchConfig {
-            coll,
-            sizes,
-            dtype,
-            redop,
-            algo: a.algo.algo(),
-            proto: a.proto.proto(),
-            channels: a.channels,
-            fidelity,
-            ..Default::default()
-        };
         let rows = run_bench(&f, &cfg)?;
         if rows.is_empty() {
             bail!("no size of -b {} -e {} gives a call on {ranks} ranks", a.minbytes, a.maxbytes);
@@ -669,18 +647,9 @@ mod imp {
         f(devs, k, s, dp, me, comms, rdv, len, check, a)
     }
 
-    /// `validate --gpu --multi-node`: this process's share of the schedule across the
-    /// launch's nodes; rank 0 gathers every process's time and check, prints and writes.
-    fn validate_multi(
-        a: &GpuArgs,
-        root: &Path,
-        fidelity: Fidelity,
-        params: Option<toml::Table>,
-    ) -> Result<()> {
-        let env = a.launch_env()?;
-        let coll = collective::Collective::from(a.collective);
-        let dtype = DType::from(a.datatype);
-        let redop = RedOp::from(a.op);
+    /// The call to time, from the flags both paths share (collective, sizes, dtype, reduction,
+    /// algorithm, protocol, channels), and the largest size checked bit for bit.
+    fn bench_request(a: &GpuArgs, fidelity: Fidelity) -> Result<(BenchConfig, u64)> {
         let sizes = sweep_sizes(
             parse_bytes(&a.minbytes).context("-b")?,
             parse_bytes(&a.maxbytes).context("-e")?,
@@ -691,6 +660,31 @@ mod imp {
         if a.iters == 0 {
             bail!("--iters 0: at least one timed run");
         }
+        let cfg = BenchConfig {
+            coll: collective::Collective::from(a.collective),
+            sizes,
+            dtype: DType::from(a.datatype),
+            redop: RedOp::from(a.op),
+            algo: a.algo.algo(),
+            proto: a.proto.proto(),
+            channels: a.channels,
+            fidelity,
+            ..Default::default()
+        };
+        Ok((cfg, check_max))
+    }
+
+    /// `validate --gpu --multi-node`: this process's share of the schedule across the
+    /// launch's nodes; rank 0 gathers every process's time and check, prints and writes.
+    fn validate_multi(
+        a: &GpuArgs,
+        root: &Path,
+        fidelity: Fidelity,
+        params: Option<toml::Table>,
+    ) -> Result<()> {
+        let env = a.launch_env()?;
+        let (cfg, check_max) = bench_request(a, fidelity)?;
+        let (coll, dtype, redop) = (cfg.coll, cfg.dtype, cfg.redop);
         if a.ranks.is_some() {
             bail!("--ranks: with --multi-node the schedule's ranks are the launch's GPUs (processes x --gpus-per-process)");
         }
@@ -725,17 +719,6 @@ mod imp {
             &spec,
             &BuildOpts { nodes: Some(env.nodes), gpus_per_node: Some(gpn), params: params.clone() },
         )?;
-        let cfg = BenchConfig {
-            coll,
-            sizes,
-            dtype,
-            redop,
-            algo: a.algo.algo(),
-            proto: a.proto.proto(),
-            channels: a.channels,
-            fidelity,
-            ..Default::default()
-        };
         let rows = run_bench(&f, &cfg)?;
         // Everything that shapes the schedule, the sizes or the timing, and nothing that
         // differs between processes.

@@ -171,20 +171,20 @@ pub enum AttentionArg {
     Unfused,
 }
 
-/// `--attention` as a plan-file value.
-fn attention(a: &TrainArgs) -> Option<String> {
-    a.attention.map(|k| match k {
-        AttentionArg::Flash => "flash".to_string(),
-        AttentionArg::Unfused => "unfused".to_string(),
-    })
+/// A value-enum flag as its plan-file value (the flag's spelling is the key's).
+fn value_name<T: clap::ValueEnum>(v: Option<T>) -> Option<String> {
+    v.and_then(|v| v.to_possible_value()).map(|p| p.get_name().to_string())
 }
 
-/// `--cp-comm` as a plan-file value.
-fn cp_comm(a: &TrainArgs) -> Option<String> {
-    a.cp_comm.map(|c| match c {
-        CpCommArg::P2p => "p2p".to_string(),
-        CpCommArg::AllGather => "all_gather".to_string(),
-    })
+/// The plan keys given as string flags, with their values.
+fn string_flags(a: &TrainArgs) -> [(&'static str, Option<String>); 5] {
+    [
+        ("recompute", a.recompute.clone()),
+        ("dtype", a.dtype.clone()),
+        ("schedule", a.schedule.clone()),
+        ("cp_comm", value_name(a.cp_comm)),
+        ("attention", value_name(a.attention)),
+    ]
 }
 
 /// The plan as a plan file's text: the file's, then every flag given.
@@ -207,13 +207,7 @@ fn plan_text(a: &TrainArgs) -> Result<String> {
             set(k, v.to_string());
         }
     }
-    for (k, v) in [
-        ("recompute", &a.recompute),
-        ("dtype", &a.dtype),
-        ("schedule", &a.schedule),
-        ("cp_comm", &cp_comm(a)),
-        ("attention", &attention(a)),
-    ] {
+    for (k, v) in string_flags(a) {
         if let Some(v) = v {
             set(k, format!("{v:?}"));
         }
@@ -260,16 +254,10 @@ fn overrides(a: &TrainArgs) -> Result<Vec<Override>> {
             put(&format!("workload.{k}"), toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX)), flag);
         }
     }
-    for (k, v) in [
-        ("recompute", &a.recompute),
-        ("dtype", &a.dtype),
-        ("schedule", &a.schedule),
-        ("cp_comm", &cp_comm(a)),
-        ("attention", &attention(a)),
-    ] {
+    for (k, v) in string_flags(a) {
         if let Some(v) = v {
             let flag = format!("--{} {v}", k.replace('_', "-"));
-            put(&format!("workload.{k}"), toml::Value::String(v.clone()), flag);
+            put(&format!("workload.{k}"), toml::Value::String(v), flag);
         }
     }
     if let Some(v) = a.ep_imbalance {

@@ -264,15 +264,7 @@ impl crate::report::plot::Figure for PipelineChart {
                 .label(name)
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font((FAMILY, 12))
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(200, 200, 200))
-            .draw()
-            .map_err(de)?;
-        Ok(())
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
     }
 }
 
@@ -476,16 +468,23 @@ impl crate::report::plot::Figure for StackedBarChart {
                 .label(label.as_str())
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], red.stroke_width(2)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font((FAMILY, 12))
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(200, 200, 200))
-            .draw()
-            .map_err(de)?;
-        Ok(())
+        legend(&mut chart, SeriesLabelPosition::LowerRight)
     }
+}
+
+/// The legend box of the training figures, at `pos`.
+fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    pos: SeriesLabelPosition,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .label_font((FAMILY, 12))
+        .background_style(WHITE.mix(0.9))
+        .border_style(RGBColor(200, 200, 200))
+        .draw()
+        .map_err(de)
 }
 
 /// A value with three significant digits.

@@ -207,17 +207,22 @@ impl<'f> Concurrent<'f> {
         }
     }
 
+    /// The distinct ranks that composed part `jp` runs on, in order.
+    fn job_ranks(&self, jp: PartId) -> Vec<u32> {
+        let mut ranks: Vec<u32> =
+            self.composer.get(jp).map(|s| s.streams.iter().map(|st| st.rank).collect()).unwrap_or_default();
+        ranks.sort_unstable();
+        ranks.dedup();
+        ranks
+    }
+
     /// Kernel `kernel` of compute job `compute` (and every later kernel of it) waits until
     /// job `job` is done on every one of its ranks, wherever they are (a job that stands
     /// for the compute rank's communication but runs on another rank: a replayed
     /// collective, see [`super::lower`]).
     pub fn kernel_after_everywhere(&mut self, compute: JobId, kernel: u32, job: JobId) {
         let Some((cp, jp, _)) = self.compute_and_job(compute, job) else { return };
-        let mut ranks: Vec<u32> =
-            self.composer.get(jp).map(|s| s.streams.iter().map(|st| st.rank).collect()).unwrap_or_default();
-        ranks.sort_unstable();
-        ranks.dedup();
-        for r in ranks {
+        for r in self.job_ranks(jp) {
             for e in self.composer.all_ops(jp, r) {
                 self.composer.after(LocalOp { part: cp, stream: 0, op: kernel }, e);
             }
@@ -239,11 +244,7 @@ impl<'f> Concurrent<'f> {
     /// that kernel at the same moment: one compute stream stands for all of them.
     pub fn after_kernel_on_all_ranks(&mut self, job: JobId, compute: JobId, kernel: u32) {
         let Some((cp, jp, _)) = self.compute_and_job(compute, job) else { return };
-        let mut ranks: Vec<u32> =
-            self.composer.get(jp).map(|s| s.streams.iter().map(|st| st.rank).collect()).unwrap_or_default();
-        ranks.sort_unstable();
-        ranks.dedup();
-        for r in ranks {
+        for r in self.job_ranks(jp) {
             for start in self.composer.first_ops(jp, r) {
                 self.composer.after(start, LocalOp { part: cp, stream: 0, op: kernel });
             }
