@@ -33,6 +33,11 @@ fn piece(buf: Buf, l: &Loop, j: u64, end: u64) -> Addr {
     Addr { limit: end, ..Addr::abs(buf, l.lb + j * l.rc, l.rc) }
 }
 
+/// The whole chunk of loop `l`: its `n` pieces.
+fn whole(buf: Buf, l: &Loop, n: u32, end: u64) -> Addr {
+    Addr { limit: end, ..Addr::abs(buf, l.lb, n as u64 * l.rc) }
+}
+
 /// NVLS chunk size for a call of `nbytes` (NCCL_FACTS §4.3).
 fn nvls_chunk(base: u64, nbytes: u64, nch: u32, heads: u32, tree: bool, nodes: u32) -> u64 {
     let ops = (nch * heads).max(1) as u64;
@@ -73,6 +78,8 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     }
     let elem = args.dtype.size();
     let nodes = comm.num_nodes();
+    // In member order (NIC owners are listed by local rank): a split switch op hands the
+    // k-th piece to the k-th head.
     let heads: Vec<u32> = if nodes == 1 || comm.nic_owners[0].is_empty() {
         (0..comm.ppn()).collect()
     } else {
@@ -298,23 +305,22 @@ fn multi_node_allreduce(
         let (parent, nkids) = (parents[d as usize], kids[d as usize].len());
         for (pos, &me) in node.iter().enumerate() {
             let my_head = heads.iter().position(|&h| h as usize == pos);
-            // Lane A: ReduceTo every piece; the head's own piece lands in its output.
+            // Lane A: one reduce-scatter per loop (every head pulls its piece at once); the
+            // head's own piece lands in its output.
             let a = cached(s, cache, (2, pos as u32, len), || {
                 let mut b = ProgramBuilder::new();
                 for l in lp {
-                    for (j, &h) in heads.iter().enumerate() {
-                        let p = |buf| piece(buf, l, j as u64, len);
-                        let op = Op::Switch(SwitchOp {
-                            group: 0,
-                            kind: SwitchKind::ReduceTo { to: h },
-                            src: Some(p(Buf::Input)),
-                            dst: (my_head == Some(j)).then_some(p(Buf::Output)),
-                            len: p(Buf::Input).resolve(0, None).len,
-                            postop: false,
-                        });
-                        let i = b.len() as u32;
-                        push_windowed(&mut b, op, i, LOOPS_IN_FLIGHT * nh);
-                    }
+                    let src = whole(Buf::Input, l, nh, len);
+                    let op = Op::Switch(SwitchOp {
+                        group: 0,
+                        kind: SwitchKind::ReduceScatter { parts: nh },
+                        src: Some(src),
+                        dst: my_head.map(|j| piece(Buf::Output, l, j as u64, len)),
+                        len: src.resolve(0, None).len,
+                        postop: false,
+                    });
+                    let i = b.len() as u32;
+                    push_windowed(&mut b, op, i, LOOPS_IN_FLIGHT);
                 }
                 b.finish()
             });
@@ -338,7 +344,7 @@ fn multi_node_allreduce(
                     let mut b = ProgramBuilder::new();
                     for (li, l) in lp.iter().enumerate() {
                         let p = piece(Buf::Output, l, j as u64, len);
-                        b.push(Op::Wait { lane_delta: -2, op: li as u32 * nh + j as u32 });
+                        b.push(Op::Wait { lane_delta: -2, op: li as u32 });
                         b.push(if tree {
                             match parent_slot {
                                 Some(ps) => step(&kid_slots, &[ps], Some(p), None, true, false),
@@ -370,28 +376,27 @@ fn multi_node_allreduce(
                 let kid_slots: Vec<u16> =
                     if tree { (first_kid..first_kid + nkids as u16).collect() } else { vec![] };
                 for (li, l) in lp.iter().enumerate() {
-                    for (j, &h) in heads.iter().enumerate() {
-                        let p = piece(Buf::Output, l, j as u64, len);
-                        let mine = my_head == Some(j);
-                        if mine {
-                            if tree && parent.is_some() {
-                                b.push(step(&[1], &kid_slots, None, Some(p), false, false));
-                            } else {
-                                b.push(Op::Wait { lane_delta: 1, op: 2 * li as u32 + 1 });
-                                if !kid_slots.is_empty() {
-                                    b.push(step(&[], &kid_slots, Some(p), None, false, false));
-                                }
+                    let mine = my_head.map(|j| piece(Buf::Output, l, j as u64, len));
+                    if let Some(p) = mine {
+                        if tree && parent.is_some() {
+                            b.push(step(&[1], &kid_slots, None, Some(p), false, false));
+                        } else {
+                            b.push(Op::Wait { lane_delta: 1, op: 2 * li as u32 + 1 });
+                            if !kid_slots.is_empty() {
+                                b.push(step(&[], &kid_slots, Some(p), None, false, false));
                             }
                         }
-                        b.push(Op::Switch(SwitchOp {
-                            group: 0,
-                            kind: SwitchKind::Multicast { from: h },
-                            src: mine.then_some(p),
-                            dst: Some(p),
-                            len: p.resolve(0, None).len,
-                            postop: false,
-                        }));
                     }
+                    // One all-gather per loop: every head stores its piece at once.
+                    let dst = whole(Buf::Output, l, nh, len);
+                    b.push(Op::Switch(SwitchOp {
+                        group: 0,
+                        kind: SwitchKind::AllGather { parts: nh },
+                        src: mine,
+                        dst: Some(dst),
+                        len: dst.resolve(0, None).len,
+                        postop: false,
+                    }));
                 }
                 b.finish()
             });

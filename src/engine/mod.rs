@@ -112,8 +112,18 @@ pub trait EngineApi {
     /// Starts a flow of `bytes` over `path` at `at`; completes `extra` after its tail arrives.
     fn flow(&mut self, at: SimTime, path: PathRef, bytes: u64, extra: SimTime, tag: u64);
     /// Starts a fan: `ups` converge (their common end is where the data merges, each shared
-    /// server charged once), then `downs` fan out from the merge point.
-    fn fan(&mut self, at: SimTime, ups: &[PathRef], downs: &[PathRef], bytes: u64, extra: SimTime, tag: u64);
+    /// server charged once), then `downs` fan out from the merge point. `bytes` is what
+    /// each up path and each down path carries (they differ when the merge point splits or
+    /// gathers pieces).
+    fn fan(
+        &mut self,
+        at: SimTime,
+        ups: &[PathRef],
+        downs: &[PathRef],
+        bytes: [u64; 2],
+        extra: SimTime,
+        tag: u64,
+    );
     /// Completes `tag` at `at`.
     fn timer(&mut self, at: SimTime, tag: u64);
 }
@@ -352,7 +362,13 @@ impl<O: Observer> Engine<O> {
                         (self.flows.len() - 1) as u32
                     }
                 };
-                self.queue.push(at, (EV_HOP << KIND_SHIFT) | idx as u64);
+                // A flow that starts now, while the engine runs, claims its first server now
+                // (in this event) rather than in an event of its own at the same time.
+                if at == self.now && !self.series_dirty {
+                    self.hop(idx);
+                } else {
+                    self.queue.push(at, (EV_HOP << KIND_SHIFT) | idx as u64);
+                }
             }
         }
     }
@@ -385,7 +401,7 @@ impl<O: Observer> Engine<O> {
         at: SimTime,
         ups: &[PathRef],
         downs: &[PathRef],
-        bytes: u64,
+        [bytes, down_bytes]: [u64; 2],
         extra: SimTime,
         tag: u64,
     ) {
@@ -442,7 +458,7 @@ impl<O: Observer> Engine<O> {
                 if self.stamp[ri] == id {
                     (head, tail) = (self.fan_head[ri], self.fan_tail[ri]);
                 } else {
-                    (head, tail) = self.claim(r, head, tail, bytes, tag);
+                    (head, tail) = self.claim(r, head, tail, down_bytes, tag);
                     self.stamp[ri] = id;
                     self.fan_head[ri] = head;
                     self.fan_tail[ri] = tail;
@@ -482,7 +498,15 @@ impl<O: Observer> EngineApi for Engine<O> {
     fn flow(&mut self, at: SimTime, path: PathRef, bytes: u64, extra: SimTime, tag: u64) {
         self.start_flow(at.max(self.now), path, bytes, extra, tag)
     }
-    fn fan(&mut self, at: SimTime, ups: &[PathRef], downs: &[PathRef], bytes: u64, extra: SimTime, tag: u64) {
+    fn fan(
+        &mut self,
+        at: SimTime,
+        ups: &[PathRef],
+        downs: &[PathRef],
+        bytes: [u64; 2],
+        extra: SimTime,
+        tag: u64,
+    ) {
         self.start_fan(at.max(self.now), ups, downs, bytes, extra, tag)
     }
     fn timer(&mut self, at: SimTime, tag: u64) {
@@ -596,7 +620,7 @@ mod tests {
         let p1 = e.add_path(&[up1, shared]);
         let p2 = e.add_path(&[up2, shared]);
         let d = e.add_path(&[down]);
-        e.fan(SimTime::ZERO, &[p1, p2], &[d], 10_000, SimTime::ZERO, 9);
+        e.fan(SimTime::ZERO, &[p1, p2], &[d], [10_000; 2], SimTime::ZERO, 9);
         let mut h = Collect(vec![]);
         e.run(&mut h);
         assert_eq!(e.resources()[shared.0 as usize].bytes, 10_000);

@@ -613,6 +613,58 @@ mod tests {
     use super::*;
     use crate::schedule::{Addr, Binding, Buf, Op, ProgramBuilder, Proto, Slots};
 
+    /// A reduce-scatter in the switch (pieces 2, 2 and 1 long, to the members in order) then
+    /// an all-gather of those pieces is an exact all-reduce; a piece count other than the op's
+    /// is refused with the counts.
+    #[test]
+    fn split_switch_ops_reduce_scatter_then_all_gather() {
+        use crate::schedule::{Group, GroupKind, SwitchKind, SwitchOp};
+        let build = |parts: u32| {
+            let mut s = Schedule::new(3, DType::F32, RedOp::Sum, Proto::Simple);
+            s.part0_mut().buf_elems = [5, 5, 0];
+            let g = s.add_group(Group { members: vec![0, 1, 2], kind: GroupKind::Nvls });
+            for r in 0..3u64 {
+                let (off, n) = [(0, 2), (2, 2), (4, 1)][r as usize];
+                let mut p = ProgramBuilder::new();
+                p.push(Op::Switch(SwitchOp {
+                    group: 0,
+                    kind: SwitchKind::ReduceScatter { parts },
+                    src: Some(Addr::abs(Buf::Input, 0, 5)),
+                    dst: Some(Addr::abs(Buf::Output, off, n)),
+                    len: 5,
+                    postop: false,
+                }));
+                p.push_after(
+                    Op::Switch(SwitchOp {
+                        group: 0,
+                        kind: SwitchKind::AllGather { parts },
+                        src: Some(Addr::abs(Buf::Output, off, n)),
+                        dst: Some(Addr::abs(Buf::Output, 0, 5)),
+                        len: 5,
+                        postop: false,
+                    }),
+                    0,
+                );
+                let prog = s.add_program(p.finish());
+                s.add_stream(r as u32, 0, 0, 0, prog, &[Binding::Group(g)]);
+            }
+            s
+        };
+        let inputs: Vec<Vec<f32>> = (0..3).map(|r| (0..5).map(|i| (10 * r + i) as f32).collect()).collect();
+        let want: Vec<f32> = (0..5).map(|i| (30 + 3 * i) as f32).collect();
+        for seed in 0..4 {
+            let out = execute(&build(3), &inputs, seed).unwrap();
+            for b in &out {
+                assert_eq!(b.output, want);
+            }
+        }
+        let e = execute(&build(2), &inputs, 0).unwrap_err().to_string();
+        assert!(
+            e.contains("3 members give a piece, 5 elements in all (want 2 pieces adding up to 5)"),
+            "{e}"
+        );
+    }
+
     /// Ranks 0 and 2 send `Input[0..len]` to rank 1, which reduces both messages (slot
     /// order: rank 0, then rank 2) with its own input, applies `postop`, and writes Output.
     fn gather3(dtype: DType, redop: RedOp, len: u64, postop: bool) -> Schedule {

@@ -447,6 +447,9 @@ struct StreamState {
     conn_base: u32,
     /// The stream stopped because too many of its ops are in flight.
     room_blocked: bool,
+    /// The connection the stream stopped on, for a message or a credit (`u32::MAX`: none):
+    /// a message or credit on another connection does not wake it.
+    blocked_conn: u32,
     engine_path: PathRef,
     reducer_path: PathRef,
     /// Per binding: the simulated group it names (index into `Sim::groups`, `u32::MAX` for
@@ -506,6 +509,8 @@ struct Sim<'a> {
     end: SimTime,
     /// Streams to advance once the current one is done (avoids re-entrancy).
     pending_wakes: Vec<u32>,
+    /// Scratch: the paths of a split switch op's receivers or senders.
+    split_paths: Vec<PathRef>,
     /// Flow records, when tracing.
     flow_log: Option<Vec<FlowLog>>,
     /// Op spans, when tracing.
@@ -976,6 +981,7 @@ impl<'a> Sim<'a> {
                 dep_end: deps.end as u32,
                 ops: Outstanding::new(),
                 room_blocked: false,
+                blocked_conn: u32::MAX,
                 conn_base: {
                     let b = flat_conns.len() as u32;
                     flat_conns.extend_from_slice(&stream_conns[k]);
@@ -1118,6 +1124,7 @@ impl<'a> Sim<'a> {
             compute_res,
             end: SimTime::ZERO,
             pending_wakes: Vec::new(),
+            split_paths: Vec::new(),
             flow_log: None,
             op_log: None,
             now: SimTime::ZERO,
@@ -1209,7 +1216,11 @@ impl<'a> Sim<'a> {
                     self.wait_for(k, self.stream_index[stream as usize], op);
                     return;
                 }
-                Block::Recv(_) | Block::Credit(_) | Block::After(_) => return,
+                Block::Recv(c) | Block::Credit(c) => {
+                    self.streams[ku].blocked_conn = c;
+                    return;
+                }
+                Block::After(_) => return,
             }
             let ss = &self.streams[ku];
             if i == 0 {
@@ -1230,7 +1241,7 @@ impl<'a> Sim<'a> {
                         if sender != u32::MAX {
                             let sk = self.stream_index[sender as usize];
                             if sk != u32::MAX && sk != k {
-                                self.pending_wakes.push(sk);
+                                self.wake_on_conn(sk, rc as u32);
                             }
                         }
                     }
@@ -1349,19 +1360,45 @@ impl<'a> Sim<'a> {
         let tag = self.new_flow(rec);
         let g = &self.groups[gk as usize];
         let (all_ups, all_downs) = (&g.ups[..], &g.downs[..]);
+        let whole = [wire; 2];
         match (kind, phase) {
             (SwitchKind::AllReduce { head: Some(h) }, 0) => {
-                api.fan(now, all_ups, &[all_downs[h as usize]], wire, step, tag)
+                api.fan(now, all_ups, &[all_downs[h as usize]], whole, step, tag)
             }
             (SwitchKind::AllReduce { head: Some(h) }, _) => {
-                api.fan(now, &[all_ups[h as usize]], all_downs, wire, SimTime::ZERO, tag)
+                api.fan(now, &[all_ups[h as usize]], all_downs, whole, SimTime::ZERO, tag)
             }
-            (SwitchKind::AllReduce { head: None }, _) => api.fan(now, all_ups, all_downs, wire, step, tag),
+            (SwitchKind::AllReduce { head: None }, _) => api.fan(now, all_ups, all_downs, whole, step, tag),
             (SwitchKind::ReduceTo { to }, _) => {
-                api.fan(now, all_ups, &[all_downs[to as usize]], wire, step, tag)
+                api.fan(now, all_ups, &[all_downs[to as usize]], whole, step, tag)
             }
             (SwitchKind::Multicast { from }, _) => {
-                api.fan(now, &[all_ups[from as usize]], all_downs, wire, step, tag)
+                api.fan(now, &[all_ups[from as usize]], all_downs, whole, step, tag)
+            }
+            // Every member sends the whole chunk up and each receiver takes its piece down,
+            // or each sender sends its piece up and every member takes the whole chunk down:
+            // the pieces cross the switch at once.
+            (SwitchKind::ReduceScatter { parts } | SwitchKind::AllGather { parts }, _) => {
+                let gather = matches!(kind, SwitchKind::AllGather { .. });
+                let piece = wire.div_ceil(parts.max(1) as u64);
+                let mut split = std::mem::take(&mut self.split_paths);
+                split.clear();
+                for &(m, k, op) in g.meet.members(inst) {
+                    let st = &self.s.streams[self.sim_streams[k as usize] as usize];
+                    if let Op::Switch(sw) = &self.s.programs[st.program as usize].instrs[op as usize].op {
+                        match (gather, sw.src.is_some(), sw.dst.is_some()) {
+                            (true, true, _) => split.push(all_ups[m as usize]),
+                            (false, _, true) => split.push(all_downs[m as usize]),
+                            _ => {}
+                        }
+                    }
+                }
+                if gather {
+                    api.fan(now, &split, all_downs, [piece, wire], step, tag)
+                } else {
+                    api.fan(now, all_ups, &split, [wire, piece], step, tag)
+                }
+                self.split_paths = split;
             }
         }
     }
@@ -1419,6 +1456,16 @@ impl<'a> Sim<'a> {
                 ss.room_blocked = false;
                 self.pending_wakes.push(k);
             }
+        }
+    }
+
+    /// Queues stream `k` if it stopped for a message or a credit of connection `conn`.
+    #[inline]
+    fn wake_on_conn(&mut self, k: u32, conn: u32) {
+        let ss = &mut self.streams[k as usize];
+        if ss.blocked_conn == conn {
+            ss.blocked_conn = u32::MAX;
+            self.pending_wakes.push(k);
         }
     }
 
@@ -1566,7 +1613,7 @@ impl Handler for Sim<'_> {
                         let recv = if c.absorbed {
                             // No simulated rank receives it: the credit comes back now.
                             c.inflight -= 1;
-                            self.pending_wakes.push(rec.stream);
+                            self.wake_on_conn(rec.stream, conn);
                             u32::MAX
                         } else {
                             c.queue.push(rec.bytes);
@@ -1576,7 +1623,7 @@ impl Handler for Sim<'_> {
                         if recv != u32::MAX {
                             let rk = self.stream_index[recv as usize];
                             if rk != u32::MAX {
-                                self.pending_wakes.push(rk);
+                                self.wake_on_conn(rk, conn);
                             }
                         }
                     }

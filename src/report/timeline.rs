@@ -175,6 +175,8 @@ fn switch_name(kind: Option<GroupKind>, sk: Option<SwitchKind>, phase: u8) -> St
         (Some(SwitchKind::AllReduce { head: None }), _) => "allreduce",
         (Some(SwitchKind::ReduceTo { .. }), _) => "reduce",
         (Some(SwitchKind::Multicast { .. }), _) => "multicast",
+        (Some(SwitchKind::ReduceScatter { .. }), _) => "reduce-scatter",
+        (Some(SwitchKind::AllGather { .. }), _) => "all-gather",
         (None, 0) => "reduce",
         (None, _) => "multicast",
     };

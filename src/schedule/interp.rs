@@ -103,21 +103,102 @@ impl SwitchExec<'_> {
     /// Whether member `m`'s `src` is read (it is then present and `len` long).
     pub fn reads(&self, m: usize) -> bool {
         match self.kind {
-            SwitchKind::AllReduce { .. } | SwitchKind::ReduceTo { .. } => true,
+            SwitchKind::AllReduce { .. } | SwitchKind::ReduceTo { .. } | SwitchKind::ReduceScatter { .. } => {
+                true
+            }
             SwitchKind::Multicast { from } => m == from as usize,
+            SwitchKind::AllGather { .. } => self.parts[m].src.is_some(),
         }
     }
     /// Whether member `m`'s `dst` is written (it is then present and `len` long).
     pub fn writes(&self, m: usize) -> bool {
         match self.kind {
-            SwitchKind::AllReduce { .. } | SwitchKind::Multicast { .. } => self.parts[m].dst.is_some(),
+            SwitchKind::AllReduce { .. }
+            | SwitchKind::Multicast { .. }
+            | SwitchKind::ReduceScatter { .. }
+            | SwitchKind::AllGather { .. } => self.parts[m].dst.is_some(),
             SwitchKind::ReduceTo { to } => m == to as usize,
         }
     }
     /// Whether the members' sources are combined (else the one source is copied).
     pub fn reduces(&self) -> bool {
-        !matches!(self.kind, SwitchKind::Multicast { .. })
+        !matches!(self.kind, SwitchKind::Multicast { .. } | SwitchKind::AllGather { .. })
     }
+}
+
+/// Executes a [`SwitchKind::ReduceScatter`] or [`SwitchKind::AllGather`] as the pieces it is
+/// made of: one [`SwitchKind::ReduceTo`] per receiving member, or one
+/// [`SwitchKind::Multicast`] per sending member, each over its slice of the `len` elements
+/// (in member order), so that effects only ever see the three primitive kinds.
+#[allow(clippy::too_many_arguments)]
+fn split_switch<E: Effects>(
+    g: u32,
+    kind: SwitchKind,
+    want: u32,
+    len: u64,
+    postop: bool,
+    parts: &[SwitchPart],
+    at0: OpRef,
+    fx: &mut E,
+) -> Result<(), ScheduleError> {
+    let gather = matches!(kind, SwitchKind::AllGather { .. });
+    // The whole side (every src of a reduce-scatter, every dst of an all-gather) is `len`
+    // long; the split side's spans add up to `len`, from exactly `want` members.
+    let whole = |p: &SwitchPart| if gather { p.dst } else { p.src };
+    let piece = |p: &SwitchPart| if gather { p.src } else { p.dst };
+    for p in parts {
+        match whole(p) {
+            Some(sp) if sp.len == len => {}
+            Some(sp) if gather => {
+                return Err(mismatch(
+                    p.at,
+                    format!("switch op {kind:?} on group {g} gathers {len} elements but this member's dst has {}", sp.len),
+                ))
+            }
+            None if gather => {}
+            _ => {
+                return Err(mismatch(
+                    p.at,
+                    format!("switch op {kind:?} on group {g} reduces {len} elements: every member needs a src that long"),
+                ))
+            }
+        }
+    }
+    let pieces: Vec<(usize, u64)> =
+        parts.iter().enumerate().filter_map(|(m, p)| piece(p).map(|sp| (m, sp.len))).collect();
+    let total: u64 = pieces.iter().map(|&(_, n)| n).sum();
+    if pieces.len() != want as usize || total != len {
+        return Err(mismatch(
+            at0,
+            format!(
+                "switch op {kind:?} on group {g} over {len} elements: {} members give a piece, {total} elements in all \
+                 (want {want} pieces adding up to {len})",
+                pieces.len()
+            ),
+        ));
+    }
+    let cut =
+        |sp: Option<Span>, off: u64, n: u64| sp.map(|sp| Span { offset: sp.offset + off, len: n, ..sp });
+    let mut sub: Vec<SwitchPart> = Vec::with_capacity(parts.len());
+    let mut off = 0;
+    for &(m, n) in &pieces {
+        if n > 0 {
+            sub.clear();
+            sub.extend(parts.iter().enumerate().map(|(i, p)| SwitchPart {
+                at: p.at,
+                src: if gather { (i == m).then_some(p.src).flatten() } else { cut(p.src, off, n) },
+                dst: if gather { cut(p.dst, off, n) } else { (i == m).then_some(cut(p.dst, 0, n)).flatten() },
+            }));
+            let kind = if gather {
+                SwitchKind::Multicast { from: m as u32 }
+            } else {
+                SwitchKind::ReduceTo { to: m as u32 }
+            };
+            fx.switch(&SwitchExec { group: g, kind, len: n, postop, parts: &sub })?;
+        }
+        off += n;
+    }
+    Ok(())
 }
 
 /// The data side of the semantics. The interpreter has checked every length before it calls
@@ -749,6 +830,10 @@ impl<'a, M> Machine<'a, M> {
             SwitchKind::ReduceTo { to } => member_ok(to, "target")?,
             SwitchKind::Multicast { from } => member_ok(from, "source")?,
             SwitchKind::AllReduce { head: None } => {}
+            SwitchKind::ReduceScatter { parts: want } | SwitchKind::AllGather { parts: want } => {
+                split_switch(g, kind, want, len, postop, &parts, at0, fx)?;
+                return self.switch_done(g, parts);
+            }
         }
         let exec = SwitchExec { group: g, kind, len, postop, parts: &parts };
         for (m, p) in parts.iter().enumerate() {
@@ -781,6 +866,11 @@ impl<'a, M> Machine<'a, M> {
             }
         }
         fx.switch(&exec)?;
+        self.switch_done(g, parts)
+    }
+
+    /// Marks every member's op of an executed switch op complete.
+    fn switch_done(&mut self, g: u32, parts: Vec<SwitchPart>) -> Result<(), ScheduleError> {
         for p in &parts {
             self.mark_done(p.at.stream, p.at.op);
         }

@@ -318,6 +318,19 @@ pub enum SwitchKind {
         /// Sending member (group position).
         from: u32,
     },
+    /// Every member contributes `src`; the reduction is split among the `parts` members
+    /// that give a `dst`, in member order, each taking as many elements as its `dst` holds
+    /// (NVLS: every head pulls its own piece of the chunk at once).
+    ReduceScatter {
+        /// Members that receive a piece.
+        parts: u32,
+    },
+    /// The `src` of the `parts` members that give one, concatenated in member order, is
+    /// multicast to every member's `dst` (NVLS: every head stores its own piece at once).
+    AllGather {
+        /// Members that send a piece.
+        parts: u32,
+    },
 }
 
 /// An in-switch operation over a group; every member's stream issues it, and the k-th such

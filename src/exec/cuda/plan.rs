@@ -663,6 +663,8 @@ impl Effects for Lower<'_> {
             SwitchKind::AllReduce { head: None } => 0,
             SwitchKind::ReduceTo { to } => to as usize,
             SwitchKind::Multicast { from } => from as usize,
+            // The interpreter hands these over as their ReduceTo / Multicast pieces.
+            SwitchKind::ReduceScatter { .. } | SwitchKind::AllGather { .. } => 0,
         };
         let ex = op.parts.get(exec).unwrap_or(first);
         let (stream, device) = (ex.at.stream, self.device(ex.at.rank));
