@@ -72,6 +72,20 @@ fn recv_lag(ops_per_chunk: usize) -> usize {
 /// remote peer gets.
 pub const P2P_PER_CHANNEL_NET_GBPS: f64 = 14.0;
 
+/// NCCL's default `NCCL_P2P_NET_CHUNKSIZE`, the step `P2P_PER_CHANNEL_NET_GBPS` goes with.
+const P2P_NET_CHUNK_DEFAULT: u64 = 128 << 10;
+
+/// What one p2p channel carries over the network when it moves `chunk` bytes a step. A
+/// network p2p connection advances by steps of a fixed cost, not at a byte rate: NCCL sizes
+/// its channels by 14 GB/s per channel at its default 128 KiB step, i.e. one step every
+/// 128 KiB / 14 GB/s = 9.4 us, and a measured 128 KiB connection moves ~chunk / 10-12 us
+/// whatever the chunk (NVIDIA/nccl issue 2409: 13 GB/s at 128 KiB, 88 GB/s at 1 MiB). So
+/// the small operations whose chunk NCCL cuts to 1/4 or 1/2 (below 1 and 8 chunks) move at
+/// 1/4 or 1/2 of the rate, and a larger `NCCL_P2P_NET_CHUNKSIZE` raises it (the NIC caps it).
+pub fn net_channel_gbps(chunk: u64) -> f64 {
+    P2P_PER_CHANNEL_NET_GBPS * chunk as f64 / P2P_NET_CHUNK_DEFAULT as f64
+}
+
 /// Channels NCCL gives one point-to-point operation of `bytes` (NCCL_FACTS §3.7; NCCL
 /// 2.29's `ncclTopoGetNchannels`, `ncclTopoComputeP2pChannels` and `addP2pToPlan`, read in
 /// NVIDIA/nccl v2.29.7 and restated): every peer gets the minimum over peers of its per-peer
@@ -150,8 +164,6 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let (i, o) = args.buffer_elems(n);
     s.part0_mut().buf_elems = [i, o, 0];
     s.part0_mut().window = NCCL_STEPS;
-    // One p2p channel drives what NCCL sizes its per-peer channels by over the network.
-    s.part0_mut().net_conn_bw = Some(crate::units::Bandwidth::from_gbytes(P2P_PER_CHANNEL_NET_GBPS));
     if n == 1 {
         single_rank(args, &mut s);
         return Ok(s);
@@ -169,6 +181,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         chunk_bytes
     };
     let chunk = (chunk_bytes.min(knobs.buffsize / NCCL_STEPS as u64) / elem).max(1);
+    s.part0_mut().net_conn_bw = Some(crate::units::Bandwidth::from_gbytes(net_channel_gbps(chunk * elem)));
     // Send/recv has one peer each way, so NCCL runs it on that peer's channels (see
     // `p2p_op_channels`); all-to-all spreads its peers over the communicator's p2p channels.
     let nch = if args.coll == Collective::SendRecv {
@@ -345,5 +358,15 @@ mod tests {
         assert_eq!(p2p_op_channels(&two, &k2, 16, 256 * MIB), 2);
         let k4 = Knobs { net_channels_per_peer: Some(4), ..Knobs::default() };
         assert_eq!(p2p_op_channels(&many, &k4, 16, 256 * MIB), 4);
+    }
+
+    #[test]
+    fn a_p2p_network_channel_moves_its_chunk_a_step() {
+        // 14 GB/s at NCCL's default 128 KiB step; a quarter and a half for the chunks NCCL
+        // cuts for small operations; 4x with NCCL_P2P_NET_CHUNKSIZE=512K.
+        assert_eq!(net_channel_gbps(128 << 10), 14.0);
+        assert_eq!(net_channel_gbps(32 << 10), 3.5);
+        assert_eq!(net_channel_gbps(64 << 10), 7.0);
+        assert_eq!(net_channel_gbps(512 << 10), 56.0);
     }
 }

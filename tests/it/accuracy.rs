@@ -343,9 +343,12 @@ fn send_recv_degrades_with_scale_through_the_channels_per_peer() {
     let b32 = one("b200-dgxc-32node-256gpu-ib8x400g-sendrecv-ring-busbwonly-nccl2.29.7.csv");
     assert!(b8.median_large <= 0.08, "B200 8-node send/recv: {:.1}%", b8.median_large * 100.0);
     assert!(b32.median_large <= 0.06, "B200 32-node send/recv: {:.1}%", b32.median_large * 100.0);
-    // Every size scored against its own row (the 2-16 KiB sizes on 256 ranks once matched
-    // the 1 KiB row, 31% over all sizes).
-    assert!(b32.median_all <= 0.12, "B200 32-node send/recv, all sizes: {:.1}%", b32.median_all * 100.0);
+    // All sizes: every size scored against its own row (the 2-16 KiB sizes on 256 ranks
+    // once matched the 1 KiB row: 31%, then 9.9%), and a p2p network channel moving its
+    // chunk a step, so the 32-512 KiB operations whose chunk NCCL cuts to a quarter or a half
+    // move at that share of 14 GB/s (8 nodes 14.2% -> 6.6%, 32 nodes 9.9% -> 3.7%).
+    assert!(b8.median_all <= 0.09, "B200 8-node send/recv, all sizes: {:.1}%", b8.median_all * 100.0);
+    assert!(b32.median_all <= 0.06, "B200 32-node send/recv, all sizes: {:.1}%", b32.median_all * 100.0);
     let at = |s: &Score, b: u64| s.points.iter().find(|p| p.size_bytes == b).unwrap().simulated;
     let (s2, s8, s32) = (at(&b2, 256 << 20), at(&b8, 256 << 20), at(&b32, 256 << 20));
     assert!(s2 > 1.4 * s8 && s8 > 1.8 * s32, "256 MiB: {s2:.1}, {s8:.1}, {s32:.1} GB/s at 2, 8, 32 nodes");
