@@ -220,13 +220,25 @@ fn healthy_and_multi_node_tables_meet_the_issue_medians() {
     assert!(every <= 0.05, "healthy tables: median {:.1}% over all sizes", every * 100.0);
     let (large, every) = medians(&multi);
     assert!(large <= 0.06, "multi-node tables: median {:.1}% at >= 1 MiB", large * 100.0);
-    // 8% (was 7%): the 80-GPU send/recv table (8.1%) joined the asserted multi-node set once
-    // one p2p channel carries NCCL's 14 GB/s, which moved the median of the five to the B200
-    // 2-node table's 7.0%; the issue's target is 10%.
-    assert!(every <= 0.08, "multi-node tables: median {:.1}% over all sizes", every * 100.0);
+    // 7% (was 8%): the 8- and 32-node B200 send/recv tables joined the asserted multi-node
+    // set with NCCL 2.29's channels per peer (6.5% over the seven when written; the issue's
+    // target is 10%).
+    assert!(every <= 0.07, "multi-node tables: median {:.1}% over all sizes", every * 100.0);
     for s in &all {
         assert!(s.median_large <= 0.15, "{}: {:.1}% at >= 1 MiB", s.file, s.median_large * 100.0);
     }
+    // Every healthy multi-node table, asserted or not (the 10-node ring all-gather and
+    // reduce-scatter included): the issue's targets themselves. 5.9% and 6.9% when written
+    // (7.4% and 8.1% before NCCL 2.29's p2p channels per peer and the p2p step rate).
+    let healthy: Vec<&Score> = all_scores()
+        .iter()
+        .filter(|(d, _)| d.quality == "healthy" && d.multi_node())
+        .map(|(_, s)| s)
+        .collect();
+    assert!(healthy.len() >= 10, "healthy multi-node tables: {}", healthy.len());
+    let (large, every) = medians(&healthy);
+    assert!(large <= 0.06, "healthy multi-node tables: median {:.1}% at >= 1 MiB", large * 100.0);
+    assert!(every <= 0.10, "healthy multi-node tables: median {:.1}% over all sizes", every * 100.0);
 }
 
 #[test]
