@@ -249,10 +249,16 @@ pub fn score_upto(
     let rows = run_bench(&f, &cfg).map_err(|e| format!("{}: {e}", d.file))?;
     let mut points = Vec::new();
     for m in &measured {
-        let Some(r) = rows.iter().find(|r| {
-            r.size_bytes == m.size_bytes
-                || (r.size_bytes <= m.size_bytes && m.size_bytes - r.size_bytes < 64 * f.num_gpus() as u64)
-        }) else {
+        // The row of this size, or (nccl-tests rounds all-gather and reduce-scatter sizes
+        // down to a multiple of the rank count) the largest row just below it. Taking the
+        // first row within the tolerance instead matched 2-16 KiB send/recv sizes on 64-256
+        // ranks with the 1 KiB row.
+        let tolerance = 64 * f.num_gpus() as u64;
+        let Some(r) = rows
+            .iter()
+            .filter(|r| r.size_bytes <= m.size_bytes && m.size_bytes - r.size_bytes < tolerance)
+            .max_by_key(|r| r.size_bytes)
+        else {
             continue;
         };
         let (measured_bw, error) = match m.time_us {

@@ -72,18 +72,36 @@ fn recv_lag(ops_per_chunk: usize) -> usize {
 /// remote peer gets.
 pub const P2P_PER_CHANNEL_NET_GBPS: f64 = 14.0;
 
-/// Channels NCCL gives one point-to-point operation of `bytes` (NCCL_FACTS §3.7, NCCL
-/// 2.29's `ncclTopoGetNchannels` and `addP2pToPlan`, restated): every peer gets the minimum
-/// over peers of its per-peer channels (NVLink peer: 2 per NVLink of the pair; PCIe peer 2;
-/// network peer `NCCL_NCHANNELS_PER_NET_PEER` or max(local NICs, ceil(NIC bandwidth / 14
-/// GB/s))), rounded up to a power of two and at most `p2p_channels` (the communicator's p2p
-/// channels, a power of two). The most an operation may use is halved while
-/// `max × ranks > 4 × p2p_channels` ("avoid overloading channels with 8+ operations"), the
-/// least while `min × ranks > p2p_channels`; an operation starts from the least (fewer if
-/// it is small) and doubles while each part is above the largest part (one network chunk
-/// across nodes, 32 chunks inside one) and the doubled count stays within the most. This is
-/// why a send/recv ring across 8 or more nodes runs on one channel per peer, and why the
-/// one-node send/recv table climbs in steps of 4, 8 and 16 channels.
+/// NCCL's default `NCCL_P2P_NET_CHUNKSIZE`, the step `P2P_PER_CHANNEL_NET_GBPS` goes with.
+const P2P_NET_CHUNK_DEFAULT: u64 = 128 << 10;
+
+/// What one p2p channel carries over the network when it moves `chunk` bytes a step. A
+/// network p2p connection advances by steps of a fixed cost, not at a byte rate: NCCL sizes
+/// its channels by 14 GB/s per channel at its default 128 KiB step, i.e. one step every
+/// 128 KiB / 14 GB/s = 9.4 us, and a measured 128 KiB connection moves ~chunk / 10-12 us
+/// whatever the chunk (NVIDIA/nccl issue 2409: 13 GB/s at 128 KiB, 88 GB/s at 1 MiB). So
+/// the small operations whose chunk NCCL cuts to 1/4 or 1/2 (below 1 and 8 chunks) move at
+/// 1/4 or 1/2 of the rate, and a larger `NCCL_P2P_NET_CHUNKSIZE` raises it (the NIC caps it).
+pub fn net_channel_gbps(chunk: u64) -> f64 {
+    P2P_PER_CHANNEL_NET_GBPS * chunk as f64 / P2P_NET_CHUNK_DEFAULT as f64
+}
+
+/// Channels NCCL gives one point-to-point operation of `bytes` (NCCL_FACTS §3.7; NCCL
+/// 2.29's `ncclTopoGetNchannels`, `ncclTopoComputeP2pChannels` and `addP2pToPlan`, read in
+/// NVIDIA/nccl v2.29.7 and restated): every peer gets the minimum over peers of its per-peer
+/// channels (NVLink peer: 2 per NVLink of the pair; PCIe peer 2; network peer
+/// `NCCL_NCHANNELS_PER_NET_PEER` or max(local NICs, ceil(NIC bandwidth / 14 GB/s))), rounded
+/// up to a power of two and at most `p2p_channels` (the communicator's p2p channels, a power
+/// of two). Across nodes, unless `NCCL_NCHANNELS_PER_NET_PEER` is set, the per-peer count is
+/// then halved while `per_peer × ceil(ranks / 8) > p2p_channels`, so that one channel's batch
+/// of 8 operations covers every peer in one round. An operation starts from the least count
+/// (per-peer, halved while `least × ranks > p2p_channels`; fewer if it is small) and doubles
+/// while each part is above the largest part (one network chunk across nodes, 32 chunks
+/// inside one) and the doubled count stays within the per-peer count. With 400G NICs
+/// (4 per peer) and 16 p2p channels a send/recv ring keeps 4 channels per peer on 2 nodes, 2
+/// on 8 and one from 10 nodes on (the measured B200 scaling: 42, 26, 14 GB/s). NCCL up to
+/// 2.18 also halved the most an operation uses while `most × ranks > 4 × p2p_channels`;
+/// 2.19 dropped that rule, and it is not modelled.
 pub fn p2p_op_channels(comm: &Comm, knobs: &Knobs, p2p_channels: u32, bytes: u64) -> u32 {
     let n = comm.nranks.max(1);
     let p2p = p2p_channels.max(1).next_power_of_two().min(64);
@@ -109,12 +127,13 @@ pub fn p2p_op_channels(comm: &Comm, knobs: &Knobs, p2p_channels: u32, bytes: u64
         u32::MAX
     };
     let per_peer = local_peer.min(net_peer);
-    let per_peer = if per_peer == u32::MAX { p2p } else { per_peer.max(1).next_power_of_two().min(p2p) };
-    let mut most = per_peer;
-    while most as u64 * n as u64 > 4 * p2p as u64 && most > 1 {
-        most /= 2;
+    let mut most = if per_peer == u32::MAX { p2p } else { per_peer.max(1).next_power_of_two().min(p2p) };
+    if multi && knobs.net_channels_per_peer.is_none() {
+        while most as u64 * (n as u64).div_ceil(P2P_BATCH as u64) > p2p as u64 && most > 1 {
+            most /= 2;
+        }
     }
-    let mut least = per_peer;
+    let mut least = most;
     while least as u64 * n as u64 > p2p as u64 && least > 1 {
         least /= 2;
     }
@@ -145,8 +164,6 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let (i, o) = args.buffer_elems(n);
     s.part0_mut().buf_elems = [i, o, 0];
     s.part0_mut().window = NCCL_STEPS;
-    // One p2p channel drives what NCCL sizes its per-peer channels by over the network.
-    s.part0_mut().net_conn_bw = Some(crate::units::Bandwidth::from_gbytes(P2P_PER_CHANNEL_NET_GBPS));
     if n == 1 {
         single_rank(args, &mut s);
         return Ok(s);
@@ -164,6 +181,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         chunk_bytes
     };
     let chunk = (chunk_bytes.min(knobs.buffsize / NCCL_STEPS as u64) / elem).max(1);
+    s.part0_mut().net_conn_bw = Some(crate::units::Bandwidth::from_gbytes(net_channel_gbps(chunk * elem)));
     // Send/recv has one peer each way, so NCCL runs it on that peer's channels (see
     // `p2p_op_channels`); all-to-all spreads its peers over the communicator's p2p channels.
     let nch = if args.coll == Collective::SendRecv {
@@ -314,21 +332,41 @@ mod tests {
     fn p2p_channels_follow_nccl_rules() {
         let k = Knobs::default();
         // One node of 8 H100 (18 NVLinks per pair -> 36 per peer, capped at 32 p2p channels):
-        // an operation starts on 4 channels and doubles while its parts exceed 16 MiB, up to 16.
+        // an operation starts on 4 channels and doubles while its parts exceed 16 MiB, up to 32.
         let one = Comm::synthetic(1, 8, true, false);
         assert_eq!(p2p_op_channels(&one, &k, 32, 32 * MIB), 4);
         assert_eq!(p2p_op_channels(&one, &k, 32, 128 * MIB), 8);
-        assert_eq!(p2p_op_channels(&one, &k, 32, 512 * MIB), 16);
-        assert_eq!(p2p_op_channels(&one, &k, 32, 16 << 30), 16);
-        // Across nodes a 400G NIC gives ceil(50 / 14) = 4 channels per remote peer: 2 nodes
-        // keep 4 for large operations, 10 nodes (80 ranks) fall to one.
+        assert_eq!(p2p_op_channels(&one, &k, 32, 256 * MIB), 16);
+        assert_eq!(p2p_op_channels(&one, &k, 32, 512 * MIB), 32);
+        assert_eq!(p2p_op_channels(&one, &k, 32, 16 << 30), 32);
+        // Across nodes a 400G NIC gives ceil(50 / 14) = 4 channels per remote peer, halved
+        // while 4 x ceil(ranks / 8) exceeds the 16 p2p channels: 2 nodes keep 4 for large
+        // operations, 8 nodes (64 ranks) 2, 10 nodes (80 ranks) and 32 nodes one.
         let two = Comm::synthetic(2, 8, true, false);
         assert_eq!(p2p_op_channels(&two, &k, 16, 256 * MIB), 4);
         assert_eq!(p2p_op_channels(&two, &k, 16, 64 << 10), 1);
+        let eight = Comm::synthetic(8, 8, true, false);
+        assert_eq!(p2p_op_channels(&eight, &k, 16, 256 * MIB), 2);
+        assert_eq!(p2p_op_channels(&eight, &k, 16, 128 << 10), 1);
         let ten = Comm::synthetic(10, 8, true, false);
         assert_eq!(p2p_op_channels(&ten, &k, 16, 256 * MIB), 1);
-        // NCCL_NCHANNELS_PER_NET_PEER overrides the per-peer count (still halved by scale).
+        let many = Comm::synthetic(32, 8, true, false);
+        assert_eq!(p2p_op_channels(&many, &k, 16, 256 * MIB), 1);
+        // NCCL_NCHANNELS_PER_NET_PEER overrides the per-peer count, and then the count is not
+        // halved with the rank count.
         let k2 = Knobs { net_channels_per_peer: Some(2), ..Knobs::default() };
         assert_eq!(p2p_op_channels(&two, &k2, 16, 256 * MIB), 2);
+        let k4 = Knobs { net_channels_per_peer: Some(4), ..Knobs::default() };
+        assert_eq!(p2p_op_channels(&many, &k4, 16, 256 * MIB), 4);
+    }
+
+    #[test]
+    fn a_p2p_network_channel_moves_its_chunk_a_step() {
+        // 14 GB/s at NCCL's default 128 KiB step; a quarter and a half for the chunks NCCL
+        // cuts for small operations; 4x with NCCL_P2P_NET_CHUNKSIZE=512K.
+        assert_eq!(net_channel_gbps(128 << 10), 14.0);
+        assert_eq!(net_channel_gbps(32 << 10), 3.5);
+        assert_eq!(net_channel_gbps(64 << 10), 7.0);
+        assert_eq!(net_channel_gbps(512 << 10), 56.0);
     }
 }

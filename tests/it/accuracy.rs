@@ -95,12 +95,12 @@ fn every_dataset_scores_and_unasserted_ones_say_why() {
     for s in scores(false).iter().filter(|s| !s.asserted) {
         assert!(!s.points.is_empty(), "{}: no points", s.file);
         // Exempt, each with its reason in the manifest: the a3ultra pair and SHARP on A100
-        // (as before); the 10-node ring all-gather / reduce-scatter (their Simple sizes), the
-        // 8-node B200 send/recv (one channel per peer where the measurement shows two) and
+        // (as before); the 10-node ring all-gather / reduce-scatter (their Simple sizes) and
         // the OCI RoCE example (added with issue 10). The 10-node H100 and 32-node B200
         // send/recv are no longer exempt: one p2p channel drives NCCL's 14 GB/s over the
-        // network; nor the 10-node all-reduce (13.5% -> 5.8% with NCCL's NVLS-Tree cap).
-        let exempt = ["a3ultra", "sharp", "80gpu-allgather", "80gpu-reducescatter", "b200-dgxc-8node", "oci"];
+        // network; nor the 10-node all-reduce (13.5% -> 5.8% with NCCL's NVLS-Tree cap); nor
+        // the 8-node B200 send/recv (46.7% -> 5.8% with NCCL 2.29's channels per peer).
+        let exempt = ["a3ultra", "sharp", "80gpu-allgather", "80gpu-reducescatter", "oci"];
         if !exempt.iter().any(|e| s.file.contains(e)) {
             assert!(s.median_large <= 0.15, "{}: {:.1}%", s.file, s.median_large * 100.0);
         }
@@ -220,13 +220,25 @@ fn healthy_and_multi_node_tables_meet_the_issue_medians() {
     assert!(every <= 0.05, "healthy tables: median {:.1}% over all sizes", every * 100.0);
     let (large, every) = medians(&multi);
     assert!(large <= 0.06, "multi-node tables: median {:.1}% at >= 1 MiB", large * 100.0);
-    // 8% (was 7%): the 80-GPU send/recv table (8.1%) joined the asserted multi-node set once
-    // one p2p channel carries NCCL's 14 GB/s, which moved the median of the five to the B200
-    // 2-node table's 7.0%; the issue's target is 10%.
-    assert!(every <= 0.08, "multi-node tables: median {:.1}% over all sizes", every * 100.0);
+    // 7% (was 8%): the 8- and 32-node B200 send/recv tables joined the asserted multi-node
+    // set with NCCL 2.29's channels per peer (6.5% over the seven when written; the issue's
+    // target is 10%).
+    assert!(every <= 0.07, "multi-node tables: median {:.1}% over all sizes", every * 100.0);
     for s in &all {
         assert!(s.median_large <= 0.15, "{}: {:.1}% at >= 1 MiB", s.file, s.median_large * 100.0);
     }
+    // Every healthy multi-node table, asserted or not (the 10-node ring all-gather and
+    // reduce-scatter included): the issue's targets themselves. 5.9% and 6.9% when written
+    // (7.4% and 8.1% before NCCL 2.29's p2p channels per peer and the p2p step rate).
+    let healthy: Vec<&Score> = all_scores()
+        .iter()
+        .filter(|(d, _)| d.quality == "healthy" && d.multi_node())
+        .map(|(_, s)| s)
+        .collect();
+    assert!(healthy.len() >= 10, "healthy multi-node tables: {}", healthy.len());
+    let (large, every) = medians(&healthy);
+    assert!(large <= 0.06, "healthy multi-node tables: median {:.1}% at >= 1 MiB", large * 100.0);
+    assert!(every <= 0.10, "healthy multi-node tables: median {:.1}% over all sizes", every * 100.0);
 }
 
 #[test]
@@ -306,11 +318,14 @@ fn nvls_tree_across_nodes_plateaus_at_nccls_per_channel_cap() {
 #[test]
 fn point_to_point_follows_nccls_channels_and_round_order() {
     let sr1 = one("h100sxm-xxrjun-cl01-1node-8gpu-sendrecv-nccl2.29.2.csv");
-    // One node: an operation runs on 4, then 8, then 16 channels as it grows (NCCL's
-    // per-peer channel rule); 32-256 MiB follow the measured steps within 7%.
-    for p in sr1.points.iter().filter(|p| p.size_bytes <= 256 << 20) {
+    // One node: an operation runs on 4, then 8, 16 and 32 channels as it grows (NCCL's
+    // per-peer channel rule, with no cap by the rank count since NCCL 2.19): every size
+    // within 7%, the median within 3% (10.9% when 16 channels were the most: -11% from
+    // 512 MiB).
+    for p in &sr1.points {
         assert!(p.error.abs() <= 0.07, "1 node send/recv {} B: {:+.1}%", p.size_bytes, p.error * 100.0);
     }
+    assert!(sr1.median_large <= 0.03, "1 node send/recv: {:.1}%", sr1.median_large * 100.0);
     // 80 ranks across 10 nodes: one channel per peer, and one p2p channel drives NCCL's
     // NCCL_P2P_PER_CHANNEL_NET_BW (14 GB/s) over the network. Measured 15.2 GB/s; before the
     // channel rule the model ran every channel to the NIC's 45 GB/s (+195%), before the
@@ -330,17 +345,26 @@ fn point_to_point_follows_nccls_channels_and_round_order() {
 
 #[test]
 fn send_recv_degrades_with_scale_through_the_channels_per_peer() {
-    // B200 ring of send/recv (X2): 42, 26 and 14.5 GB/s at 2, 8 and 32 nodes. NCCL gives a
-    // network peer 4 channels at 16 ranks and 1 at 256 (its per-operation halving with the
-    // rank count), and each carries at most 14 GB/s: 2 and 32 nodes follow (the NIC, then one
-    // channel). The 8-node table (two channels' worth) is not reproduced: the rule gives it
-    // one channel here, -47% (exempt above, reason in the manifest).
+    // B200 ring of send/recv (X2): 42, 26 and 14.5 GB/s at 2, 8 and 32 nodes. NCCL 2.29
+    // gives a network peer ceil(50 / 14) = 4 channels and halves them while
+    // 4 x ceil(ranks / 8) exceeds the 16 p2p channels: 4 at 16 ranks, 2 at 64, 1 at 256; each
+    // carries at most 14 GB/s. 2 nodes follow the NIC, 8 nodes two channels (46.7% when the
+    // model gave one, by NCCL 2.18's per-operation cap), 32 nodes one.
     let b2 = one("b200-dgxc-2node-16gpu-ib8x400g-sendrecv-ring-busbwonly-nccl2.29.7.csv");
+    let b8 = one("b200-dgxc-8node-64gpu-ib8x400g-sendrecv-ring-busbwonly-nccl2.29.7.csv");
     let b32 = one("b200-dgxc-32node-256gpu-ib8x400g-sendrecv-ring-busbwonly-nccl2.29.7.csv");
+    assert!(b8.median_large <= 0.08, "B200 8-node send/recv: {:.1}%", b8.median_large * 100.0);
     assert!(b32.median_large <= 0.06, "B200 32-node send/recv: {:.1}%", b32.median_large * 100.0);
+    // All sizes: every size scored against its own row (the 2-16 KiB sizes on 256 ranks
+    // once matched the 1 KiB row: 31%, then 9.9%), and a p2p network channel moving its
+    // chunk a step, so the 32-512 KiB operations whose chunk NCCL cuts to a quarter or a half
+    // move at that share of 14 GB/s (8 nodes 14.2% -> 6.6%, 32 nodes 9.9% -> 3.7%).
+    assert!(b8.median_all <= 0.09, "B200 8-node send/recv, all sizes: {:.1}%", b8.median_all * 100.0);
+    assert!(b32.median_all <= 0.06, "B200 32-node send/recv, all sizes: {:.1}%", b32.median_all * 100.0);
     let at = |s: &Score, b: u64| s.points.iter().find(|p| p.size_bytes == b).unwrap().simulated;
-    let (s2, s32) = (at(&b2, 256 << 20), at(&b32, 256 << 20));
-    assert!(s2 > 2.5 * s32, "256 MiB: {s2:.1} GB/s at 2 nodes, {s32:.1} at 32");
+    let (s2, s8, s32) = (at(&b2, 256 << 20), at(&b8, 256 << 20), at(&b32, 256 << 20));
+    assert!(s2 > 1.4 * s8 && s8 > 1.8 * s32, "256 MiB: {s2:.1}, {s8:.1}, {s32:.1} GB/s at 2, 8, 32 nodes");
+    assert!((26.0..=28.0).contains(&s8), "8 nodes, 256 MiB: {s8:.1} GB/s (two channels)");
     assert!((13.0..=14.0).contains(&s32), "32 nodes, 256 MiB: {s32:.1} GB/s (one channel)");
 }
 
