@@ -135,7 +135,11 @@ impl<'f> Concurrent<'f> {
         self.add_with(job, None)
     }
 
-    fn add_with(&mut self, job: CollectiveJob, cap: Option<crate::units::Bandwidth>) -> Result<JobId, WorkloadError> {
+    fn add_with(
+        &mut self,
+        job: CollectiveJob,
+        cap: Option<crate::units::Bandwidth>,
+    ) -> Result<JobId, WorkloadError> {
         let ngpus = self.fabric.num_gpus();
         let bad = |reason: String| WorkloadError::Ranks { job: job.name.clone(), reason };
         if job.ranks.is_empty() {
@@ -171,7 +175,11 @@ impl<'f> Concurrent<'f> {
     /// Places a collective whose network connections each carry at most `cap` (the part's
     /// [`Part::net_conn_bw`]): traffic that stands for a slower collective's share of a NIC
     /// (the training step's replayed data-parallel collectives, [`super::lower`]).
-    pub fn add_capped(&mut self, job: CollectiveJob, cap: crate::units::Bandwidth) -> Result<JobId, WorkloadError> {
+    pub fn add_capped(
+        &mut self,
+        job: CollectiveJob,
+        cap: crate::units::Bandwidth,
+    ) -> Result<JobId, WorkloadError> {
         self.add_with(job, Some(cap))
     }
 

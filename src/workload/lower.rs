@@ -45,16 +45,28 @@
 //!   dependencies as the real collective. The stage's replayed collectives share that
 //!   proxy's resource fairly, so the buckets and gathers of one stage that overlap slow each
 //!   other down as they would on their shared links.
-//! - What the replay drops: contention between a stage's DP traffic and its pipeline
-//!   transfers on the representative's NIC, and between the DP groups of different stages
-//!   (on a rail-optimized fabric they share only the spine). `replay: false` simulates every
-//!   DP/FSDP collective on all its ranks inside the step (Llama 3 405B on 16,384 GPUs, TP8
-//!   PP16 VPP4 DP128: 155 M events and 30 s of CPU, against 1.8 M events and 1.3 s
-//!   replayed, the step 0.2% apart); `tests/it/training.rs` holds the replay within 7% of
-//!   the full simulation, and never slower, on plans of 64 to 128 GPUs (6.4% faster where
-//!   DP buckets reduced during the backward share the representative's NIC with pipeline
-//!   transfers).
-//!
+//! - NIC shadows ([`EventOpts::nic_shadows`], on by default): what a replayed collective
+//!   loads on the links is kept in the step by its shadow, the same collective (the same
+//!   algorithm where it runs on two ranks, else a ring; the same protocol; NCCL's channels
+//!   per NIC) on the stage's representative and its next peer on another node, with the
+//!   buffer that moves the bytes the real one moves through the representative's NIC
+//!   (NCCL's bus-bandwidth factor, shared among the group's ranks on that node), stretched
+//!   to the real one's time by a cap per network connection (or cut to the bytes the NIC
+//!   carries in that time when the real one keeps it busy throughout). Its rate and latency
+//!   are measured alone at two sizes (memoized). The replayed collective ends when both its
+//!   timed job and its shadow are done, with the same dependencies. So the pipeline
+//!   transfers, the stage's other buckets and the other stages' shadows queue behind it on
+//!   the representative's NIC and the fabric as they do behind the real collective; with
+//!   two ranks (dp 2 across nodes) the shadow is the real collective.
+//! - What the replay still drops: the real collective's traffic on its other ranks' NICs
+//!   (which carry nothing else in the composed step) and its exact spread over the spine.
+//!   `replay: false` simulates every DP/FSDP collective on all its ranks inside the step
+//!   (Llama 3 405B on 16,384 GPUs, TP8 PP16 VPP4 DP128: 155 M events and 30 s of CPU,
+//!   against 1.5 s replayed with shadows, the step +0.05% apart); `tests/it/training.rs`
+//!   holds the replay within 2% of the full simulation on plans of 64 to 128 GPUs
+//!   (measured +0.3%, +1.0%, +0.3%, 0.0%; without the shadows −6.4% where DP buckets
+//!   reduced during the backward share the representative's NIC with pipeline transfers).
+
 //! Symmetry, and what is approximated:
 //! - All data-parallel replicas (and CP and EP peers) run the same program, and the TP ranks
 //!   of a stage run the same program on their own rails. One rank per stage (TP, CP, EP and
@@ -250,7 +262,13 @@ fn coll_args(kind: CollectiveKind, bytes: u64, n: u64) -> Option<CollArgs> {
 /// reduce-scatter and all-to-all), shared among the group's ranks on the representative's
 /// node (returned too), which leave it over their own rails. None where the group does not
 /// leave the node.
-fn shadow_pair(f: &Fabric, rep: u32, kind: CollectiveKind, bytes: u64, ranks: &[u32]) -> Option<([u32; 2], u64, usize)> {
+fn shadow_pair(
+    f: &Fabric,
+    rep: u32,
+    kind: CollectiveKind,
+    bytes: u64,
+    ranks: &[u32],
+) -> Option<([u32; 2], u64, usize)> {
     let n = ranks.len();
     let pos = ranks.iter().position(|&r| r == rep)?;
     let node = f.node_of_rank(rep);
@@ -282,12 +300,25 @@ struct ShadowMemo<'a> {
 
 impl<'a> ShadowMemo<'a> {
     fn new(f: &'a Fabric, router: &'a Router<'a>, on: bool) -> ShadowMemo<'a> {
-        ShadowMemo { f, router, on, memo: RefCell::new(BTreeMap::new()), picks: RefCell::new(BTreeMap::new()) }
+        ShadowMemo {
+            f,
+            router,
+            on,
+            memo: RefCell::new(BTreeMap::new()),
+            picks: RefCell::new(BTreeMap::new()),
+        }
     }
 
     /// NCCL's pick for the collective on its real group, its channels shared among the
     /// group's `local` ranks on a node (each leaves over its own NIC).
-    fn pick(&self, pricer: &FabricPricer, kind: CollectiveKind, bytes: u64, ranks: &[u32], local: usize) -> Option<Choice> {
+    fn pick(
+        &self,
+        pricer: &FabricPricer,
+        kind: CollectiveKind,
+        bytes: u64,
+        ranks: &[u32],
+        local: usize,
+    ) -> Option<Choice> {
         let r64: Vec<u64> = ranks.iter().map(|&x| u64::from(x)).collect();
         let key = (kind as u8, bytes, pricer.shape(&r64));
         if let Some(c) = self.picks.borrow().get(&key) {
@@ -316,7 +347,13 @@ impl<'a> ShadowMemo<'a> {
         let ps = (t * 1e12).round() as u64;
         let (a, b) = (pair[0] as i64, pair[1] as i64);
         let (na, nb) = (self.f.node_of_rank(pair[0]) as i64, self.f.node_of_rank(pair[1]) as i64);
-        let key = (kind as u8, x, ps, format!("{real:?}"), vec![b - a, nb - na, i64::from(self.f.local_rank(pair[0]))]);
+        let key = (
+            kind as u8,
+            x,
+            ps,
+            format!("{real:?}"),
+            vec![b - a, nb - na, i64::from(self.f.local_rank(pair[0]))],
+        );
         if let Some(c) = self.memo.borrow().get(&key) {
             return *c;
         }
@@ -421,7 +458,15 @@ impl Built {
     }
     /// A collective of `n` ranks replayed on `proxy`, then its NIC shadows (the jobs added
     /// right after it, each on a pair of ranks).
-    fn push_replayed(&mut self, stage: u32, kind: StepJobKind, name: String, n: usize, proxy: u32, shadows: &Shadows) {
+    fn push_replayed(
+        &mut self,
+        stage: u32,
+        kind: StepJobKind,
+        name: String,
+        n: usize,
+        proxy: u32,
+        shadows: &Shadows,
+    ) {
         self.touched.insert(proxy);
         let ids: Vec<usize> = shadows.iter().map(|(id, _)| id.0 as usize).collect();
         let label = name.clone();
@@ -537,10 +582,11 @@ pub fn step_event_with(
                     .add_compute(name, proxy(s), &[timed_kernel(engine_rate(f), name.to_string(), t)])
                     .and_then(|id| {
                         let mut shadows = Shadows::new();
-                        let shadow = shadow_pair(f, rep(s) as u32, kind, bytes, ranks).and_then(|(pair, x, local)| {
-                            let real = shadows_memo.pick(pricer, kind, bytes, ranks, local)?;
-                            Some((pair, shadows_memo.call(pair, kind, x, t, real)?))
-                        });
+                        let shadow =
+                            shadow_pair(f, rep(s) as u32, kind, bytes, ranks).and_then(|(pair, x, local)| {
+                                let real = shadows_memo.pick(pricer, kind, bytes, ranks, local)?;
+                                Some((pair, shadows_memo.call(pair, kind, x, t, real)?))
+                            });
                         if let Some((pair, (args, choice, cap))) = shadow {
                             let job = CollectiveJob {
                                 name: format!("{name} (NIC shadow)"),
@@ -681,7 +727,8 @@ pub fn step_event_with(
                             let ahead = if plan.overlap.param_gather { 2 } else { 1 };
                             let all = std::iter::once(id).chain(sh.iter().map(|x| x.0));
                             for x in all.clone() {
-                                if let Some(&(op, kernel)) = g.checked_sub(ahead).and_then(|x| stream.get(x)) {
+                                if let Some(&(op, kernel)) = g.checked_sub(ahead).and_then(|x| stream.get(x))
+                                {
                                     w.after_kernel_on_all_ranks(x, op, kernel);
                                 }
                             }
@@ -689,7 +736,14 @@ pub fn step_event_with(
                                 for x in all {
                                     w.kernel_after_everywhere(b.ops[s][i], k, x);
                                 }
-                                b.push_replayed(s as u32, StepJobKind::Fsdp, name, group.len(), proxy(s), &sh);
+                                b.push_replayed(
+                                    s as u32,
+                                    StepJobKind::Fsdp,
+                                    name,
+                                    group.len(),
+                                    proxy(s),
+                                    &sh,
+                                );
                             } else {
                                 w.kernel_after(b.ops[s][i], k, id);
                                 b.push(s as u32, StepJobKind::Fsdp, name, &group, None);
@@ -709,7 +763,14 @@ pub fn step_event_with(
                                     fsdp_rs[s].push((x, replayed));
                                 }
                                 if replayed {
-                                    b.push_replayed(s as u32, StepJobKind::Fsdp, name, group.len(), proxy(s), &sh);
+                                    b.push_replayed(
+                                        s as u32,
+                                        StepJobKind::Fsdp,
+                                        name,
+                                        group.len(),
+                                        proxy(s),
+                                        &sh,
+                                    );
                                 } else {
                                     b.push(s as u32, StepJobKind::Fsdp, name, &group, None);
                                 }
