@@ -62,11 +62,11 @@
 //!   (which carry nothing else in the composed step) and its exact spread over the spine.
 //!   `replay: false` simulates every DP/FSDP collective on all its ranks inside the step
 //!   (Llama 3 405B on 16,384 GPUs, TP8 PP16 VPP4 DP128: 155 M events and 30 s of CPU,
-//!   against 1.5 s replayed with shadows, the step +0.05% apart); `tests/it/training.rs`
+//!   against 1.3 s and 2.1 M events replayed with shadows, the step +0.05% apart); `tests/it/training.rs`
 //!   holds the replay within 2% of the full simulation on plans of 64 to 128 GPUs
 //!   (measured +0.3%, +1.0%, +0.3%, 0.0%; without the shadows −6.4% where DP buckets
 //!   reduced during the backward share the representative's NIC with pipeline transfers).
-
+//!
 //! Symmetry, and what is approximated:
 //! - All data-parallel replicas (and CP and EP peers) run the same program, and the TP ranks
 //!   of a stage run the same program on their own rails. One rank per stage (TP, CP, EP and
@@ -287,15 +287,22 @@ fn shadow_pair(
 /// stretches it to the time of the collective it stands for.
 type ShadowCall = (CollArgs, Choice, Option<Bandwidth>);
 
+/// A shadow's memo key: collective kind, bytes through the NIC, time (ps), NCCL's pick (as
+/// written), and the pair's shape (rank offset, node offset, local rank of the first).
+type ShadowKey = (u8, u64, u64, String, Vec<i64>);
+
+/// A pick's memo key: collective kind, bytes, group shape ([`FabricPricer::shape`]).
+type PickKey = (u8, u64, Vec<i64>);
+
 /// NIC shadows, priced once per (collective kind, bytes through the NIC, time, pick, shape
 /// of the pair).
 struct ShadowMemo<'a> {
     f: &'a Fabric,
     router: &'a Router<'a>,
     on: bool,
-    memo: RefCell<BTreeMap<(u8, u64, u64, String, Vec<i64>), Option<ShadowCall>>>,
+    memo: RefCell<BTreeMap<ShadowKey, Option<ShadowCall>>>,
     /// NCCL's pick per collective (kind, bytes, group shape).
-    picks: RefCell<BTreeMap<(u8, u64, Vec<i64>), Option<Choice>>>,
+    picks: RefCell<BTreeMap<PickKey, Option<Choice>>>,
 }
 
 impl<'a> ShadowMemo<'a> {
