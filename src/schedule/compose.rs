@@ -157,9 +157,10 @@ impl Composer {
         };
         let mut placements = vec![Placement { parts: 0..0, streams: 0..0, groups: 0..0 }; items.len()];
         let mut all_deps = Vec::new();
+        let mut lane_next = 0u32;
         for &(_, idx) in &order {
             let s = &items[idx];
-            let lane0 = out.streams.iter().map(|st| st.lane + 1).max().unwrap_or(0);
+            let lane0 = lane_next;
             let (p0, g0, perm0, ch0, l0, part0, st0) = (
                 out.programs.len() as u32,
                 out.groups.len() as u32,
@@ -200,6 +201,7 @@ impl Composer {
                 let mut n = st.clone();
                 n.part += part0;
                 n.lane += lane0;
+                lane_next = lane_next.max(n.lane + 1);
                 n.channel += ch0;
                 n.program += p0;
                 n.bindings = start..out.bindings.len() as u32;

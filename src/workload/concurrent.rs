@@ -132,6 +132,14 @@ impl<'f> Concurrent<'f> {
 
     /// Places a collective on its ranks; returns its handle.
     pub fn add(&mut self, job: CollectiveJob) -> Result<JobId, WorkloadError> {
+        self.add_with(job, None)
+    }
+
+    fn add_with(
+        &mut self,
+        job: CollectiveJob,
+        cap: Option<crate::units::Bandwidth>,
+    ) -> Result<JobId, WorkloadError> {
         let ngpus = self.fabric.num_gpus();
         let bad = |reason: String| WorkloadError::Ranks { job: job.name.clone(), reason };
         if job.ranks.is_empty() {
@@ -155,10 +163,24 @@ impl<'f> Concurrent<'f> {
         let mut s = collective::build_schedule(&comm, &job.args, &choice, &job.knobs)
             .map_err(|source| WorkloadError::Coll { job: job.name.clone(), source })?;
         s.part0_mut().name = job.name.clone();
+        if cap.is_some() {
+            s.part0_mut().net_conn_bw = cap;
+        }
         s.relabel(&comm.fabric_ranks, ngpus);
         let id = self.composer.add(s);
         self.jobs.push((job.name, id, choice));
         Ok(JobId(self.jobs.len() as u32 - 1))
+    }
+
+    /// Places a collective whose network connections each carry at most `cap` (the part's
+    /// [`Part::net_conn_bw`]): traffic that stands for a slower collective's share of a NIC
+    /// (the training step's replayed data-parallel collectives, [`super::lower`]).
+    pub fn add_capped(
+        &mut self,
+        job: CollectiveJob,
+        cap: crate::units::Bandwidth,
+    ) -> Result<JobId, WorkloadError> {
+        self.add_with(job, Some(cap))
     }
 
     /// The schedule of a job (fabric ranks).

@@ -45,15 +45,27 @@
 //!   dependencies as the real collective. The stage's replayed collectives share that
 //!   proxy's resource fairly, so the buckets and gathers of one stage that overlap slow each
 //!   other down as they would on their shared links.
-//! - What the replay drops: contention between a stage's DP traffic and its pipeline
-//!   transfers on the representative's NIC, and between the DP groups of different stages
-//!   (on a rail-optimized fabric they share only the spine). `replay: false` simulates every
-//!   DP/FSDP collective on all its ranks inside the step (Llama 3 405B on 16,384 GPUs, TP8
-//!   PP16 VPP4 DP128: 155 M events and 30 s of CPU, against 1.8 M events and 1.3 s
-//!   replayed, the step 0.2% apart); `tests/it/training.rs` holds the replay within 7% of
-//!   the full simulation, and never slower, on plans of 64 to 128 GPUs (6.4% faster where
-//!   DP buckets reduced during the backward share the representative's NIC with pipeline
-//!   transfers).
+//! - NIC shadows ([`EventOpts::nic_shadows`], on by default): what a replayed collective
+//!   loads on the links is kept in the step by its shadow, the same collective (the same
+//!   algorithm where it runs on two ranks, else a ring; the same protocol; NCCL's channels
+//!   per NIC) on the stage's representative and its next peer on another node, with the
+//!   buffer that moves the bytes the real one moves through the representative's NIC
+//!   (NCCL's bus-bandwidth factor, shared among the group's ranks on that node), stretched
+//!   to the real one's time by a cap per network connection (or cut to the bytes the NIC
+//!   carries in that time when the real one keeps it busy throughout). Its rate and latency
+//!   are measured alone at two sizes (memoized). The replayed collective ends when both its
+//!   timed job and its shadow are done, with the same dependencies. So the pipeline
+//!   transfers, the stage's other buckets and the other stages' shadows queue behind it on
+//!   the representative's NIC and the fabric as they do behind the real collective; with
+//!   two ranks (dp 2 across nodes) the shadow is the real collective.
+//! - What the replay still drops: the real collective's traffic on its other ranks' NICs
+//!   (which carry nothing else in the composed step) and its exact spread over the spine.
+//!   `replay: false` simulates every DP/FSDP collective on all its ranks inside the step
+//!   (Llama 3 405B on 16,384 GPUs, TP8 PP16 VPP4 DP128: 155 M events and 30 s of CPU,
+//!   against 1.3 s and 2.1 M events replayed with shadows, the step +0.05% apart); `tests/it/training.rs`
+//!   holds the replay within 2% of the full simulation on plans of 64 to 128 GPUs
+//!   (measured +0.3%, +1.0%, +0.3%, 0.0%; without the shadows −6.4% where DP buckets
+//!   reduced during the backward share the representative's NIC with pipeline transfers).
 //!
 //! Symmetry, and what is approximated:
 //! - All data-parallel replicas (and CP and EP peers) run the same program, and the TP ranks
@@ -79,17 +91,18 @@
 use super::analytic::{chunk_costs_and_comms, summarize, Breakdown, ChunkComm, StepEstimate};
 use super::comm::{chunk_gather_bytes, grad_reduces, shard_group_kind, CollectiveKind};
 use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
-use super::concurrent::{CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
+use super::concurrent::{nccl_choice, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
 use super::memory::stage_params;
 use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineRun, PipelineSchedule, Timing};
 use super::plan::{Coord, Placement, Plan, Sharding};
 use super::search::FabricPricer;
-use crate::collective::{self, CollArgs, Knobs};
+use crate::collective::{self, Choice, CollArgs, Knobs};
 use crate::exec::simulate::SimOpts;
 use crate::fabric::{Fabric, Router};
 use crate::schedule::{DType, RedOp};
-use crate::units::SimTime;
+use crate::units::{Bandwidth, SimTime};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// How to lower a step.
@@ -102,11 +115,15 @@ pub struct EventOpts {
     /// Replay the data-parallel and ZeRO-3/FSDP collectives from memoized timings instead
     /// of simulating each on all its ranks (see the module doc: what is replayed).
     pub replay: bool,
+    /// With `replay`: give each replayed collective NIC shadows at the stage's
+    /// representative (see the module doc), so that it contends with the pipeline transfers
+    /// and the other stages' traffic on the links it would load.
+    pub nic_shadows: bool,
 }
 
 impl Default for EventOpts {
     fn default() -> Self {
-        EventOpts { max_buckets: 16, sm_slowdown: true, replay: true }
+        EventOpts { max_buckets: 16, sm_slowdown: true, replay: true, nic_shadows: true }
     }
 }
 
@@ -238,6 +255,164 @@ fn coll_args(kind: CollectiveKind, bytes: u64, n: u64) -> Option<CollArgs> {
     (count > 0 && n > 1).then_some(CollArgs { coll, count, dtype, redop: RedOp::Sum, root: 0 })
 }
 
+/// The NIC shadow of a collective on `ranks` that the stage's representative `rep` takes
+/// part in: the pair (`rep`, its next peer on another node: its ring successor there) and
+/// the bytes that cross `rep`'s NIC each way. NCCL's bus-bandwidth factor gives the bytes
+/// every rank moves (2(n-1)/n of the buffer for all-reduce, (n-1)/n for all-gather,
+/// reduce-scatter and all-to-all), shared among the group's ranks on the representative's
+/// node (returned too), which leave it over their own rails. None where the group does not
+/// leave the node.
+fn shadow_pair(
+    f: &Fabric,
+    rep: u32,
+    kind: CollectiveKind,
+    bytes: u64,
+    ranks: &[u32],
+) -> Option<([u32; 2], u64, usize)> {
+    let n = ranks.len();
+    let pos = ranks.iter().position(|&r| r == rep)?;
+    let node = f.node_of_rank(rep);
+    let next = (1..n).map(|i| ranks[(pos + i) % n]).find(|&r| f.node_of_rank(r) != node)?;
+    let nf = n as f64;
+    let factor = match kind {
+        CollectiveKind::AllReduce => 2.0 * (nf - 1.0) / nf,
+        CollectiveKind::SendRecv => 1.0,
+        _ => (nf - 1.0) / nf,
+    };
+    let local = ranks.iter().filter(|&&r| f.node_of_rank(r) == node).count().max(1);
+    Some(([rep, next], (bytes as f64 * factor / local as f64) as u64, local))
+}
+
+/// A NIC shadow's call, what runs it, and the cap per network connection (if any) that
+/// stretches it to the time of the collective it stands for.
+type ShadowCall = (CollArgs, Choice, Option<Bandwidth>);
+
+/// A shadow's memo key: collective kind, bytes through the NIC, time (ps), NCCL's pick (as
+/// written), and the pair's shape (rank offset, node offset, local rank of the first).
+type ShadowKey = (u8, u64, u64, String, Vec<i64>);
+
+/// A pick's memo key: collective kind, bytes, group shape ([`FabricPricer::shape`]).
+type PickKey = (u8, u64, Vec<i64>);
+
+/// NIC shadows, priced once per (collective kind, bytes through the NIC, time, pick, shape
+/// of the pair).
+struct ShadowMemo<'a> {
+    f: &'a Fabric,
+    router: &'a Router<'a>,
+    on: bool,
+    memo: RefCell<BTreeMap<ShadowKey, Option<ShadowCall>>>,
+    /// NCCL's pick per collective (kind, bytes, group shape).
+    picks: RefCell<BTreeMap<PickKey, Option<Choice>>>,
+}
+
+impl<'a> ShadowMemo<'a> {
+    fn new(f: &'a Fabric, router: &'a Router<'a>, on: bool) -> ShadowMemo<'a> {
+        ShadowMemo {
+            f,
+            router,
+            on,
+            memo: RefCell::new(BTreeMap::new()),
+            picks: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// NCCL's pick for the collective on its real group, its channels shared among the
+    /// group's `local` ranks on a node (each leaves over its own NIC).
+    fn pick(
+        &self,
+        pricer: &FabricPricer,
+        kind: CollectiveKind,
+        bytes: u64,
+        ranks: &[u32],
+        local: usize,
+    ) -> Option<Choice> {
+        let r64: Vec<u64> = ranks.iter().map(|&x| u64::from(x)).collect();
+        let key = (kind as u8, bytes, pricer.shape(&r64));
+        if let Some(c) = self.picks.borrow().get(&key) {
+            return *c;
+        }
+        let c = coll_args(kind, bytes, ranks.len() as u64)
+            .and_then(|args| nccl_choice(&collective::Comm::from_ranks(self.f, self.router, ranks), &args))
+            .map(|c| Choice { nchannels: c.nchannels.div_ceil(local as u32).max(1), ..c });
+        self.picks.borrow_mut().insert(key, c);
+        c
+    }
+
+    /// The shadow on `pair` of a collective of `kind` that moves `x` bytes each way through
+    /// the first rank's NIC in `t` seconds with NCCL's pick `real`: the same collective on
+    /// the two ranks (the same algorithm where it runs on two, else a ring; the same protocol
+    /// and channels per NIC), with the buffer that moves `x` bytes each way, so that it
+    /// queues on the links as the real one does; capped per connection when alone it would
+    /// be faster than `t`, with fewer bytes when it would be slower (the real collective keeps
+    /// the NIC busy throughout). The cap is set from its rate and latency measured alone at
+    /// two sizes. None when shadows are off, or when latency alone takes half of `t` (a
+    /// latency-bound collective loads no NIC).
+    fn call(&self, pair: [u32; 2], kind: CollectiveKind, x: u64, t: f64, real: Choice) -> Option<ShadowCall> {
+        if !self.on || t <= 0.0 || x == 0 {
+            return None;
+        }
+        let ps = (t * 1e12).round() as u64;
+        let (a, b) = (pair[0] as i64, pair[1] as i64);
+        let (na, nb) = (self.f.node_of_rank(pair[0]) as i64, self.f.node_of_rank(pair[1]) as i64);
+        let key = (
+            kind as u8,
+            x,
+            ps,
+            format!("{real:?}"),
+            vec![b - a, nb - na, i64::from(self.f.local_rank(pair[0]))],
+        );
+        if let Some(c) = self.memo.borrow().get(&key) {
+            return *c;
+        }
+        // The two-rank buffer that moves `x` each way.
+        let buffer = |x: u64| match kind {
+            CollectiveKind::AllReduce | CollectiveKind::SendRecv => x,
+            _ => 2 * x,
+        };
+        let comm = collective::Comm::from_ranks(self.f, self.router, &pair);
+        let got = coll_args(kind, buffer(x), 2).and_then(|args| {
+            let runnable = collective::runnable(&comm, args.coll);
+            let choice = if runnable.contains(&(real.algo, real.proto)) {
+                real
+            } else if runnable.contains(&(collective::Algo::Ring, real.proto)) {
+                Choice { algo: collective::Algo::Ring, ..real }
+            } else {
+                let (algo, proto) = *runnable.first()?;
+                Choice { algo, proto, nchannels: real.nchannels }
+            };
+            let alone = |x: u64| -> Option<f64> {
+                let mut w = Concurrent::new(self.f, self.router);
+                let job = CollectiveJob {
+                    name: "NIC shadow".into(),
+                    ranks: pair.to_vec(),
+                    args: coll_args(kind, buffer(x), 2)?,
+                    choice: Some(choice),
+                    knobs: Knobs::default(),
+                };
+                w.add(job).ok()?;
+                Some(w.run(&SimOpts::default()).ok()?.sim.time.as_secs())
+            };
+            // Its rate through the NIC and its latency, from two sizes.
+            let (t1, t2) = (alone(x)?, alone(x / 2)?);
+            let rate = (x - x / 2) as f64 / (t1 - t2).max(1e-15);
+            let lat = (t1 - x as f64 / rate).max(0.0);
+            if t - lat < 0.5 * t {
+                return None;
+            }
+            let need = x as f64 / (t - lat);
+            if need < rate {
+                let conns = f64::from(choice.nchannels.max(1));
+                Some((args, choice, Some(Bandwidth::from_gbytes(need / conns / 1e9))))
+            } else {
+                let x = ((t - lat) * rate) as u64;
+                Some((coll_args(kind, buffer(x), 2)?, choice, None))
+            }
+        });
+        self.memo.borrow_mut().insert(key, got);
+        got
+    }
+}
+
 /// One job of a build: stage, kind, name, communicator size, and for a pipeline transfer
 /// the stage it goes to.
 struct JobMeta {
@@ -251,7 +426,15 @@ struct JobMeta {
     from: Option<JobId>,
     /// A collective replayed from its memoized time on the stage's proxy rank.
     replayed: bool,
+    /// For a replayed collective: its NIC shadows (indices of the jobs added right after
+    /// it), whose ends bound its own.
+    shadows: Vec<usize>,
+    /// A NIC shadow of a replayed collective (not reported as a job of its own).
+    shadow: bool,
 }
+
+/// The NIC shadows of one replayed collective: each job and its (sender, receiver).
+type Shadows = Vec<(JobId, [u32; 2])>;
 
 /// Where the jobs of one build are.
 struct Built {
@@ -268,12 +451,57 @@ struct Built {
 impl Built {
     fn push(&mut self, stage: u32, kind: StepJobKind, name: String, ranks: &[u32], to: Option<u32>) {
         self.touched.extend(ranks.iter().copied());
-        self.jobs.push(JobMeta { stage, kind, name, ranks: ranks.len(), to, from: None, replayed: false });
+        self.jobs.push(JobMeta {
+            stage,
+            kind,
+            name,
+            ranks: ranks.len(),
+            to,
+            from: None,
+            replayed: false,
+            shadows: Vec::new(),
+            shadow: false,
+        });
     }
-    /// A collective of `n` ranks replayed on `proxy`.
-    fn push_replayed(&mut self, stage: u32, kind: StepJobKind, name: String, n: usize, proxy: u32) {
+    /// A collective of `n` ranks replayed on `proxy`, then its NIC shadows (the jobs added
+    /// right after it, each on a pair of ranks).
+    fn push_replayed(
+        &mut self,
+        stage: u32,
+        kind: StepJobKind,
+        name: String,
+        n: usize,
+        proxy: u32,
+        shadows: &Shadows,
+    ) {
         self.touched.insert(proxy);
-        self.jobs.push(JobMeta { stage, kind, name, ranks: n, to: None, from: None, replayed: true });
+        let ids: Vec<usize> = shadows.iter().map(|(id, _)| id.0 as usize).collect();
+        let label = name.clone();
+        self.jobs.push(JobMeta {
+            stage,
+            kind,
+            name,
+            ranks: n,
+            to: None,
+            from: None,
+            replayed: true,
+            shadows: ids,
+            shadow: false,
+        });
+        for (_, pair) in shadows {
+            self.touched.extend(pair.iter().copied());
+            self.jobs.push(JobMeta {
+                stage,
+                kind,
+                name: format!("{label} (NIC shadow {} -> {})", pair[0], pair[1]),
+                ranks: 2,
+                to: None,
+                from: None,
+                replayed: false,
+                shadows: Vec::new(),
+                shadow: true,
+            });
+        }
     }
 }
 
@@ -347,18 +575,44 @@ pub fn step_event_with(
         pl.rank(c) as u32
     };
     // A collective of the step on `ranks` (a DP bucket, an FSDP gather): simulated on all
-    // its ranks, or replayed on the stage's proxy rank for its memoized time. Returns the
-    // job and whether it was replayed.
+    // its ranks, or replayed on the stage's proxy rank for its memoized time, with its NIC
+    // shadows at the representative. Returns the job, whether it was replayed, and the
+    // shadows.
+    let shadows_memo = ShadowMemo::new(f, &router, opts.nic_shadows);
     let coll_job =
         |w: &mut Concurrent, s: usize, name: &str, kind: CollectiveKind, bytes: u64, ranks: &[u32]| {
             let args = coll_args(kind, bytes, ranks.len() as u64)?;
             Some(if opts.replay {
                 let r64: Vec<u64> = ranks.iter().map(|&x| u64::from(x)).collect();
                 let t = pricer.event(kind, bytes, &r64);
-                w.add_compute(name, proxy(s), &[timed_kernel(engine_rate(f), name.to_string(), t)])
-                    .map(|id| (id, true))
+                let added = w
+                    .add_compute(name, proxy(s), &[timed_kernel(engine_rate(f), name.to_string(), t)])
+                    .and_then(|id| {
+                        let mut shadows = Shadows::new();
+                        let shadow =
+                            shadow_pair(f, rep(s) as u32, kind, bytes, ranks).and_then(|(pair, x, local)| {
+                                let real = shadows_memo.pick(pricer, kind, bytes, ranks, local)?;
+                                Some((pair, shadows_memo.call(pair, kind, x, t, real)?))
+                            });
+                        if let Some((pair, (args, choice, cap))) = shadow {
+                            let job = CollectiveJob {
+                                name: format!("{name} (NIC shadow)"),
+                                ranks: pair.to_vec(),
+                                args,
+                                choice: Some(choice),
+                                knobs: Knobs::default(),
+                            };
+                            let id = match cap {
+                                Some(cap) => w.add_capped(job, cap)?,
+                                None => w.add(job)?,
+                            };
+                            shadows.push((id, pair));
+                        }
+                        Ok((id, shadows))
+                    });
+                added.map(|(id, sh)| (id, true, sh))
             } else {
-                w.add(job(name, ranks, args)).map(|id| (id, false))
+                w.add(job(name, ranks, args)).map(|id| (id, false, Shadows::new()))
             })
         };
     let split = sched.splits_backward();
@@ -476,14 +730,27 @@ pub fn step_event_with(
                         if let Some(added) =
                             coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, &group)
                         {
-                            let (id, replayed) = added.map_err(e)?;
+                            let (id, replayed, sh) = added.map_err(e)?;
                             let ahead = if plan.overlap.param_gather { 2 } else { 1 };
-                            if let Some(&(op, kernel)) = g.checked_sub(ahead).and_then(|x| stream.get(x)) {
-                                w.after_kernel_on_all_ranks(id, op, kernel);
+                            let all = std::iter::once(id).chain(sh.iter().map(|x| x.0));
+                            for x in all.clone() {
+                                if let Some(&(op, kernel)) = g.checked_sub(ahead).and_then(|x| stream.get(x))
+                                {
+                                    w.after_kernel_on_all_ranks(x, op, kernel);
+                                }
                             }
                             if replayed {
-                                w.kernel_after_everywhere(b.ops[s][i], k, id);
-                                b.push_replayed(s as u32, StepJobKind::Fsdp, name, group.len(), proxy(s));
+                                for x in all {
+                                    w.kernel_after_everywhere(b.ops[s][i], k, x);
+                                }
+                                b.push_replayed(
+                                    s as u32,
+                                    StepJobKind::Fsdp,
+                                    name,
+                                    group.len(),
+                                    proxy(s),
+                                    &sh,
+                                );
                             } else {
                                 w.kernel_after(b.ops[s][i], k, id);
                                 b.push(s as u32, StepJobKind::Fsdp, name, &group, None);
@@ -497,11 +764,20 @@ pub fn step_event_with(
                             if let Some(added) =
                                 coll_job(&mut w, s, &name, CollectiveKind::ReduceScatter, bytes, &group)
                             {
-                                let (id, replayed) = added.map_err(e)?;
-                                w.after_kernel_on_all_ranks(id, b.ops[s][i], k);
-                                fsdp_rs[s].push((id, replayed));
+                                let (id, replayed, sh) = added.map_err(e)?;
+                                for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
+                                    w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
+                                    fsdp_rs[s].push((x, replayed));
+                                }
                                 if replayed {
-                                    b.push_replayed(s as u32, StepJobKind::Fsdp, name, group.len(), proxy(s));
+                                    b.push_replayed(
+                                        s as u32,
+                                        StepJobKind::Fsdp,
+                                        name,
+                                        group.len(),
+                                        proxy(s),
+                                        &sh,
+                                    );
                                 } else {
                                     b.push(s as u32, StepJobKind::Fsdp, name, &group, None);
                                 }
@@ -555,12 +831,14 @@ pub fn step_event_with(
             for (ready, kind, ranks, bytes, j) in buckets {
                 let name = format!("dp {kind:?} bucket {j} on {} ranks, stage {s}", ranks.len());
                 let Some(added) = coll_job(&mut w, s, &name, kind, bytes, &ranks) else { continue };
-                let (id, replayed) = added.map_err(e)?;
+                let (id, replayed, sh) = added.map_err(e)?;
                 let (op, k) = window[ready];
-                w.after_kernel_on_all_ranks(id, b.ops[s][op], k);
-                dp_jobs.push((id, replayed));
+                for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
+                    w.after_kernel_on_all_ranks(x, b.ops[s][op], k);
+                    dp_jobs.push((x, replayed));
+                }
                 if replayed {
-                    b.push_replayed(s as u32, StepJobKind::Dp, name, ranks.len(), proxy(s));
+                    b.push_replayed(s as u32, StepJobKind::Dp, name, ranks.len(), proxy(s), &sh);
                 } else {
                     b.push(s as u32, StepJobKind::Dp, name, &ranks, None);
                 }
@@ -584,10 +862,12 @@ pub fn step_event_with(
                 let Some(added) = coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, &ranks) else {
                     continue;
                 };
-                let (id, replayed) = added.map_err(e)?;
-                w.after_kernel_on_all_ranks(id, opt, 0);
+                let (id, replayed, sh) = added.map_err(e)?;
+                for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
+                    w.after_kernel_on_all_ranks(x, opt, 0);
+                }
                 if replayed {
-                    b.push_replayed(s as u32, StepJobKind::Dp, name, ranks.len(), proxy(s));
+                    b.push_replayed(s as u32, StepJobKind::Dp, name, ranks.len(), proxy(s), &sh);
                 } else {
                     b.push(s as u32, StepJobKind::Dp, name, &ranks, None);
                 }
@@ -691,6 +971,7 @@ pub fn step_event_with(
         .jobs
         .iter()
         .enumerate()
+        .filter(|(_, meta)| !meta.shadow)
         .map(|(k, meta)| {
             let (start, end) = interval(&out, &built, k);
             StepJob {
@@ -726,7 +1007,7 @@ fn overlaps(out: &Outcome, b: &Built, pp: usize) -> Vec<Vec<(f64, f64)>> {
     // Intervals of collectives per stage and kind (a PP transfer counts on both its ends).
     let mut pp_iv: Vec<Vec<(SimTime, SimTime)>> = vec![Vec::new(); pp];
     let mut dp_iv: Vec<Vec<(SimTime, SimTime)>> = vec![Vec::new(); pp];
-    for (k, meta) in b.jobs.iter().enumerate() {
+    for (k, meta) in b.jobs.iter().enumerate().filter(|(_, m)| !m.shadow) {
         let t = interval(out, b, k);
         let stage = meta.stage as usize;
         match meta.kind {
@@ -758,9 +1039,11 @@ fn overlaps(out: &Outcome, b: &Built, pp: usize) -> Vec<Vec<(f64, f64)>> {
 /// receiving side is posted from the start), any other job from its first op.
 fn interval(out: &Outcome, b: &Built, k: usize) -> (SimTime, SimTime) {
     let t = &out.jobs[k];
+    // A replayed collective ends when its NIC shadows do, if later.
+    let end = b.jobs[k].shadows.iter().map(|&x| out.jobs[x].end).fold(t.end, SimTime::max);
     match b.jobs[k].from {
-        Some(p) => (out.jobs[p.0 as usize].end.min(t.end), t.end),
-        None => (t.start, t.end),
+        Some(p) => (out.jobs[p.0 as usize].end.min(end), end),
+        None => (t.start, end),
     }
 }
 

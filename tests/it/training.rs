@@ -1322,17 +1322,18 @@ fn event_mode_is_deterministic_and_names_bad_input() {
 
 /// The replay of DP and ZeRO-3/FSDP collectives (`EventOpts::replay`, the default: each
 /// distinct collective, by kind, bytes and group shape, simulated once alone and replayed
-/// on a proxy rank of its stage) against simulating every one of them on all its ranks in
-/// the composed step, on plans of 64 to 128 GPUs where both run. What the replay drops is
-/// the contention of a stage's DP traffic with the pipeline transfers on the
-/// representative's NIC and between the DP groups of different stages; concurrent
-/// collectives of one stage still share (the proxy's resource, fairly). So the replay is
-/// never slower (1% margin) and is faster by the pipeline transfers' lost contention:
-/// measured -0.1% (tp8 pp2), -6.4% (tp4 pp4 vpp2 dp8, whose DP buckets, reduced during the
-/// backward, share the representative's NIC with the backward transfers: exposed PP 2 ms
-/// against 11 ms), 0.0% (ZeRO-3) and -2% (no overlap). Bound: 7%; the DP exposure within
-/// 3% of the step. A replay that lost a dependency (the optimizer not waiting, a bucket
-/// issued at the wrong kernel) moves the step by more.
+/// on a proxy rank of its stage, with a NIC shadow at the representative) against
+/// simulating every one of them on all its ranks in the composed step, on plans of 64 to
+/// 128 GPUs where both run. The shadow (the same collective on the representative and its
+/// next peer on another node, moving the bytes the real one moves through that NIC,
+/// stretched to its time) is what the pipeline transfers contend with: without it the
+/// replay was 6.4% fast on tp4 pp4 vpp2 dp8 (exposed PP 2 ms against 11 ms: DP buckets
+/// reduced during the backward share the representative's NIC with the backward
+/// transfers). Measured with it: +0.30%, +1.04%, +0.34%, +0.003% (dp 2: the shadow is the
+/// real collective). Bound 2%, and the shadow must matter where it did: without it the
+/// second plan is more than 4% fast. The DP exposure within 1% of the step. A replay that
+/// lost a dependency (the optimizer not waiting, a bucket issued at the wrong kernel) moves
+/// the step by more.
 #[test]
 fn replayed_dp_collectives_match_the_simulated_ones() {
     let m = model("llama3-8b");
@@ -1353,7 +1354,11 @@ fn replayed_dp_collectives_match_the_simulated_ones() {
         let full = step_event(&f, &m, &plan, &EventOpts { replay: false, ..EventOpts::default() }).unwrap();
         assert!(replay.replayed > 0 && full.replayed == 0, "{text:?}");
         assert_eq!(replay.explicit + replay.replayed, full.explicit, "{text:?}: same collectives");
-        assert!(replay.events < full.events, "{text:?}: {} vs {} events", replay.events, full.events);
+        // Fewer events where the group has more than two ranks (with two, the shadow is the
+        // real collective, and the proxy's kernels add a few).
+        let fewer =
+            if plan.dp > 2 { replay.events < full.events } else { replay.events <= full.events + 100 };
+        assert!(fewer, "{text:?}: {} vs {} events", replay.events, full.events);
         let err = rel_err(replay.estimate.step_time_s, full.estimate.step_time_s);
         eprintln!(
             "{text:?}: replay {:.5} s vs simulated {:.5} s ({:+.2}%), events {} vs {}",
@@ -1364,12 +1369,17 @@ fn replayed_dp_collectives_match_the_simulated_ones() {
             full.events
         );
         let (r, s) = (replay.estimate.step_time_s, full.estimate.step_time_s);
-        assert!(err < 0.07, "{text:?}: replay {r} s vs simulated {s} s");
-        assert!(r <= 1.01 * s, "{text:?}: the replay drops contention, it adds none: {r} s vs {s} s");
-        // Compute is the same; DP exposure agrees within the same bound of the step.
+        assert!(err < 0.02, "{text:?}: replay {r} s vs simulated {s} s");
+        // Compute is the same; DP exposure agrees within 1% of the step.
         let (a, b) = (replay.estimate.breakdown, full.estimate.breakdown);
         assert!(rel_err(a.compute, b.compute) < 1e-9, "{text:?}");
-        assert!((a.dp - b.dp).abs() < 0.03 * full.estimate.step_time_s, "{text:?}: {a:?} vs {b:?}");
+        assert!((a.dp - b.dp).abs() < 0.01 * full.estimate.step_time_s, "{text:?}: {a:?} vs {b:?}");
+        if text.contains("vpp = 2") {
+            let bare =
+                step_event(&f, &m, &plan, &EventOpts { nic_shadows: false, ..EventOpts::default() }).unwrap();
+            let (b, s) = (bare.estimate.step_time_s, full.estimate.step_time_s);
+            assert!(b < 0.96 * s, "{text:?}: without NIC shadows {b} s vs simulated {s} s");
+        }
     }
 }
 
