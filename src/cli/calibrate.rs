@@ -274,11 +274,17 @@ fn write_params(a: &CalibrateArgs) -> Result<()> {
                 old.map(|o| show(def.unit, o)).unwrap_or("-".into()),
                 show(def.unit, *v)
             );
-            writes.push((def.key.to_string(), format_value(def, *v)));
+            // A value the fit left as it was keeps its spelling ("3.0us").
+            if old.is_none_or(|o| format_value(def, o) != format_value(def, *v)) {
+                writes.push((def.key.to_string(), format_value(def, *v)));
+            }
         }
         let free: Vec<&str> = sf.report.params.iter().filter(|p| !p.constrained).map(|p| p.def.key).collect();
         if !free.is_empty() {
-            println!("not constrained by the named tables (kept): {}", free.join(", "));
+            println!(
+                "not constrained by the named tables at these values (kept as written): {}",
+                free.join(", ")
+            );
         }
         if !sf.converged {
             unsettled.push(format!("{}: {}", g.key(), sf.moving.join(", ")));
