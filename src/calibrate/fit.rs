@@ -2,8 +2,9 @@
 //! nccl-tests logs, from CSVs in `validate/reference/`'s layout with the launch given by
 //! the caller, or from the reference manifest), the parameters that can be fitted with their
 //! units and bounds, a robust least-squares fit in log-space, the sensitivity screen that
-//! leaves unconstrained parameters at their prior, a confidence per parameter, and the
-//! leave-one-dataset-out score that `validate` reports.
+//! leaves unconstrained parameters at their prior, a confidence per parameter, the
+//! leave-one-dataset-out score that `validate` reports, and the fit that makes the shipped
+//! `[fitted]` values of `params.toml` (iterated to a fixed point; `calibrate --write-params`).
 //!
 //! The residual of a point is the log ratio of simulated to measured time,
 //! `ln(t_sim / t_meas)` (for busbw-only tables, `ln(busbw_meas / busbw_sim)`, the same
