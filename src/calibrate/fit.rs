@@ -2,8 +2,9 @@
 //! nccl-tests logs, from CSVs in `validate/reference/`'s layout with the launch given by
 //! the caller, or from the reference manifest), the parameters that can be fitted with their
 //! units and bounds, a robust least-squares fit in log-space, the sensitivity screen that
-//! leaves unconstrained parameters at their prior, a confidence per parameter, and the
-//! leave-one-dataset-out score that `validate` reports.
+//! leaves unconstrained parameters at their prior, a confidence per parameter, the
+//! leave-one-dataset-out score that `validate` reports, and the fit that makes the shipped
+//! `[fitted]` values of `params.toml` (iterated to a fixed point; `calibrate --write-params`).
 //!
 //! The residual of a point is the log ratio of simulated to measured time,
 //! `ln(t_sim / t_meas)` (for busbw-only tables, `ln(busbw_meas / busbw_sim)`, the same
@@ -1107,7 +1108,8 @@ fn median_large(d: &DatasetFit, after: bool) -> f64 {
 }
 
 /// Leave-one-dataset-out per generation: for every dataset of a generation with at least
-/// two, fit on the others (analytical model corrected by the event model, as [`fit`] does)
+/// two, fit on the others (the generation's `[fitted]` keys of `params.toml` when
+/// `opts.only` is empty, as the shipped values are fitted) (analytical model corrected by the event model, as [`fit`] does)
 /// and score the held-out one with the same corrected model (its event time at the prior,
 /// scaled by the analytical model's change from the prior to the fit): one event run per
 /// dataset in all, so that `validate` stays fast.
@@ -1126,6 +1128,8 @@ pub fn leave_one_out(datasets: &[FitDataset], opts: &FitOptions) -> Result<Vec<G
         if idx.len() < 2 {
             continue;
         }
+        // The calibration the shipped values come from: the generation's fitted keys.
+        let only = if opts.only.is_empty() { shipped_fit_options(g)?.only } else { opts.only.clone() };
         let folds: Vec<Result<(String, f64, f64), String>> = idx
             .iter()
             .map(|&held| {
@@ -1134,6 +1138,7 @@ pub fn leave_one_out(datasets: &[FitDataset], opts: &FitOptions) -> Result<Vec<G
                 let prior: Vec<Vec<Option<SimPoint>>> =
                     idx.iter().filter(|&&i| i != held).map(|&i| event_prior[i].clone()).collect();
                 let opts = FitOptions {
+                    only: only.clone(),
                     verify: false,
                     frozen_jacobian: true,
                     confidence: false,
@@ -1209,6 +1214,100 @@ pub fn tuned_datasets(root: &Path, generation: Generation, filter: &str) -> Resu
         ));
     }
     Ok(out)
+}
+
+/// How the shipped values of `generation` are fitted: the default fit (the analytical model
+/// corrected by the event model) over the generation's `[fitted]` keys of `params.toml` only,
+/// every other key held at its shipped value.
+pub fn shipped_fit_options(generation: Generation) -> Result<FitOptions, String> {
+    let keys = crate::fabric::params::fitted_keys(generation).keys;
+    if keys.is_empty() {
+        return Err(format!(
+            "src/fabric/params.toml lists no fitted key of generation {} ([fitted] {} = [...])",
+            generation.key(),
+            generation.key()
+        ));
+    }
+    let mut only = Vec::new();
+    for k in &keys {
+        let def = FITTABLE.iter().find(|d| d.key == k).ok_or_else(|| {
+            format!(
+                "src/fabric/params.toml [fitted] {}: {k} is not a parameter calibrate fits",
+                generation.key()
+            )
+        })?;
+        only.push(def.key);
+    }
+    Ok(FitOptions { only, ..Default::default() })
+}
+
+/// A fitted value as `params.toml` keeps it: rounded to `digits` significant digits, in the
+/// file's units (a duration as a `"…us"` string).
+pub fn shipped_value(def: &ParamDef, v: f64, digits: u32) -> toml::Value {
+    format_value(def, crate::fabric::params::round_significant(v, digits))
+}
+
+/// The fit of a generation's shipped values: the last fit, started from the values it
+/// returns (a fixed point), and how it got there.
+#[derive(Clone, Debug)]
+pub struct ShippedFit {
+    /// The last fit (started from [`ShippedFit::values`] when it converged).
+    pub report: FitReport,
+    /// Every `[fitted]` key and its value, rounded as `params.toml` keeps it (a key the last
+    /// fit did not constrain keeps the value an earlier round or the start gave it).
+    pub values: Vec<(ParamDef, f64)>,
+    /// Fits run.
+    pub rounds: usize,
+    /// Whether the last fit, started from `values`, returned them (after rounding).
+    pub converged: bool,
+    /// Keys whose rounded value still changed in the last round (empty when converged).
+    pub moving: Vec<&'static str>,
+}
+
+/// Fits a generation's `[fitted]` keys on `datasets` (its named tables) again and again, each
+/// fit started from the previous one's rounded values, until a fit returns the values it
+/// started from (at most `max_rounds` fits). The fit corrects the analytical model by the
+/// event model at its starting point, and that correction is exact only there: iterating
+/// to a fixed point makes the result the fit's own, not a function of where it began.
+pub fn fit_shipped(datasets: &[FitDataset], max_rounds: usize) -> Result<ShippedFit, String> {
+    fit_shipped_from(datasets, toml::Table::new(), max_rounds)
+}
+
+/// [`fit_shipped`] from the shipped values with `start` laid over them (a `params.toml`
+/// section as it is on disk, when it differs from the compiled-in one).
+pub fn fit_shipped_from(
+    datasets: &[FitDataset],
+    start: toml::Table,
+    max_rounds: usize,
+) -> Result<ShippedFit, String> {
+    let Some(first) = datasets.first() else { return Err("no datasets to fit".into()) };
+    let generation = first.generation();
+    let digits = crate::fabric::params::fitted_keys(generation).digits;
+    let mut opts = shipped_fit_options(generation)?;
+    if !start.is_empty() {
+        opts.start = Some(start);
+    }
+    let mut rounds = 0;
+    loop {
+        let rep = fit(datasets, &opts)?;
+        rounds += 1;
+        let mut values = Vec::new();
+        let mut moving = Vec::new();
+        for p in &rep.params {
+            let v = crate::fabric::params::round_significant(p.value, digits);
+            if p.constrained && format_value(&p.def, v) != format_value(&p.def, p.prior) {
+                moving.push(p.def.key);
+            }
+            values.push((p.def, v));
+        }
+        let converged = moving.is_empty();
+        if converged || rounds >= max_rounds.max(1) {
+            return Ok(ShippedFit { report: rep, values, rounds, converged, moving });
+        }
+        let mut start = opts.start.clone().unwrap_or_default();
+        crate::fabric::file::merge_tables(&mut start, overlay(&values));
+        opts.start = Some(start);
+    }
 }
 
 /// A shipped value set against a fit of it.

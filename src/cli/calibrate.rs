@@ -5,6 +5,10 @@
 //! (a `[params]` table of the fitted values plus a `[calibration]` table of what it was
 //! fitted on, its residual error and each parameter's confidence) and, beside it, a figure
 //! per dataset of simulated against measured busbw before and after.
+//!
+//! `calibrate --from-reference --generation G [--write-params]` fits a generation's
+//! `[fitted]` keys on its named reference tables and, with `--write-params`, rewrites those
+//! values in `src/fabric/params.toml` in place (comments and layout kept).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,7 +17,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use fabricsim::calibrate::fit::{
-    fit, shipped_against_fit, tuned_datasets, CsvLaunch, FitDataset, FitOptions, FitReport, Unit, BANDS,
+    fit, fit_shipped_from, format_value, shipped_against_fit, tuned_datasets, CsvLaunch, FitDataset,
+    FitOptions, FitReport, Unit, BANDS,
 };
 use fabricsim::calibrate::profile::parse_profile;
 use fabricsim::fabric::Generation;
@@ -36,9 +41,16 @@ pub struct CalibrateArgs {
     /// print the shipped value of every parameter against the fit (docs/PARAMETERS.md).
     #[arg(long, requires = "generation", conflicts_with = "topology")]
     pub from_reference: bool,
-    /// With --from-reference: the generation (ampere, hopper, blackwell).
+    /// With --from-reference: the generation (ampere, hopper, blackwell; `all` with
+    /// --write-params: every generation with named tables).
     #[arg(long, requires = "from_reference")]
     pub generation: Option<String>,
+    /// With --from-reference: fit the generation's `[fitted]` keys of src/fabric/params.toml
+    /// (every other key held fixed) on its named tables, each fit started from the last one's
+    /// values until they no longer change, and write them into that file in place (under
+    /// --root), rounded to its `digits`, comments and layout kept. Rebuild to use them.
+    #[arg(long, requires = "from_reference")]
+    pub write_params: bool,
     /// With --from-reference: only tables whose file name contains this.
     #[arg(long, default_value = "", requires = "from_reference")]
     pub filter: String,
@@ -46,8 +58,8 @@ pub struct CalibrateArgs {
     #[arg(long, default_value = ".", requires = "from_reference")]
     pub root: PathBuf,
     /// The calibration profile to write (TOML); figures go to its folder.
-    #[arg(short = 'o', long = "out")]
-    pub out: PathBuf,
+    #[arg(short = 'o', long = "out", required_unless_present = "write_params")]
+    pub out: Option<PathBuf>,
     /// Collective of the CSV inputs, and of logs that do not name their test.
     #[arg(short = 'c', long = "collective")]
     pub collective: Option<String>,
@@ -89,7 +101,12 @@ fn show(unit: Unit, v: f64) -> String {
 
 /// Runs `calibrate`.
 pub fn run(a: CalibrateArgs) -> Result<()> {
-    super::check_writable("-o", &a.out)?;
+    if let Some(out) = &a.out {
+        super::check_writable("-o", out)?;
+    }
+    if a.write_params {
+        return write_params(&a);
+    }
     if a.from_reference {
         return run_from_reference(&a);
     }
@@ -128,15 +145,16 @@ fn fit_options(a: &CalibrateArgs) -> FitOptions {
 }
 
 fn write_profile(a: &CalibrateArgs, text: &str, rep: &FitReport) -> Result<()> {
+    let Some(out) = &a.out else { return Ok(()) };
     // The profile must be readable as one: check it with the reader every command uses.
-    parse_profile(text, &a.out.display().to_string()).context("the written profile does not read back")?;
-    std::fs::write(&a.out, text).with_context(|| format!("writing {}", a.out.display()))?;
+    parse_profile(text, &out.display().to_string()).context("the written profile does not read back")?;
+    std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
     println!();
-    println!("wrote {}", a.out.display());
+    println!("wrote {}", out.display());
     if !a.no_plot {
-        let dir = a.out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let stem =
-            a.out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "profile".into());
+            out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "profile".into());
         for p in plot(rep, dir, &stem)? {
             println!("wrote {}", p.display());
         }
@@ -147,11 +165,7 @@ fn write_profile(a: &CalibrateArgs, text: &str, rep: &FitReport) -> Result<()> {
 /// `calibrate --from-reference --generation G`: the fit of G's parameters on the tables
 /// they were chosen on, and each shipped value against it.
 fn run_from_reference(a: &CalibrateArgs) -> Result<()> {
-    let g = a.generation.as_deref().unwrap_or("");
-    let all = [Generation::Volta, Generation::Ampere, Generation::Hopper, Generation::Blackwell];
-    let Some(generation) = all.into_iter().find(|x| x.key() == g.to_ascii_lowercase()) else {
-        anyhow::bail!("--generation {g}: expected one of volta, ampere, hopper, blackwell")
-    };
+    let generation = parse_generation(a)?;
     let datasets = tuned_datasets(&a.root, generation, &a.filter).map_err(anyhow::Error::msg)?;
     println!("fitting the {} parameters on {} tuned reference tables:", generation.key(), datasets.len());
     for d in &datasets {
@@ -179,6 +193,135 @@ fn run_from_reference(a: &CalibrateArgs) -> Result<()> {
     let inputs: Vec<String> = datasets.iter().map(|d| d.name.clone()).collect();
     let text = profile_text(a, "each table's own (validate/reference/datasets.toml)", &inputs, &rep)?;
     write_profile(a, &text, &rep)
+}
+
+const ALL: [Generation; 4] =
+    [Generation::Volta, Generation::Ampere, Generation::Hopper, Generation::Blackwell];
+
+fn parse_generation(a: &CalibrateArgs) -> Result<Generation> {
+    let g = a.generation.as_deref().unwrap_or("");
+    match ALL.into_iter().find(|x| x.key() == g.to_ascii_lowercase()) {
+        Some(x) => Ok(x),
+        None => anyhow::bail!(
+            "--generation {g}: expected one of volta, ampere, hopper, blackwell{}",
+            if a.write_params { ", all" } else { "" }
+        ),
+    }
+}
+
+/// Most fits `--write-params` runs per generation looking for values that the fit returns.
+const MAX_ROUNDS: usize = 12;
+
+/// `calibrate --from-reference --generation G --write-params`: the fixed point of the fit of
+/// G's `[fitted]` keys on its named tables, written into src/fabric/params.toml.
+fn write_params(a: &CalibrateArgs) -> Result<()> {
+    if !a.filter.is_empty() {
+        anyhow::bail!(
+            "--write-params fits every named table of a generation; --filter {:?} would write values \
+             fitted on some of them (use -o to write a profile instead)",
+            a.filter
+        );
+    }
+    let gens: Vec<Generation> = if a.generation.as_deref().is_some_and(|g| g.eq_ignore_ascii_case("all")) {
+        if a.out.is_some() {
+            anyhow::bail!("-o writes one profile: give one --generation with it, not all");
+        }
+        vec![Generation::Hopper, Generation::Ampere, Generation::Blackwell]
+    } else {
+        vec![parse_generation(a)?]
+    };
+    let path = a.root.join("src/fabric/params.toml");
+    let mut text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {}: --write-params rewrites the parameters of the fabricsim repository; run it from \
+             the repository's root or point --root at it",
+            path.display()
+        )
+    })?;
+    let mut unsettled = Vec::new();
+    for g in gens {
+        // Start from the file as it is on disk (not the values compiled into this binary).
+        let on_disk: toml::Table =
+            toml::from_str(&text).with_context(|| format!("{} does not parse", path.display()))?;
+        let section = on_disk
+            .get(g.key())
+            .and_then(|v| v.as_table())
+            .cloned()
+            .with_context(|| format!("{} has no [{}] section", path.display(), g.key()))?;
+        let datasets = tuned_datasets(&a.root, g, "").map_err(anyhow::Error::msg)?;
+        println!("fitting the {} [fitted] keys on {} named tables:", g.key(), datasets.len());
+        for d in &datasets {
+            println!("  {}", d.name);
+        }
+        let sf = fit_shipped_from(&datasets, section.clone(), MAX_ROUNDS).map_err(anyhow::Error::msg)?;
+        println!();
+        print_report(&sf.report);
+        println!();
+        let digits = fabricsim::fabric::params::fitted_keys(g).digits;
+        println!(
+            "[{}] after {} fit(s){}; {digits} significant digits:",
+            g.key(),
+            sf.rounds,
+            if sf.converged { ", the last one returning the values it started from" } else { "" }
+        );
+        println!("{:<38} {:>12} {:>12}", "parameter", "was", "written");
+        let mut writes = Vec::new();
+        for (def, v) in &sf.values {
+            let old = get_value_in(&section, def);
+            println!(
+                "{:<38} {:>12} {:>12}",
+                def.key,
+                old.map(|o| show(def.unit, o)).unwrap_or("-".into()),
+                show(def.unit, *v)
+            );
+            // A value the fit left as it was keeps its spelling ("3.0us").
+            if old.is_none_or(|o| format_value(def, o) != format_value(def, *v)) {
+                writes.push((def.key.to_string(), format_value(def, *v)));
+            }
+        }
+        let free: Vec<&str> = sf.report.params.iter().filter(|p| !p.constrained).map(|p| p.def.key).collect();
+        if !free.is_empty() {
+            println!(
+                "not constrained by the named tables at these values (kept as written): {}",
+                free.join(", ")
+            );
+        }
+        if !sf.converged {
+            unsettled.push(format!("{}: {}", g.key(), sf.moving.join(", ")));
+        }
+        text = fabricsim::fabric::params::rewrite_values(&text, g, &writes).map_err(anyhow::Error::msg)?;
+        if a.out.is_some() {
+            let inputs: Vec<String> = datasets.iter().map(|d| d.name.clone()).collect();
+            let profile =
+                profile_text(a, "each table's own (validate/reference/datasets.toml)", &inputs, &sf.report)?;
+            write_profile(a, &profile, &sf.report)?;
+        }
+        println!();
+    }
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {} (rebuild to use the new values)", path.display());
+    if !unsettled.is_empty() {
+        anyhow::bail!(
+            "after {MAX_ROUNDS} fits these values still changed (written as the last fit left them): {}",
+            unsettled.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// The value of a parameter in a `params.toml` section (durations in us).
+fn get_value_in(section: &toml::Table, def: &fabricsim::calibrate::fit::ParamDef) -> Option<f64> {
+    let mut cur = section;
+    let parts: Vec<&str> = def.key.split('.').collect();
+    for k in &parts[..parts.len() - 1] {
+        cur = cur.get(*k)?.as_table()?;
+    }
+    match cur.get(parts[parts.len() - 1])? {
+        toml::Value::String(s) => fabricsim::units::parse_time(s).ok().map(|t| t.as_us()),
+        toml::Value::Float(f) => Some(*f),
+        toml::Value::Integer(i) => Some(*i as f64),
+        _ => None,
+    }
 }
 
 fn print_report(rep: &FitReport) {

@@ -129,6 +129,93 @@ pub struct ModelParams {
 #[error("{0}")]
 pub struct ParamsError(pub String);
 
+/// The keys of a generation whose shipped values are the output of `calibrate` on the
+/// generation's named reference tables (`[fitted]` in `params.toml`), and the significant
+/// digits they are written with. Every other key is measured, datasheet or assumed and is held
+/// fixed when they are fitted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FittedKeys {
+    /// Dotted keys (`link.nvlink.efficiency`), in the file's order.
+    pub keys: Vec<String>,
+    /// Significant digits the fitted values are rounded to.
+    pub digits: u32,
+}
+
+/// The `[fitted]` list of a generation (empty for a generation with none, such as Volta).
+pub fn fitted_keys(generation: Generation) -> FittedKeys {
+    let all: toml::Table = match toml::from_str(DEFAULTS) {
+        Ok(t) => t,
+        Err(e) => unreachable_defaults(&e.to_string()),
+    };
+    let fitted = all.get("fitted").and_then(|v| v.as_table());
+    let digits = fitted.and_then(|t| t.get("digits")).and_then(|v| v.as_integer()).unwrap_or(3);
+    let keys = fitted
+        .and_then(|t| t.get(generation.key()))
+        .and_then(|v| v.as_array())
+        .map(|a| a.iter().filter_map(|k| k.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    FittedKeys { keys, digits: digits.clamp(1, 15) as u32 }
+}
+
+/// `v` rounded to `digits` significant digits (0 and non-finite values unchanged). The result
+/// is the double nearest to a short decimal, so that it prints as that decimal.
+pub fn round_significant(v: f64, digits: u32) -> f64 {
+    if v == 0.0 || !v.is_finite() {
+        return v;
+    }
+    let e = v.abs().log10().floor() as i32;
+    let k = digits as i32 - 1 - e;
+    if k >= 0 {
+        let s = 10f64.powi(k);
+        (v * s).round() / s
+    } else {
+        let s = 10f64.powi(-k);
+        (v / s).round() * s
+    }
+}
+
+/// `text` (a `params.toml`) with the given keys of `[generation]` set to new values, every
+/// comment, alignment and other value kept as written (the values' own spacing too). Keys are
+/// dotted (`protocol.simple.step_latency.nvlink`); each must already be present, with a value
+/// of the same type as the new one.
+pub fn rewrite_values(
+    text: &str,
+    generation: Generation,
+    values: &[(String, toml::Value)],
+) -> Result<String, ParamsError> {
+    let mut doc: toml_edit::DocumentMut =
+        text.parse().map_err(|e: toml_edit::TomlError| ParamsError(format!("params.toml: {e}")))?;
+    let section = generation.key();
+    for (key, new) in values {
+        let mut item = doc.as_item_mut();
+        for part in std::iter::once(section).chain(key.split('.')) {
+            if item.get(part).is_none() {
+                return Err(ParamsError(format!("params.toml has no [{section}] {key}")));
+            }
+            item = &mut item[part];
+        }
+        let Some(old) = item.as_value_mut() else {
+            return Err(ParamsError(format!("params.toml [{section}] {key} is not a value")));
+        };
+        let mut v: toml_edit::Value = match new {
+            toml::Value::Float(f) => (*f).into(),
+            toml::Value::Integer(i) => (*i).into(),
+            toml::Value::String(s) => s.as_str().into(),
+            other => return Err(ParamsError(format!("{key}: cannot write {other} into params.toml"))),
+        };
+        if v.type_name() != old.type_name() && !(v.is_float() && old.is_integer()) {
+            return Err(ParamsError(format!(
+                "params.toml [{section}] {key} is a {}, not a {}",
+                old.type_name(),
+                v.type_name()
+            )));
+        }
+        *v.decor_mut() = old.decor().clone();
+        *old = v;
+    }
+    Ok(doc.to_string())
+}
+
 impl ModelParams {
     /// The shipped defaults for a GPU generation.
     pub fn for_generation(generation: Generation) -> ModelParams {
@@ -319,6 +406,59 @@ mod tests {
             let p = ModelParams::for_generation(g);
             p.validate().unwrap();
         }
+    }
+
+    #[test]
+    fn rounding_keeps_significant_digits() {
+        assert_eq!(round_significant(0.78372, 3), 0.784);
+        assert_eq!(round_significant(69.22, 3), 69.2);
+        assert_eq!(round_significant(1234.6, 3), 1230.0);
+        assert_eq!(round_significant(0.0066261, 3), 0.00663);
+        assert_eq!(round_significant(0.0, 3), 0.0);
+        assert_eq!(format!("{}", round_significant(9.5441, 3)), "9.54");
+    }
+
+    #[test]
+    fn rewriting_keeps_comments_and_layout() {
+        let text = "# head\n[fitted]\nhopper = [\"gpu.launch\"]\n\n[hopper]\n\
+                    link.nvlink = { efficiency = 0.82, latency = \"0.25us\" }   # nv\n\
+                    gpu  = { launch = \"5.0us\", launch_stagger = \"3.0us\", reduce_channel_gbps = 80.0 }\n\
+                    [ampere]\ngpu  = { launch = \"3.0us\" }\n";
+        let out = rewrite_values(
+            text,
+            Generation::Hopper,
+            &[
+                ("link.nvlink.efficiency".into(), toml::Value::Float(0.784)),
+                ("gpu.launch".into(), toml::Value::String("9.54us".into())),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            text.replace("efficiency = 0.82,", "efficiency = 0.784,").replace("\"5.0us\"", "\"9.54us\"")
+        );
+        let e = rewrite_values(text, Generation::Hopper, &[("gpu.lunch".into(), toml::Value::Float(1.0))]);
+        assert!(e.unwrap_err().0.contains("no [hopper] gpu.lunch"));
+        let e = rewrite_values(text, Generation::Hopper, &[("gpu.launch".into(), toml::Value::Float(1.0))]);
+        assert!(e.unwrap_err().0.contains("is a string, not a float"));
+    }
+
+    #[test]
+    fn fitted_keys_are_fittable_values() {
+        for g in [Generation::Ampere, Generation::Hopper, Generation::Blackwell] {
+            let f = fitted_keys(g);
+            assert!(!f.keys.is_empty(), "{g:?}");
+            let table = toml::Table::try_from(ModelParams::for_generation(g)).unwrap();
+            for k in &f.keys {
+                let mut cur = &table;
+                let parts: Vec<&str> = k.split('.').collect();
+                for p in &parts[..parts.len() - 1] {
+                    cur = cur.get(*p).and_then(|v| v.as_table()).unwrap_or_else(|| panic!("{k}"));
+                }
+                assert!(cur.contains_key(parts[parts.len() - 1]), "{g:?}: {k}");
+            }
+        }
+        assert!(fitted_keys(Generation::Volta).keys.is_empty());
     }
 
     #[test]
