@@ -463,6 +463,21 @@ impl Built {
             shadow: false,
         });
     }
+    /// A collective on `ranks`: simulated there, or (`replay` = the proxy and the NIC
+    /// shadows) replayed on the proxy.
+    fn push_collective(
+        &mut self,
+        stage: u32,
+        kind: StepJobKind,
+        name: String,
+        ranks: &[u32],
+        replay: Option<(u32, &Shadows)>,
+    ) {
+        match replay {
+            Some((proxy, sh)) => self.push_replayed(stage, kind, name, ranks.len(), proxy, sh),
+            None => self.push(stage, kind, name, ranks, None),
+        }
+    }
     /// A collective of `n` ranks replayed on `proxy`, then its NIC shadows (the jobs added
     /// right after it, each on a pair of ranks).
     fn push_replayed(
@@ -743,18 +758,11 @@ pub fn step_event_with(
                                 for x in all {
                                     w.kernel_after_everywhere(b.ops[s][i], k, x);
                                 }
-                                b.push_replayed(
-                                    s as u32,
-                                    StepJobKind::Fsdp,
-                                    name,
-                                    group.len(),
-                                    proxy(s),
-                                    &sh,
-                                );
                             } else {
                                 w.kernel_after(b.ops[s][i], k, id);
-                                b.push(s as u32, StepJobKind::Fsdp, name, &group, None);
                             }
+                            let replay = replayed.then(|| (proxy(s), &sh));
+                            b.push_collective(s as u32, StepJobKind::Fsdp, name, &group, replay);
                         }
                         if o.pass == Pass::B {
                             let name = format!(
@@ -769,18 +777,8 @@ pub fn step_event_with(
                                     w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
                                     fsdp_rs[s].push((x, replayed));
                                 }
-                                if replayed {
-                                    b.push_replayed(
-                                        s as u32,
-                                        StepJobKind::Fsdp,
-                                        name,
-                                        group.len(),
-                                        proxy(s),
-                                        &sh,
-                                    );
-                                } else {
-                                    b.push(s as u32, StepJobKind::Fsdp, name, &group, None);
-                                }
+                                let replay = replayed.then(|| (proxy(s), &sh));
+                                b.push_collective(s as u32, StepJobKind::Fsdp, name, &group, replay);
                             }
                         }
                     }
@@ -837,11 +835,7 @@ pub fn step_event_with(
                     w.after_kernel_on_all_ranks(x, b.ops[s][op], k);
                     dp_jobs.push((x, replayed));
                 }
-                if replayed {
-                    b.push_replayed(s as u32, StepJobKind::Dp, name, ranks.len(), proxy(s), &sh);
-                } else {
-                    b.push(s as u32, StepJobKind::Dp, name, &ranks, None);
-                }
+                b.push_collective(s as u32, StepJobKind::Dp, name, &ranks, replayed.then(|| (proxy(s), &sh)));
             }
             let name = format!("stage {s} optimizer");
             let opt = w
@@ -866,11 +860,7 @@ pub fn step_event_with(
                 for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
                     w.after_kernel_on_all_ranks(x, opt, 0);
                 }
-                if replayed {
-                    b.push_replayed(s as u32, StepJobKind::Dp, name, ranks.len(), proxy(s), &sh);
-                } else {
-                    b.push(s as u32, StepJobKind::Dp, name, &ranks, None);
-                }
+                b.push_collective(s as u32, StepJobKind::Dp, name, &ranks, replayed.then(|| (proxy(s), &sh)));
             }
         }
         Ok((w, b))
