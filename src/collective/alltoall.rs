@@ -51,7 +51,11 @@ fn a2a_rounds(comm: &Comm, r: u32) -> Vec<(i64, i64)> {
             }
             let to = ((node + gd) % nn) * pp + (local + ld) % pp;
             let from = ((node - gd).rem_euclid(nn)) * pp + (local - ld).rem_euclid(pp);
-            out.push((to - r as i64, from - r as i64));
+            // Offsets modulo n: ranks whose peers differ only by a wrap around the
+            // communicator (every node but the last, for a given local rank) then share a
+            // program, so the schedule holds ppn programs per channel, not one per rank.
+            let n = n as i64;
+            out.push(((to - r as i64).rem_euclid(n), (from - r as i64).rem_euclid(n)));
         }
     }
     out
