@@ -207,6 +207,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     // them (see `a2a_rounds`). Ranks with the same offsets share a program.
     let rounds: Vec<Vec<(i64, i64)>> = (0..n).map(|r| a2a_rounds(comm, r)).collect();
     let mut cache: std::collections::BTreeMap<(u64, Vec<(i64, i64)>), u32> = Default::default();
+    let mut a2a_binds: Vec<Option<std::ops::Range<u32>>> = vec![None; n as usize];
     for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;
         let end = len;
@@ -288,21 +289,39 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
                     p
                 }
             };
-            let at = |d: i64| (r as i64 + d).rem_euclid(n as i64) as u32;
-            let binds: Vec<Binding> = match args.coll {
-                Collective::AllToAll => rounds[r as usize]
-                    .iter()
-                    .flat_map(|&(sd, rd)| {
-                        [Binding::Peer { rank: at(sd), port: 0 }, Binding::Peer { rank: at(rd), port: 0 }]
-                    })
-                    .collect(),
-                _ if n == 2 => vec![Binding::Peer { rank: (r + 1) % n, port: 0 }],
-                _ => vec![
-                    Binding::Peer { rank: (r + 1) % n, port: 0 },
-                    Binding::Peer { rank: (r + n - 1) % n, port: 0 },
-                ],
-            };
-            s.add_stream_at(r, c, c, r, prog, &binds, off);
+            if args.coll == Collective::AllToAll {
+                // Every channel of rank r binds the same peers: stored once, shared.
+                let shared = match &a2a_binds[r as usize] {
+                    Some(range) => range.clone(),
+                    None => {
+                        let at = |d: i64| (r as i64 + d).rem_euclid(n as i64) as u32;
+                        let binds: Vec<Binding> = rounds[r as usize]
+                            .iter()
+                            .flat_map(|&(sd, rd)| {
+                                [
+                                    Binding::Peer { rank: at(sd), port: 0 },
+                                    Binding::Peer { rank: at(rd), port: 0 },
+                                ]
+                            })
+                            .collect();
+                        let range = s.push_bindings(&binds);
+                        a2a_binds[r as usize] = Some(range.clone());
+                        range
+                    }
+                };
+                let i = s.add_stream_at(r, c, c, r, prog, &[], off);
+                s.streams[i as usize].bindings = shared;
+            } else {
+                let binds = if n == 2 {
+                    vec![Binding::Peer { rank: (r + 1) % n, port: 0 }]
+                } else {
+                    vec![
+                        Binding::Peer { rank: (r + 1) % n, port: 0 },
+                        Binding::Peer { rank: (r + n - 1) % n, port: 0 },
+                    ]
+                };
+                s.add_stream_at(r, c, c, r, prog, &binds, off);
+            }
         }
     }
     s.set_channels(used.max(1));

@@ -732,6 +732,15 @@ impl Schedule {
         (self.streams.len() - 1) as u32
     }
 
+    /// Stores `bindings` once and returns their range, for streams that share them: set a
+    /// stream's [`Stream::bindings`] to it (every channel of an all-to-all rank binds the
+    /// same peers, and 2,047 peers on 16 channels would otherwise be stored 16 times).
+    pub fn push_bindings(&mut self, bindings: &[Binding]) -> Range<u32> {
+        let start = self.bindings.len() as u32;
+        self.bindings.extend_from_slice(bindings);
+        start..self.bindings.len() as u32
+    }
+
     /// Adds a stream whose addresses are shifted by `offset` elements.
     #[allow(clippy::too_many_arguments)]
     pub fn add_stream_at(
