@@ -207,7 +207,23 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     // them (see `a2a_rounds`). Ranks with the same offsets share a program.
     let rounds: Vec<Vec<(i64, i64)>> = (0..n).map(|r| a2a_rounds(comm, r)).collect();
     let mut cache: std::collections::BTreeMap<(u64, Vec<(i64, i64)>), u32> = Default::default();
-    let mut a2a_binds: Vec<Option<std::ops::Range<u32>>> = vec![None; n as usize];
+    // Every channel of an all-to-all rank binds the same peers: stored once per rank, shared.
+    let a2a_binds: Vec<std::ops::Range<u32>> = if args.coll == Collective::AllToAll {
+        (0..n)
+            .map(|r| {
+                let at = |d: i64| (r as i64 + d).rem_euclid(n as i64) as u32;
+                let binds: Vec<Binding> = rounds[r as usize]
+                    .iter()
+                    .flat_map(|&(sd, rd)| {
+                        [Binding::Peer { rank: at(sd), port: 0 }, Binding::Peer { rank: at(rd), port: 0 }]
+                    })
+                    .collect();
+                s.push_bindings(&binds)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;
         let end = len;
@@ -289,28 +305,9 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
                     p
                 }
             };
-            if args.coll == Collective::AllToAll {
-                // Every channel of rank r binds the same peers: stored once, shared.
-                let shared = match &a2a_binds[r as usize] {
-                    Some(range) => range.clone(),
-                    None => {
-                        let at = |d: i64| (r as i64 + d).rem_euclid(n as i64) as u32;
-                        let binds: Vec<Binding> = rounds[r as usize]
-                            .iter()
-                            .flat_map(|&(sd, rd)| {
-                                [
-                                    Binding::Peer { rank: at(sd), port: 0 },
-                                    Binding::Peer { rank: at(rd), port: 0 },
-                                ]
-                            })
-                            .collect();
-                        let range = s.push_bindings(&binds);
-                        a2a_binds[r as usize] = Some(range.clone());
-                        range
-                    }
-                };
+            if let Some(shared) = a2a_binds.get(r as usize) {
                 let i = s.add_stream_at(r, c, c, r, prog, &[], off);
-                s.streams[i as usize].bindings = shared;
+                s.streams[i as usize].bindings = shared.clone();
             } else {
                 let binds = if n == 2 {
                     vec![Binding::Peer { rank: (r + 1) % n, port: 0 }]

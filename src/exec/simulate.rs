@@ -1384,13 +1384,10 @@ impl<'a> Sim<'a> {
                 let mut split = std::mem::take(&mut self.split_paths);
                 split.clear();
                 for &(m, k, op) in g.meet.members(inst) {
-                    let st = &self.s.streams[self.sim_streams[k as usize] as usize];
-                    if let Op::Switch(sw) = &self.s.programs[st.program as usize].instrs[op as usize].op {
-                        match (gather, sw.src.is_some(), sw.dst.is_some()) {
-                            (true, true, _) => split.push(all_ups[m as usize]),
-                            (false, _, true) => split.push(all_downs[m as usize]),
-                            _ => {}
-                        }
+                    match (gather, self.switch_op(k, op).map(|sw| (sw.src.is_some(), sw.dst.is_some()))) {
+                        (true, Some((true, _))) => split.push(all_ups[m as usize]),
+                        (false, Some((_, true))) => split.push(all_downs[m as usize]),
+                        _ => {}
                     }
                 }
                 if gather {
@@ -1456,6 +1453,15 @@ impl<'a> Sim<'a> {
                 ss.room_blocked = false;
                 self.pending_wakes.push(k);
             }
+        }
+    }
+
+    /// Op `op` of simulated stream `k`, if it is a switch op.
+    fn switch_op(&self, k: u32, op: u32) -> Option<&'a crate::schedule::SwitchOp> {
+        let st = &self.s.streams[self.sim_streams[k as usize] as usize];
+        match &self.s.programs[st.program as usize].instrs[op as usize].op {
+            Op::Switch(sw) => Some(sw),
+            _ => None,
         }
     }
 
@@ -1632,11 +1638,9 @@ impl Handler for Sim<'_> {
                         let g = &self.groups[group as usize];
                         // Find the op kind of this instance from the first member.
                         let Some(&(_, k0, op0)) = g.meet.members(inst).first() else { return };
-                        let st = &self.s.streams[self.sim_streams[k0 as usize] as usize];
-                        let kind = match self.s.programs[st.program as usize].instrs[op0 as usize].op {
-                            Op::Switch(sw) => sw.kind,
-                            _ => SwitchKind::AllReduce { head: None },
-                        };
+                        let kind = self
+                            .switch_op(k0, op0)
+                            .map_or(SwitchKind::AllReduce { head: None }, |sw| sw.kind);
                         if phase == 0 && matches!(kind, SwitchKind::AllReduce { head: Some(_) }) {
                             self.start_switch(api, group, inst, 1, kind, rec.bytes);
                             return;

@@ -124,30 +124,20 @@ impl SwitchExec<'_> {
     pub fn reduces(&self) -> bool {
         !matches!(self.kind, SwitchKind::Multicast { .. } | SwitchKind::AllGather { .. })
     }
-}
 
-/// Executes a [`SwitchKind::ReduceScatter`] or [`SwitchKind::AllGather`] as the pieces it is
-/// made of: one [`SwitchKind::ReduceTo`] per receiving member, or one
-/// [`SwitchKind::Multicast`] per sending member, each over its slice of the `len` elements
-/// (in member order), so that effects only ever see the three primitive kinds.
-#[allow(clippy::too_many_arguments)]
-fn split_switch<E: Effects>(
-    g: u32,
-    kind: SwitchKind,
-    want: u32,
-    len: u64,
-    postop: bool,
-    parts: &[SwitchPart],
-    at0: OpRef,
-    fx: &mut E,
-) -> Result<(), ScheduleError> {
-    let gather = matches!(kind, SwitchKind::AllGather { .. });
-    // The whole side (every src of a reduce-scatter, every dst of an all-gather) is `len`
-    // long; the split side's spans add up to `len`, from exactly `want` members.
-    let whole = |p: &SwitchPart| if gather { p.dst } else { p.src };
-    let piece = |p: &SwitchPart| if gather { p.src } else { p.dst };
-    for p in parts {
-        match whole(p) {
+    /// Executes a [`SwitchKind::ReduceScatter`] or [`SwitchKind::AllGather`] of `want`
+    /// pieces as the ops it is made of: one [`SwitchKind::ReduceTo`] per receiving member,
+    /// or one [`SwitchKind::Multicast`] per sending member, each over its slice of the `len`
+    /// elements (in member order), so that effects only ever see the three primitive kinds.
+    fn split<E: Effects>(&self, want: u32, at0: OpRef, fx: &mut E) -> Result<(), ScheduleError> {
+        let SwitchExec { group: g, kind, len, postop, parts } = *self;
+        let gather = matches!(kind, SwitchKind::AllGather { .. });
+        // The whole side (every src of a reduce-scatter, every dst of an all-gather) is `len`
+        // long; the split side's spans add up to `len`, from exactly `want` members.
+        let whole = |p: &SwitchPart| if gather { p.dst } else { p.src };
+        let piece = |p: &SwitchPart| if gather { p.src } else { p.dst };
+        for p in parts {
+            match whole(p) {
             Some(sp) if sp.len == len => {}
             Some(sp) if gather => {
                 return Err(mismatch(
@@ -163,12 +153,12 @@ fn split_switch<E: Effects>(
                 ))
             }
         }
-    }
-    let pieces: Vec<(usize, u64)> =
-        parts.iter().enumerate().filter_map(|(m, p)| piece(p).map(|sp| (m, sp.len))).collect();
-    let total: u64 = pieces.iter().map(|&(_, n)| n).sum();
-    if pieces.len() != want as usize || total != len {
-        return Err(mismatch(
+        }
+        let pieces: Vec<(usize, u64)> =
+            parts.iter().enumerate().filter_map(|(m, p)| piece(p).map(|sp| (m, sp.len))).collect();
+        let total: u64 = pieces.iter().map(|&(_, n)| n).sum();
+        if pieces.len() != want as usize || total != len {
+            return Err(mismatch(
             at0,
             format!(
                 "switch op {kind:?} on group {g} over {len} elements: {} members give a piece, {total} elements in all \
@@ -176,29 +166,34 @@ fn split_switch<E: Effects>(
                 pieces.len()
             ),
         ));
-    }
-    let cut =
-        |sp: Option<Span>, off: u64, n: u64| sp.map(|sp| Span { offset: sp.offset + off, len: n, ..sp });
-    let mut sub: Vec<SwitchPart> = Vec::with_capacity(parts.len());
-    let mut off = 0;
-    for &(m, n) in &pieces {
-        if n > 0 {
-            sub.clear();
-            sub.extend(parts.iter().enumerate().map(|(i, p)| SwitchPart {
-                at: p.at,
-                src: if gather { (i == m).then_some(p.src).flatten() } else { cut(p.src, off, n) },
-                dst: if gather { cut(p.dst, off, n) } else { (i == m).then_some(cut(p.dst, 0, n)).flatten() },
-            }));
-            let kind = if gather {
-                SwitchKind::Multicast { from: m as u32 }
-            } else {
-                SwitchKind::ReduceTo { to: m as u32 }
-            };
-            fx.switch(&SwitchExec { group: g, kind, len: n, postop, parts: &sub })?;
         }
-        off += n;
+        let cut =
+            |sp: Option<Span>, off: u64, n: u64| sp.map(|sp| Span { offset: sp.offset + off, len: n, ..sp });
+        let mut sub: Vec<SwitchPart> = Vec::with_capacity(parts.len());
+        let mut off = 0;
+        for &(m, n) in &pieces {
+            if n > 0 {
+                sub.clear();
+                sub.extend(parts.iter().enumerate().map(|(i, p)| SwitchPart {
+                    at: p.at,
+                    src: if gather { (i == m).then_some(p.src).flatten() } else { cut(p.src, off, n) },
+                    dst: if gather {
+                        cut(p.dst, off, n)
+                    } else {
+                        (i == m).then_some(cut(p.dst, 0, n)).flatten()
+                    },
+                }));
+                let kind = if gather {
+                    SwitchKind::Multicast { from: m as u32 }
+                } else {
+                    SwitchKind::ReduceTo { to: m as u32 }
+                };
+                fx.switch(&SwitchExec { group: g, kind, len: n, postop, parts: &sub })?;
+            }
+            off += n;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The data side of the semantics. The interpreter has checked every length before it calls
@@ -831,7 +826,7 @@ impl<'a, M> Machine<'a, M> {
             SwitchKind::Multicast { from } => member_ok(from, "source")?,
             SwitchKind::AllReduce { head: None } => {}
             SwitchKind::ReduceScatter { parts: want } | SwitchKind::AllGather { parts: want } => {
-                split_switch(g, kind, want, len, postop, &parts, at0, fx)?;
+                SwitchExec { group: g, kind, len, postop, parts: &parts }.split(want, at0, fx)?;
                 return self.switch_done(g, parts);
             }
         }
