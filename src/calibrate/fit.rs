@@ -1115,64 +1115,34 @@ fn median_large(d: &DatasetFit, after: bool) -> f64 {
 /// dataset in all, so that `validate` stays fast.
 pub fn leave_one_out(datasets: &[FitDataset], opts: &FitOptions) -> Result<Vec<GenerationLodo>, String> {
     let event_prior = simulate_all(datasets, &toml::Table::new(), Fidelity::Event)?;
+    lodo_with(datasets, &event_prior, opts, &SimCache::default())
+}
+
+fn lodo_with(
+    datasets: &[FitDataset],
+    event_prior: &[Vec<Option<SimPoint>>],
+    opts: &FitOptions,
+    cache: &SimCache,
+) -> Result<Vec<GenerationLodo>, String> {
     let mut gens: Vec<Generation> = Vec::new();
     for d in datasets {
         if !gens.contains(&d.generation()) {
             gens.push(d.generation());
         }
     }
-    let cache = SimCache::default();
     let mut out = Vec::new();
     for g in gens {
         let idx: Vec<usize> = (0..datasets.len()).filter(|&i| datasets[i].generation() == g).collect();
         if idx.len() < 2 {
             continue;
         }
-        // The calibration the shipped values come from: the generation's fitted keys.
-        let only = if opts.only.is_empty() { shipped_fit_options(g)?.only } else { opts.only.clone() };
         let folds: Vec<Result<(String, f64, f64), String>> = idx
             .iter()
             .map(|&held| {
-                let train: Vec<FitDataset> =
-                    idx.iter().filter(|&&i| i != held).map(|&i| datasets[i].clone()).collect();
-                let prior: Vec<Vec<Option<SimPoint>>> =
-                    idx.iter().filter(|&&i| i != held).map(|&i| event_prior[i].clone()).collect();
-                let opts = FitOptions {
-                    only: only.clone(),
-                    verify: false,
-                    frozen_jacobian: true,
-                    confidence: false,
-                    score_after: false,
-                    max_iter: opts.max_iter.min(6),
-                    ..opts.clone()
-                };
-                let rep = fit_with_prior(&train, &prior, &opts, Some(&cache))?;
-                let test = &datasets[held];
-                // The held-out table is scored with the same corrected analytical model: its
-                // event time at the shipped parameters times the analytical model's ratio
-                // between the fitted and the shipped parameters.
-                let an_prior = cache.run(test, &toml::Table::new(), "", Fidelity::Analytical)?;
-                let an_after = simulate(test, &rep.overlay, Fidelity::Analytical)?;
-                let mut points = Vec::new();
-                for (j, m) in test.measured.iter().enumerate() {
-                    let (Some(b), Some(ap), Some(aa)) = (&event_prior[held][j], &an_prior[j], &an_after[j])
-                    else {
-                        continue;
-                    };
-                    let (Some(rb), Some(rap), Some(raa)) = (residual(m, b), residual(m, ap), residual(m, aa))
-                    else {
-                        continue;
-                    };
-                    let ra = rb + (raa - rap);
-                    let a = SimPoint {
-                        time_us: b.time_us * (raa - rap).exp(),
-                        busbw_gbps: b.busbw_gbps / (raa - rap).exp(),
-                        choice: aa.choice.clone(),
-                    };
-                    points.push(PointFit::new(m, b, &a, rb, ra));
-                }
-                let df = DatasetFit { name: test.name.clone(), points };
-                Ok((test.name.clone(), median_large(&df, false), median_large(&df, true)))
+                let train: Vec<usize> = idx.iter().copied().filter(|&i| i != held).collect();
+                let overlay = held_out_fit(datasets, event_prior, &train, g, opts, cache)?;
+                let df = corrected_score(&datasets[held], &event_prior[held], &overlay, cache)?;
+                Ok((datasets[held].name.clone(), median_large(&df, false), median_large(&df, true)))
             })
             .collect();
         let folds: Vec<(String, f64, f64)> = folds.into_iter().collect::<Result<_, _>>()?;
@@ -1184,6 +1154,146 @@ pub fn leave_one_out(datasets: &[FitDataset], opts: &FitOptions) -> Result<Vec<G
         });
     }
     Ok(out)
+}
+
+/// The overlay of a held-out fold: the generation's fitted keys (those of `params.toml`
+/// when `opts.only` is empty, as the shipped values are fitted) fitted on the `train` tables
+/// alone, with the analytical model corrected by the event model at the shipped parameters
+/// and a short, frozen-Jacobian fit, so that `validate` stays fast.
+fn held_out_fit(
+    datasets: &[FitDataset],
+    event_prior: &[Vec<Option<SimPoint>>],
+    train: &[usize],
+    g: Generation,
+    opts: &FitOptions,
+    cache: &SimCache,
+) -> Result<toml::Table, String> {
+    let only = if opts.only.is_empty() { shipped_fit_options(g)?.only } else { opts.only.clone() };
+    let sets: Vec<FitDataset> = train.iter().map(|&i| datasets[i].clone()).collect();
+    let prior: Vec<Vec<Option<SimPoint>>> = train.iter().map(|&i| event_prior[i].clone()).collect();
+    let opts = FitOptions {
+        only,
+        verify: false,
+        frozen_jacobian: true,
+        confidence: false,
+        score_after: false,
+        max_iter: opts.max_iter.min(6),
+        ..opts.clone()
+    };
+    Ok(fit_with_prior(&sets, &prior, &opts, Some(cache))?.overlay)
+}
+
+/// A held-out table scored under a fold's overlay with the same corrected analytical model
+/// the fold was fitted with: its event time at the shipped parameters times the analytical
+/// model's ratio between the overlay and the shipped parameters.
+fn corrected_score(
+    test: &FitDataset,
+    event_prior: &[Option<SimPoint>],
+    overlay: &toml::Table,
+    cache: &SimCache,
+) -> Result<DatasetFit, String> {
+    let an_prior = cache.run(test, &toml::Table::new(), "", Fidelity::Analytical)?;
+    let an_after = simulate(test, overlay, Fidelity::Analytical)?;
+    let mut points = Vec::new();
+    for (j, m) in test.measured.iter().enumerate() {
+        let (Some(b), Some(ap), Some(aa)) = (&event_prior[j], &an_prior[j], &an_after[j]) else {
+            continue;
+        };
+        let (Some(rb), Some(rap), Some(raa)) = (residual(m, b), residual(m, ap), residual(m, aa)) else {
+            continue;
+        };
+        let ra = rb + (raa - rap);
+        let a = SimPoint {
+            time_us: b.time_us * (raa - rap).exp(),
+            busbw_gbps: b.busbw_gbps / (raa - rap).exp(),
+            choice: aa.choice.clone(),
+        };
+        points.push(PointFit::new(m, b, &a, rb, ra));
+    }
+    Ok(DatasetFit { name: test.name.clone(), points })
+}
+
+/// The leave-one-cluster-out score of a cluster that some fitted value was chosen with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterLoco {
+    /// Cluster name (the tables' common prefix, `reference::Dataset::cluster_name`).
+    pub cluster: String,
+    /// Its tables scored.
+    pub tables: usize,
+    /// Median over its tables of the median |error| >= 1 MiB at the shipped parameters.
+    pub in_sample: f64,
+    /// The same with the fitted keys re-fitted on the named tables of the other clusters;
+    /// `None` when no other cluster of the generation has a named table (nothing to fit on).
+    pub held_out: Option<f64>,
+}
+
+/// Both held-out scores, sharing one event simulation per table: leave-one-dataset-out per
+/// generation ([`leave_one_out`]) and leave-one-cluster-out. `clusters[i]` is table i's
+/// cluster and whether it is named (`tuned = true` in the manifest). For every cluster
+/// with a named table, the generation's fitted keys are fitted again on the named tables of
+/// the other clusters only (the shipped fit's inputs with the cluster removed), and every
+/// table of the cluster is scored with them. Clusters with no named table need no fold: no
+/// fitted value was chosen with them, so their shipped score is already held out.
+pub fn held_out_scores(
+    datasets: &[FitDataset],
+    clusters: &[(String, bool)],
+    opts: &FitOptions,
+) -> Result<(Vec<GenerationLodo>, Vec<ClusterLoco>), String> {
+    if clusters.len() != datasets.len() {
+        return Err(format!("{} cluster labels for {} tables", clusters.len(), datasets.len()));
+    }
+    let event_prior = simulate_all(datasets, &toml::Table::new(), Fidelity::Event)?;
+    let cache = SimCache::default();
+    let lodo = lodo_with(datasets, &event_prior, opts, &cache)?;
+    let mut names: Vec<&str> = Vec::new();
+    for (c, tuned) in clusters {
+        if *tuned && !names.contains(&c.as_str()) {
+            names.push(c);
+        }
+    }
+    let mut loco = Vec::new();
+    for c in names {
+        let mine: Vec<usize> = (0..datasets.len()).filter(|&i| clusters[i].0 == c).collect();
+        let (mut ins, mut outs, mut all_folded) = (Vec::new(), Vec::new(), true);
+        let mut gens: Vec<Generation> = Vec::new();
+        for &i in &mine {
+            if !gens.contains(&datasets[i].generation()) {
+                gens.push(datasets[i].generation());
+            }
+        }
+        for g in gens {
+            let train: Vec<usize> = (0..datasets.len())
+                .filter(|&i| clusters[i].1 && clusters[i].0 != c && datasets[i].generation() == g)
+                .collect();
+            let overlay = if train.is_empty() {
+                None
+            } else {
+                Some(held_out_fit(datasets, &event_prior, &train, g, opts, &cache)?)
+            };
+            let shipped = toml::Table::new();
+            for &i in mine.iter().filter(|&&i| datasets[i].generation() == g) {
+                let df = corrected_score(
+                    &datasets[i],
+                    &event_prior[i],
+                    overlay.as_ref().unwrap_or(&shipped),
+                    &cache,
+                )?;
+                ins.push(median_large(&df, false));
+                if overlay.is_some() {
+                    outs.push(median_large(&df, true));
+                } else {
+                    all_folded = false;
+                }
+            }
+        }
+        loco.push(ClusterLoco {
+            cluster: c.to_string(),
+            tables: mine.len(),
+            in_sample: median(ins),
+            held_out: all_folded.then(|| median(outs)),
+        });
+    }
+    Ok((lodo, loco))
 }
 
 /// The reference tables the shipped parameters of `generation` were chosen on: the

@@ -394,3 +394,40 @@ fn write_params_refuses_what_would_break_the_file() {
     assert!(err.contains("--generation all: expected one of"), "{err}");
     crate::cleanup(&dir);
 }
+
+#[test]
+fn a_cluster_left_out_is_scored_with_values_fitted_without_it() {
+    // Leave-one-cluster-out on three Hopper clusters (the 8-GPU ring and NVLS tables of one
+    // host, Azure's all-reduce and issue 290's NVLS table) and the GB200 rack: each Hopper
+    // cluster is scored with the fitted keys re-fitted on the other two clusters' tables
+    // alone; the rack has no other Blackwell named table, so it cannot be folded.
+    use fabricsim::calibrate::fit::held_out_scores;
+    let files = [
+        ("h100sxm-together", "h100sxm-together-1node-8gpu-allreduce-ring-nccl2.26.2.csv"),
+        ("h100sxm-together", "h100sxm-together-1node-8gpu-allreduce-nvls-nccl2.26.2.csv"),
+        ("azure-ndh100v5-h100sxm", "azure-ndh100v5-h100sxm-1node-allreduce-inplace-busbwonly-nccl2.18.5.csv"),
+        ("h100sxm", "h100sxm-1node-8gpu-allreduce-nvls-default-issue290.csv"),
+        ("coreweave-gb200-nvl72", "coreweave-gb200-nvl72-1rack-72gpu-allreduce-nvlsoff-nccl2.26.2.csv"),
+    ];
+    let sets: Vec<FitDataset> = files.iter().map(|(_, f)| manifest_dataset(f)).collect();
+    let clusters: Vec<(String, bool)> = files.iter().map(|(c, _)| (c.to_string(), true)).collect();
+    let (lodo, loco) = held_out_scores(&sets, &clusters, &FitOptions::default()).unwrap();
+    assert_eq!(lodo.len(), 1, "one generation with two or more tables: {lodo:?}");
+    assert_eq!(loco.len(), 4, "{loco:?}");
+    for l in &loco {
+        if l.cluster == "coreweave-gb200-nvl72" {
+            assert_eq!(l.held_out, None, "nothing to fit the rack on without it");
+            continue;
+        }
+        let h = l.held_out.unwrap_or_else(|| panic!("{} was not folded", l.cluster));
+        // The shipped values fit these tables within 5%; fitted on two one-node clusters
+        // alone, the held-out one stays within 10%.
+        assert!(l.in_sample <= 0.05, "{}: shipped {:.1}%", l.cluster, l.in_sample * 100.0);
+        assert!(h <= 0.10, "{}: held out {:.1}%", l.cluster, h * 100.0);
+        assert!(h != l.in_sample, "{}: the fold changed nothing", l.cluster);
+    }
+    assert_eq!(
+        held_out_scores(&sets, &clusters[..2], &FitOptions::default()).unwrap_err(),
+        "2 cluster labels for 5 tables"
+    );
+}
