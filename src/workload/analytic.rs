@@ -17,8 +17,10 @@
 //!   imbalance ([`super::comm::ep_load_factors`]) the busiest EP rank receives `f` times the
 //!   mean tokens of a layer: its all-to-all takes `f` times the balanced one and its expert
 //!   GEMMs run on `f` times the rows; the step waits for it.
-//! - PP: one send/recv per micro-batch and stage boundary (`bsh/t` with SP); it delays the
-//!   dependent op on the next stage; without `pp_comm` overlap it also blocks the sender.
+//! - PP: one send/recv per micro-batch and stage boundary (`bsh/t` with SP or Megatron's
+//!   scatter/gather, which without SP adds the receiver's TP all-gather of the slices to the
+//!   receiving op); it delays the dependent op on the next stage; without `pp_comm` overlap
+//!   it also blocks the sender.
 //! - DP: gradients reduced bucket by bucket while the last micro-batch's backward produces
 //!   them (`grad_reduce` overlap), all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, then an
 //!   all-gather of the updated weights, hidden under the next step's forward with
@@ -30,7 +32,8 @@
 
 pub use super::comm::CollectiveKind;
 use super::comm::{
-    chunk_gather_bytes, ep_load_factors, grad_reduces, layer_comms, p2p_bytes, shard_group_kind, HiddenBehind,
+    chunk_gather_bytes, ep_load_factors, grad_reduces, layer_comms, p2p_bytes, p2p_gather_bytes,
+    shard_group_kind, HiddenBehind,
 };
 use super::compute::{chunk_cost, local_shape, optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::flops::layer_gemms;
@@ -230,6 +233,14 @@ pub(crate) fn chunk_costs_and_comms(
                 ep_bwd: b[3],
                 ..ChunkComm::default()
             };
+            // Megatron's scatter/gather of pipeline transfers: the receiving op first
+            // all-gathers the slices over its TP group (exposed).
+            let gb = p2p_gather_bytes(model, plan);
+            if gb > 0 {
+                let ag = price(CollectiveKind::AllGather, GroupKind::Tp, gb);
+                cc.tp_fwd += if vs > 0 { ag } else { 0.0 };
+                cc.tp_bwd += if vs + 1 < pp * vpp { ag } else { 0.0 };
+            }
             let bytes = chunk_gather_bytes(model, plan, s, c);
             if bytes > 0 {
                 let group = shard_group_kind(plan);

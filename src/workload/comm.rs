@@ -181,9 +181,30 @@ pub fn ep_load_factors(model: &Model, plan: &Plan) -> Vec<f64> {
     out
 }
 
-/// Bytes a stage sends the next per micro-batch (scatter/gather over TP under SP).
+/// Bytes one GPU of a stage sends its peer of the next per micro-batch: a `1/t` slice of
+/// the activation under sequence parallelism or Megatron's scatter/gather
+/// ([`Plan::pp_scatter_gather`]; the `t` TP ranks send theirs at once, each over its own
+/// path), else the whole activation.
 pub fn p2p_bytes(model: &Model, plan: &Plan) -> u64 {
-    2 * local_tokens(model, plan) * model.hidden / if plan.sp { plan.tp } else { 1 }
+    let act = 2 * local_tokens(model, plan) * model.hidden;
+    if plan.sp || (plan.pp_scatter_gather && act.is_multiple_of(plan.tp)) {
+        act / plan.tp
+    } else {
+        act
+    }
+}
+
+/// Bytes of the all-gather over its TP group (nccl-tests' convention: the gathered output)
+/// that the receiving stage runs after each pipeline transfer under Megatron's
+/// scatter/gather without sequence parallelism, to rebuild the activation from the slices;
+/// 0 where there is none.
+pub fn p2p_gather_bytes(model: &Model, plan: &Plan) -> u64 {
+    let act = 2 * local_tokens(model, plan) * model.hidden;
+    if plan.tp > 1 && plan.pp > 1 && !plan.sp && plan.pp_scatter_gather && act.is_multiple_of(plan.tp) {
+        act
+    } else {
+        0
+    }
 }
 
 /// Bytes of the dense weights of chunk `chunk` of `stage` that ZeRO-3/FSDP gathers before

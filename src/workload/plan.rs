@@ -152,7 +152,9 @@ pub struct Overlap {
     pub param_gather: bool,
     /// TP communication under the GEMMs (userbuffers-style overlap).
     pub tp_comm: bool,
-    /// PP send/recv under compute.
+    /// PP send/recv under compute (Megatron's `overlap_p2p_comm`). A plan file or flag
+    /// without `pp_comm_overlap` gets Megatron-LM's choice: on under the interleaved
+    /// schedule, off (blocking exchanges) under the others; [`Overlap::default`] is on.
     pub pp_comm: bool,
 }
 
@@ -216,6 +218,14 @@ pub struct Plan {
     pub ep_imbalance: f64,
     /// Seed of the per-layer imbalance draw.
     pub ep_seed: u64,
+    /// Megatron's scatter/gather optimisation of pipeline transfers (Narayanan et al.,
+    /// SC'21, Sec. 4.1; Megatron-LM's `scatter_gather_tensors_in_pipeline`, on unless
+    /// `--no-scatter-gather-tensors-in-pipeline`): without sequence parallelism the `t` TP
+    /// ranks of a stage hold the same activation, so each sends only its `1/t` slice to its
+    /// peer of the next stage (over its own NIC) and the receiving stage all-gathers the
+    /// slices over its TP group (NVLink). With sequence parallelism each rank holds its own
+    /// `1/t` of the sequence and sends it, with no gather, either way.
+    pub pp_scatter_gather: bool,
 }
 
 impl Default for Plan {
@@ -246,6 +256,7 @@ impl Default for Plan {
             cp_comm: CpComm::P2p,
             ep_imbalance: 1.0,
             ep_seed: 0,
+            pp_scatter_gather: true,
         }
     }
 }
@@ -910,10 +921,11 @@ struct PlanFile {
     cp_comm: Option<Spanned<String>>,
     ep_imbalance: Option<Spanned<f64>>,
     ep_seed: Option<Spanned<u64>>,
+    pp_scatter_gather: Option<bool>,
 }
 
 /// Every key of a plan table, in the order of [`PlanKeys`]' fields.
-pub const PLAN_KEYS: [&str; 29] = [
+pub const PLAN_KEYS: [&str; 30] = [
     "tp",
     "pp",
     "vpp",
@@ -943,6 +955,7 @@ pub const PLAN_KEYS: [&str; 29] = [
     "cp_comm",
     "ep_imbalance",
     "ep_seed",
+    "pp_scatter_gather",
 ];
 
 /// The keys of a plan table as read, with where each value stands in its document: a plan
@@ -982,7 +995,8 @@ impl PlanKeys {
 /// etp, sp, zero, fsdp = "full"|"hybrid", fsdp_shard, mbs, gbs, seq, recompute, attention, dtype,
 /// schedule, bucket = "80MB", overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
 /// pp_comm_overlap, order = "tp-cp-ep-dp-pp", decoder_first_pipeline_num_layers,
-/// decoder_last_pipeline_num_layers, cp_comm = "p2p"|"all_gather", ep_imbalance, ep_seed) and
+/// decoder_last_pipeline_num_layers, cp_comm = "p2p"|"all_gather", ep_imbalance, ep_seed,
+/// pp_scatter_gather) and
 /// checks it against `model` on `gpus`
 /// GPUs. Errors name the file, the line of the offending field and the valid choices.
 pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<Plan, FileError> {
@@ -1069,11 +1083,17 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
     }
     p.ep_imbalance = f.ep_imbalance.as_ref().map_or(1.0, |s| *s.get_ref());
     p.ep_seed = f.ep_seed.as_ref().map_or(0, |s| *s.get_ref());
+    let interleaved = p.schedule() == Schedule::Interleaved;
     let ov = &mut p.overlap;
     ov.grad_reduce = f.overlap_grad_reduce.unwrap_or(ov.grad_reduce);
     ov.param_gather = f.overlap_param_gather.unwrap_or(ov.param_gather);
     ov.tp_comm = f.tp_comm_overlap.unwrap_or(ov.tp_comm);
-    ov.pp_comm = f.pp_comm_overlap.unwrap_or(ov.pp_comm);
+    // Megatron-LM overlaps pipeline send/recv with compute (`overlap_p2p_comm`, on unless
+    // `--no-overlap-p2p-communication`) only under the interleaved schedule: its argument
+    // check turns it off for every other schedule, whose 1F1B exchanges
+    // (`send_forward_recv_backward`, ...) block the stage until both directions are done.
+    ov.pp_comm = f.pp_comm_overlap.unwrap_or(interleaved);
+    p.pp_scatter_gather = f.pp_scatter_gather.unwrap_or(p.pp_scatter_gather);
     Ok(p)
 }
 

@@ -944,12 +944,17 @@ fn runs_not_fitted_on_are_within_15_percent() {
 /// Held-out runs outside 15% today, with the README's mechanism ("Training steps", known
 /// misses). Nothing is fitted to them; the test bounds them loosely so that a regression
 /// still fails, and fails too when one comes within 15% (then it moves to the asserted set).
-const KNOWN_MISSES: [(&str, f64); 3] = [
-    // Narayanan et al.'s ZeRO-3 comparison point (DeepSpeed, 2021): our gathers overlap
-    // better than that implementation did (+29% since unfused attention, +13% before).
+const KNOWN_MISSES: [(&str, f64); 5] = [
+    // Narayanan et al.'s ZeRO-3 comparison (DeepSpeed, 2021) at 384, 768 and 1,536 GPUs
+    // with the same global batch: the published throughput halves with each doubling (a
+    // step of about 65 s at 768 and 1,536 GPUs however little each GPU computes), while the
+    // estimate stays bound by compute (its 8-rail rings gather 175B parameters in about 2 s).
     ("narayanan21-gpt3-175b-zero3-384", 0.35),
-    ("korthikanti22-gpt1t-full", 0.22),
-    ("nemo2407-gpt3-175b-512gpu-fp8", 0.20),
+    ("narayanan21-gpt3-175b-zero3-768", 1.2),
+    ("narayanan21-gpt3-175b-zero3-1536", 3.3),
+    // GPT 1T, 1F1B on PP 64, whose exchanges block the stages as Megatron's do.
+    ("korthikanti22-gpt1t-selective-sp", 0.18),
+    ("nemo2407-gpt3-175b-512gpu-fp8", 0.18),
 ];
 
 #[test]
@@ -993,11 +998,13 @@ fn published_training_runs_out_of_sample() {
     sorted.sort_by(f64::total_cmp);
     let n = sorted.len();
     let med = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
-    assert!(med < 0.075, "median |error| of the held-out runs within 15%: {:.1}%", med * 100.0);
+    // 6.7% on 2026-12-02 with Megatron's pipeline scatter/gather (6.9% before).
+    assert!(med < 0.07, "median |error| of the held-out runs within 15%: {:.1}%", med * 100.0);
     assert!(
         // 7.1% on 2026-12-02 since the 2021-22 Megatron runs are timed with the unfused
-        // attention they ran (11.0% before, 15.2% with it but Ampere's GEMM constant unrefitted).
-        s.median_held_out < 0.08,
+        // attention they ran (11.0% before, 15.2% with it but Ampere's GEMM constant
+        // unrefitted); 7.2% over 29 runs with the two added ZeRO-3 rows (7.0% over the 27).
+        s.median_held_out < 0.075,
         "median |error| of every held-out run: {:.1}%",
         s.median_held_out * 100.0
     );
@@ -1522,4 +1529,66 @@ fn train_flags_for_cp_comm_ep_imbalance_and_replay() {
     let (code, _, err) = run(&["--no-replay"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("--no-replay") && err.contains("--fidelity event"), "{err}");
+}
+
+/// Megatron's scatter/gather of pipeline transfers (Narayanan et al. SC'21, Sec. 4.1;
+/// `scatter_gather_tensors_in_pipeline`, on by default): without SP each of a stage's `t`
+/// TP ranks sends `1/t` of the activation to its peer over its own NIC and the receiving
+/// stage all-gathers the slices over NVLink; `pp_scatter_gather = false` sends it whole.
+/// GPT 22B, TP 8 PP 2 on two DGX A100 (the pipeline hop crosses the nodes), full
+/// recomputation as Korthikanti et al.'s baseline: both fidelities are faster with it.
+#[test]
+fn pipeline_scatter_gather_sends_one_slice_per_tp_rank() {
+    use fabricsim::workload::comm::{p2p_bytes, p2p_gather_bytes};
+    let m = model("megatron-gpt-22b");
+    let f = built("dgx-a100", 2);
+    let base = "tp = 8\npp = 2\nsp = false\nmbs = 1\ngbs = 8\nseq = 2048\nrecompute = \"full\"\nattention = \"unfused\"\n";
+    let on = plan_text(&m, 16, base);
+    let off = plan_text(&m, 16, &format!("{base}pp_scatter_gather = false\n"));
+    let sp = plan_text(&m, 16, &base.replace("sp = false", "sp = true"));
+    let act = 2 * 2048 * 6144;
+    assert!(on.pp_scatter_gather && !off.pp_scatter_gather);
+    assert_eq!((p2p_bytes(&m, &on), p2p_gather_bytes(&m, &on)), (act / 8, act));
+    assert_eq!((p2p_bytes(&m, &off), p2p_gather_bytes(&m, &off)), (act, 0));
+    // Under SP each rank already holds its own slice of the sequence: no gather.
+    assert_eq!((p2p_bytes(&m, &sp), p2p_gather_bytes(&m, &sp)), (act / 8, 0));
+    let (a_on, _) = step_on_fabric(&f, &m, &on).unwrap();
+    let (a_off, _) = step_on_fabric(&f, &m, &off).unwrap();
+    let e_on = step_event(&f, &m, &on, &EventOpts::default()).unwrap().estimate;
+    let e_off = step_event(&f, &m, &off, &EventOpts::default()).unwrap().estimate;
+    assert!(a_on.step_time_s < a_off.step_time_s, "analytical {} vs {}", a_on.step_time_s, a_off.step_time_s);
+    assert!(e_on.step_time_s < e_off.step_time_s, "event {} vs {}", e_on.step_time_s, e_off.step_time_s);
+    // What moves is the pipeline's part (the whole activation over one NIC against an
+    // eighth of it and a gather over NVLink), and the two fidelities agree on it.
+    assert!(a_on.breakdown.pp < a_off.breakdown.pp, "{:?} vs {:?}", a_on.breakdown, a_off.breakdown);
+    assert!(
+        rel_err(e_on.step_time_s, a_on.step_time_s) < 0.06,
+        "{} vs {}",
+        e_on.step_time_s,
+        a_on.step_time_s
+    );
+}
+
+/// Megatron-LM overlaps pipeline send/recv with compute (`overlap_p2p_comm`) only under the
+/// interleaved schedule and forces it off for the others, whose exchanges block the stage:
+/// a plan without `pp_comm_overlap` gets that choice, an explicit key wins, and blocking
+/// makes a 1F1B step across nodes slower.
+#[test]
+fn pipeline_overlap_defaults_to_megatrons_choice() {
+    let m = model("megatron-gpt-22b");
+    let base = "tp = 8\npp = 2\nmbs = 1\ngbs = 8\nseq = 2048\n";
+    assert!(!plan_text(&m, 16, base).overlap.pp_comm);
+    assert!(plan_text(&m, 16, &format!("{base}vpp = 2\n")).overlap.pp_comm);
+    assert!(!plan_text(&m, 16, &format!("{base}vpp = 2\npp_comm_overlap = false\n")).overlap.pp_comm);
+    let overlapped = plan_text(&m, 16, &format!("{base}pp_comm_overlap = true\n"));
+    assert!(overlapped.overlap.pp_comm);
+    let f = built("dgx-a100", 2);
+    let (blocking, _) = step_on_fabric(&f, &m, &plan_text(&m, 16, base)).unwrap();
+    let (overlapping, _) = step_on_fabric(&f, &m, &overlapped).unwrap();
+    assert!(
+        blocking.step_time_s > overlapping.step_time_s,
+        "{} vs {}",
+        blocking.step_time_s,
+        overlapping.step_time_s
+    );
 }
