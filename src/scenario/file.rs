@@ -67,7 +67,7 @@
 //! pp = 4                          # fsdp fsdp_shard mbs gbs seq recompute dtype schedule bucket
 //! vpp = 5                         # overlap_grad_reduce overlap_param_gather tp_comm_overlap
 //! mbs = 1                         # pp_comm_overlap order decoder_first_pipeline_num_layers
-//! gbs = 512                       # decoder_last_pipeline_num_layers
+//! gbs = 512                       # decoder_last_pipeline_num_layers pp_scatter_gather
 //! seq = 8192
 //! recompute = "selective"
 //! allow_oom = false               # report a plan that does not fit instead of failing

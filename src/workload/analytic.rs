@@ -340,7 +340,7 @@ pub fn estimate(
     };
     let last_vs = (pp * vpp - 1) as u32;
     let blocking = |s: u32, o: &PipeOp| -> f64 {
-        if plan.overlap.pp_comm || pp == 1 {
+        if plan.pp_comm_overlap() || pp == 1 {
             return 0.0;
         }
         let vs = o.chunk * pp as u32 + s;

@@ -703,7 +703,7 @@ pub fn step_event_with(
                 let di = at(ds, &d);
                 w.after_kernel(id, b.ops[ds as usize][di], last_k(ds as usize, d.chunk));
                 w.kernel_after(b.ops[s][i], 0, id);
-                if !plan.overlap.pp_comm {
+                if !plan.pp_comm_overlap() {
                     if let Some(&next) = b.ops[ds as usize].get(di + 1) {
                         w.after(next, id);
                     }

@@ -152,15 +152,16 @@ pub struct Overlap {
     pub param_gather: bool,
     /// TP communication under the GEMMs (userbuffers-style overlap).
     pub tp_comm: bool,
-    /// PP send/recv under compute (Megatron's `overlap_p2p_comm`). A plan file or flag
-    /// without `pp_comm_overlap` gets Megatron-LM's choice: on under the interleaved
-    /// schedule, off (blocking exchanges) under the others; [`Overlap::default`] is on.
-    pub pp_comm: bool,
+    /// PP send/recv under compute (Megatron's `overlap_p2p_comm`); `None` (the default,
+    /// for plan files, flags and the plan search alike) is Megatron-LM's choice: on under
+    /// the interleaved schedule, off (blocking exchanges) under the others. Read it with
+    /// [`Plan::pp_comm_overlap`].
+    pub pp_comm: Option<bool>,
 }
 
 impl Default for Overlap {
     fn default() -> Self {
-        Overlap { grad_reduce: true, param_gather: true, tp_comm: false, pp_comm: true }
+        Overlap { grad_reduce: true, param_gather: true, tp_comm: false, pp_comm: None }
     }
 }
 
@@ -293,6 +294,14 @@ impl Plan {
     /// The pipeline schedule.
     pub fn schedule(&self) -> Schedule {
         self.schedule.unwrap_or(if self.vpp > 1 { Schedule::Interleaved } else { Schedule::OneFOneB })
+    }
+    /// Whether pipeline send/recv runs under compute: the plan's `pp_comm_overlap`, or
+    /// Megatron-LM's choice when it gives none. Megatron overlaps them (`overlap_p2p_comm`,
+    /// on unless `--no-overlap-p2p-communication`) only under the interleaved schedule: its
+    /// argument check turns it off for every other schedule, whose 1F1B exchanges
+    /// (`send_forward_recv_backward`, ...) block the stage until both directions are done.
+    pub fn pp_comm_overlap(&self) -> bool {
+        self.overlap.pp_comm.unwrap_or(self.schedule() == Schedule::Interleaved)
     }
     /// Micro-batches per pipeline per step.
     pub fn microbatches(&self) -> u64 {
@@ -1083,16 +1092,12 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
     }
     p.ep_imbalance = f.ep_imbalance.as_ref().map_or(1.0, |s| *s.get_ref());
     p.ep_seed = f.ep_seed.as_ref().map_or(0, |s| *s.get_ref());
-    let interleaved = p.schedule() == Schedule::Interleaved;
     let ov = &mut p.overlap;
     ov.grad_reduce = f.overlap_grad_reduce.unwrap_or(ov.grad_reduce);
     ov.param_gather = f.overlap_param_gather.unwrap_or(ov.param_gather);
     ov.tp_comm = f.tp_comm_overlap.unwrap_or(ov.tp_comm);
-    // Megatron-LM overlaps pipeline send/recv with compute (`overlap_p2p_comm`, on unless
-    // `--no-overlap-p2p-communication`) only under the interleaved schedule: its argument
-    // check turns it off for every other schedule, whose 1F1B exchanges
-    // (`send_forward_recv_backward`, ...) block the stage until both directions are done.
-    ov.pp_comm = f.pp_comm_overlap.unwrap_or(interleaved);
+    // Unset: Megatron-LM's choice by schedule (`Plan::pp_comm_overlap`).
+    ov.pp_comm = f.pp_comm_overlap.or(ov.pp_comm);
     p.pp_scatter_gather = f.pp_scatter_gather.unwrap_or(p.pp_scatter_gather);
     Ok(p)
 }

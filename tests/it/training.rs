@@ -1577,11 +1577,15 @@ fn pipeline_scatter_gather_sends_one_slice_per_tp_rank() {
 fn pipeline_overlap_defaults_to_megatrons_choice() {
     let m = model("megatron-gpt-22b");
     let base = "tp = 8\npp = 2\nmbs = 1\ngbs = 8\nseq = 2048\n";
-    assert!(!plan_text(&m, 16, base).overlap.pp_comm);
-    assert!(plan_text(&m, 16, &format!("{base}vpp = 2\n")).overlap.pp_comm);
-    assert!(!plan_text(&m, 16, &format!("{base}vpp = 2\npp_comm_overlap = false\n")).overlap.pp_comm);
+    assert!(!plan_text(&m, 16, base).pp_comm_overlap());
+    assert!(plan_text(&m, 16, &format!("{base}vpp = 2\n")).pp_comm_overlap());
+    assert!(!plan_text(&m, 16, &format!("{base}vpp = 2\npp_comm_overlap = false\n")).pp_comm_overlap());
     let overlapped = plan_text(&m, 16, &format!("{base}pp_comm_overlap = true\n"));
-    assert!(overlapped.overlap.pp_comm);
+    assert!(overlapped.pp_comm_overlap());
+    // The same rule for a plan built in code (the flags of `train`, the plan search).
+    let coded = Plan { tp: 8, pp: 2, dp: 1, mbs: 1, gbs: 8, ..Plan::default() };
+    assert!(!coded.pp_comm_overlap());
+    assert!(Plan { vpp: 2, ..coded.clone() }.pp_comm_overlap());
     let f = built("dgx-a100", 2);
     let (blocking, _) = step_on_fabric(&f, &m, &plan_text(&m, 16, base)).unwrap();
     let (overlapping, _) = step_on_fabric(&f, &m, &overlapped).unwrap();
