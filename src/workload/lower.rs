@@ -81,8 +81,13 @@
 //!   distinct (kind, size, group shape) alone on their real group by the event engine
 //!   (memoized) and enter the layer's kernel with the exposure rules of [`super::analytic`] (TP hidden
 //!   behind the GEMMs with `tp_comm` overlap, ring attention behind the attention core).
-//!   They do not contend with DP or PP traffic in the composed run; inside an NVLink domain
-//!   they share no link with it.
+//!   TP and CP collectives do not contend with DP or PP traffic in the composed run; inside
+//!   an NVLink domain they share no link with it. An EP group that spans nodes does: with
+//!   [`EventOpts::ep_shadows`] each layer kernel of an op with EP all-to-alls is preceded
+//!   by a NIC shadow of the layer's all-to-all traffic (the op's EP NIC bytes and EP time
+//!   split evenly over its kernels; representative and its EP peer on another node, built
+//!   as the DP shadows are), and the kernel, which then no longer counts the EP time, waits
+//!   for it: the all-to-all queues behind DP buckets and pipeline transfers on the NIC.
 //! - DP buckets beyond `max_buckets` per gradient reduction are merged into that many
 //!   collectives of the summed size (same bytes, coarser readiness).
 //! - Gradients of a stage become ready evenly over the kernels of the last micro-batch's
