@@ -301,6 +301,9 @@ fn shadow_pair(
 /// stretches it to the time of the collective it stands for.
 type ShadowCall = (CollArgs, Choice, Option<Bandwidth>);
 
+/// The NIC shadow of one layer's EP all-to-all: its pair of ranks and its call.
+type EpShadow = ([u32; 2], ShadowCall);
+
 /// A shadow's memo key: collective kind, bytes through the NIC, time (ps), NCCL's pick (as
 /// written), and the pair's shape (rank offset, node offset, local rank of the first).
 type ShadowKey = (u8, u64, u64, String, Vec<i64>);
@@ -685,7 +688,7 @@ pub fn step_event_with(
     // EP all-to-all NIC shadows, per stage and op: one per layer kernel, the op's EP time
     // and the bytes its all-to-alls move through the representative's NIC split evenly over
     // its kernels; None where the EP group stays inside the node (or moves nothing).
-    let ep_shadow: Vec<Vec<Option<([u32; 2], ShadowCall)>>> = (0..pp)
+    let ep_shadow: Vec<Vec<Option<EpShadow>>> = (0..pp)
         .map(|s| {
             let ranks: Vec<u32> = pl.group_of(GroupKind::Ep, rep(s)).iter().map(|&x| x as u32).collect();
             let load = ep_load_factors(model, plan);
@@ -783,6 +786,7 @@ pub fn step_event_with(
         // stretched to the layer's EP time; the kernel (which no longer counts that time)
         // waits for it, so a shadow that queues behind DP or PP traffic on the NIC delays
         // the layer.
+        #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
         for s in 0..pp {
             for (i, o) in sched.ops[s].iter().enumerate() {
                 let Some((pair, (args, choice, cap))) = ep_shadow[s][i] else { continue };
