@@ -113,7 +113,9 @@ fn weighted(hops: impl Iterator<Item = Hop>) -> Vec<(Hop, f64)> {
 
 /// Routes and link shares of one (algorithm, protocol, channels, collective) on a
 /// communicator: the hops the closed forms price, with each hop's share of the
-/// connections, and the shape of the trees (default for other algorithms).
+/// connections (for PAT: one hop per step, its slowest connection, with that step's
+/// unshared per-channel rate in place of the share), and the shape of the trees (default
+/// for other algorithms).
 type Hops = Rc<(Vec<(Hop, f64)>, TreeShape)>;
 
 /// The closed-form model of one communicator on one fabric. It memoizes the routed hops of
