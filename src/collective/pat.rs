@@ -40,6 +40,18 @@ pub fn pat_steps(n: u32) -> Vec<(u32, Vec<u32>)> {
     steps
 }
 
+/// PAT's chunking for a call on `n` ranks over `nchannels`: Simple's, with the chunk halved
+/// for small calls (NCCL_FACTS §4.3).
+pub fn pat_chunking(args: &CollArgs, n: u32, nchannels: u32, knobs: &Knobs) -> super::chunking::Chunking {
+    let mut ch = chunking(args.coll, Algo::Pat, Proto::Simple, knobs);
+    let nbytes = args.size_bytes(n);
+    let mult = if args.coll == Collective::AllGather { 32 } else { 16 };
+    while ch.chunk_bytes * nchannels as u64 * mult > nbytes && ch.chunk_bytes > 64 << 10 {
+        ch.chunk_bytes /= 2;
+    }
+    ch
+}
+
 /// Builds a PAT schedule.
 pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Result<Schedule, CollError> {
     let n = comm.nranks;
@@ -51,13 +63,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         return Ok(s);
     }
     let elem = args.dtype.size();
-    let mut ch = chunking(args.coll, Algo::Pat, Proto::Simple, knobs);
-    // Halve the chunk for small calls (NCCL_FACTS §4.3).
-    let nbytes = args.size_bytes(n);
-    let mult = if args.coll == Collective::AllGather { 32 } else { 16 };
-    while ch.chunk_bytes * choice.nchannels as u64 * mult > nbytes && ch.chunk_bytes > 64 << 10 {
-        ch.chunk_bytes /= 2;
-    }
+    let ch = pat_chunking(args, n, choice.nchannels, knobs);
     let steps = pat_steps(n);
     // One binding per step toward the peer ahead and one toward the peer behind; the
     // port tells steps apart when the two are the same rank.
@@ -203,21 +209,38 @@ fn reducescatter(
     b.finish()
 }
 
-/// PAT's closed form: every step's blocks go a window of messages at a time (as [`build`]
-/// posts them), each window one latency of the slowest hop, and the `n - 1` blocks a rank
-/// receives at the slowest hop's rate.
+/// PAT's closed form. `hops[k]` is step k's slowest connection at its static share of the
+/// links (every channel runs the step at once), `caps[k]` the per-channel rate of that
+/// step's connections alone. Each channel's block goes in loops of at most `chunk` bytes
+/// (as [`build`] loops), and every loop runs every step. A step's blocks go a window of
+/// messages at a time, each window one latency after the last (its receives gate the next
+/// sends); while one channel waits out a latency the others use its share of the NIC (the
+/// simulator's links are work-conserving), so a step lasts the longer of its channel's
+/// chain (windows of latency plus its bytes at the unshared rate) and the bytes of all
+/// channels at their shared rate.
 pub fn closed_form(
     hops: &[super::cost::Hop],
+    caps: &[f64],
     steps: &[(u32, Vec<u32>)],
-    n: u32,
     block: f64,
+    chunk: f64,
     payload: f64,
 ) -> f64 {
-    let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
-    let bw = hops.iter().map(|h| h.bw).fold(f64::INFINITY, f64::min);
     let w = u64::from(super::chunking::NCCL_STEPS);
-    let rounds: u64 = steps.iter().map(|(_, b)| (b.len() as u64).div_ceil(w).max(1)).sum();
-    rounds as f64 * slow + (n - 1) as f64 * super::cost::wire(block, payload) / bw
+    let mut left = block;
+    let mut total = 0.0;
+    while left > 0.0 {
+        let rc = left.min(chunk.max(1.0));
+        let m = super::cost::wire(rc, payload);
+        for (((_, b), h), cap) in steps.iter().zip(hops).zip(caps) {
+            let nb = b.len() as f64;
+            let windows = (b.len() as u64).div_ceil(w).max(1) as f64;
+            let chain = windows * (h.lat + h.step) + nb * m / cap;
+            total += chain.max(nb * m / h.bw);
+        }
+        left -= rc;
+    }
+    total
 }
 
 #[cfg(test)]

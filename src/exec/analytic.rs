@@ -113,7 +113,9 @@ fn weighted(hops: impl Iterator<Item = Hop>) -> Vec<(Hop, f64)> {
 
 /// Routes and link shares of one (algorithm, protocol, channels, collective) on a
 /// communicator: the hops the closed forms price, with each hop's share of the
-/// connections, and the shape of the trees (default for other algorithms).
+/// connections (for PAT: one hop per step, its slowest connection, with that step's
+/// unshared per-channel rate in place of the share), and the shape of the trees (default
+/// for other algorithms).
 type Hops = Rc<(Vec<(Hop, f64)>, TreeShape)>;
 
 /// The closed-form model of one communicator on one fabric. It memoizes the routed hops of
@@ -291,29 +293,58 @@ impl<'a> Model<'a> {
             Algo::Pat => {
                 let steps = crate::collective::pat::pat_steps(n);
                 let built = self.hops((Algo::Pat, choice.proto, used, args.coll), || {
-                    let mut edges = Vec::new();
-                    for r in 0..n {
-                        for (d, _) in &steps {
-                            edges.push((r, (r + d) % n, 0));
+                    // PAT's steps run one after the other and every channel runs each step
+                    // at once: a link is shared by the connections of one step on every
+                    // channel, routed as the simulator routes them (flow = channel). Per
+                    // step, one hop: its slowest connection at those shares (the step waits
+                    // for it), with the slowest connection's unshared rate as its weight.
+                    let none = BTreeMap::new();
+                    let cap = |h: &mut Hop, ty: PathType| {
+                        // A p2p channel drives at most NCCL's per-channel rate over the
+                        // network (as the simulator's per-connection server).
+                        if ty.class() == LinkClass::Net {
+                            h.bw = h.bw.min(crate::collective::alltoall::P2P_PER_CHANNEL_NET_GBPS * 1e3);
                         }
-                    }
-                    let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
-                    let scale = used as f64 / steps.len().max(1) as f64;
-                    (
-                        weighted(routes.iter().map(|(l, ty)| {
-                            let mut h = hop_of(f, p, proto, l, *ty, &load, scale);
-                            // A p2p channel drives at most NCCL's per-channel rate over the
-                            // network (as the simulator's per-connection server).
-                            if ty.class() == LinkClass::Net {
-                                h.bw = h.bw.min(crate::collective::alltoall::P2P_PER_CHANNEL_NET_GBPS * 1e3);
+                    };
+                    let per_step = steps
+                        .iter()
+                        .map(|(d, _)| {
+                            let mut edges = Vec::new();
+                            for c in 0..used {
+                                for r in 0..n {
+                                    edges.push((r, (r + d) % n, c));
+                                }
                             }
-                            h
-                        })),
-                        TreeShape::default(),
-                    )
+                            let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
+                            let mut slow = Hop { lat: 0.0, bw: f64::INFINITY, step: 0.0 };
+                            let mut alone = f64::INFINITY;
+                            for (l, ty) in &routes {
+                                let mut h = hop_of(f, p, proto, l, *ty, &load, 1.0);
+                                cap(&mut h, *ty);
+                                let mut u = hop_of(f, p, proto, l, *ty, &none, 1.0);
+                                cap(&mut u, *ty);
+                                if h.lat + h.step > slow.lat + slow.step {
+                                    (slow.lat, slow.step) = (h.lat, h.step);
+                                }
+                                slow.bw = slow.bw.min(h.bw);
+                                alone = alone.min(u.bw);
+                            }
+                            (slow, alone)
+                        })
+                        .collect();
+                    (per_step, TreeShape::default())
                 });
                 let hops: Vec<Hop> = built.0.iter().map(|x| x.0).collect();
-                crate::collective::pat::closed_form(&hops, &steps, n, per_ch * e as f64, payload)
+                let caps: Vec<f64> = built.0.iter().map(|x| x.1).collect();
+                let ch = crate::collective::pat::pat_chunking(args, n, choice.nchannels, knobs);
+                crate::collective::pat::closed_form(
+                    &hops,
+                    &caps,
+                    &steps,
+                    per_ch * e as f64,
+                    ch.chunk_bytes as f64,
+                    payload,
+                )
             }
             Algo::P2p => {
                 let rounds = if args.coll == Collective::SendRecv { 1 } else { n - 1 };

@@ -81,21 +81,28 @@
 //!   distinct (kind, size, group shape) alone on their real group by the event engine
 //!   (memoized) and enter the layer's kernel with the exposure rules of [`super::analytic`] (TP hidden
 //!   behind the GEMMs with `tp_comm` overlap, ring attention behind the attention core).
-//!   They do not contend with DP or PP traffic in the composed run; inside an NVLink domain
-//!   they share no link with it.
+//!   TP and CP collectives do not contend with DP or PP traffic in the composed run; inside
+//!   an NVLink domain they share no link with it. An EP group that spans nodes does: with
+//!   [`EventOpts::ep_shadows`] each layer kernel of an op with EP all-to-alls is preceded
+//!   by a NIC shadow of the layer's all-to-all traffic (the op's EP NIC bytes and EP time
+//!   split evenly over its kernels; representative and its EP peer on another node, built
+//!   as the DP shadows are), and the kernel, which then no longer counts the EP time, waits
+//!   for it: the all-to-all queues behind DP buckets and pipeline transfers on the NIC.
 //! - DP buckets beyond `max_buckets` per gradient reduction are merged into that many
 //!   collectives of the summed size (same bytes, coarser readiness).
 //! - Gradients of a stage become ready evenly over the kernels of the last micro-batch's
 //!   backward (as in the analytical estimate), not layer by layer by parameter count.
 
 use super::analytic::{chunk_costs_and_comms, summarize, Breakdown, ChunkComm, StepEstimate};
-use super::comm::{chunk_gather_bytes, grad_reduces, shard_group_kind, CollectiveKind};
+use super::comm::{
+    chunk_gather_bytes, ep_load_factors, grad_reduces, layer_comms, shard_group_kind, CollectiveKind,
+};
 use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{nccl_choice, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
 use super::memory::stage_params;
 use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineRun, PipelineSchedule, Timing};
-use super::plan::{Coord, Placement, Plan, Sharding};
+use super::plan::{Coord, GroupKind, Placement, Plan, Sharding};
 use super::search::FabricPricer;
 use crate::collective::{self, Choice, CollArgs, Knobs};
 use crate::exec::simulate::SimOpts;
@@ -119,11 +126,15 @@ pub struct EventOpts {
     /// representative (see the module doc), so that it contends with the pipeline transfers
     /// and the other stages' traffic on the links it would load.
     pub nic_shadows: bool,
+    /// Give the EP all-to-all of an EP group that spans nodes a NIC shadow per layer kernel
+    /// (see the module doc), so that it contends with DP and PP traffic on the
+    /// representative's NIC; an EP group inside one node is untouched.
+    pub ep_shadows: bool,
 }
 
 impl Default for EventOpts {
     fn default() -> Self {
-        EventOpts { max_buckets: 16, sm_slowdown: true, replay: true, nic_shadows: true }
+        EventOpts { max_buckets: 16, sm_slowdown: true, replay: true, nic_shadows: true, ep_shadows: true }
     }
 }
 
@@ -138,6 +149,8 @@ pub enum StepJobKind {
     Dp,
     /// A ZeRO-3/FSDP weight gather or gradient reduce-scatter.
     Fsdp,
+    /// The NIC shadow of one layer's EP all-to-all (an EP group across nodes).
+    Ep,
     /// The optimizer step.
     Optimizer,
 }
@@ -150,6 +163,7 @@ impl StepJobKind {
             StepJobKind::Pp => "pp",
             StepJobKind::Dp => "dp",
             StepJobKind::Fsdp => "fsdp",
+            StepJobKind::Ep => "ep",
             StepJobKind::Optimizer => "optimizer",
         }
     }
@@ -286,6 +300,9 @@ fn shadow_pair(
 /// A NIC shadow's call, what runs it, and the cap per network connection (if any) that
 /// stretches it to the time of the collective it stands for.
 type ShadowCall = (CollArgs, Choice, Option<Bandwidth>);
+
+/// The NIC shadow of one layer's EP all-to-all: its pair of ranks and its call.
+type EpShadow = ([u32; 2], ShadowCall);
 
 /// A shadow's memo key: collective kind, bytes through the NIC, time (ps), NCCL's pick (as
 /// written), and the pair's shape (rank offset, node offset, local rank of the first).
@@ -446,6 +463,9 @@ struct Built {
     jobs: Vec<JobMeta>,
     /// Fabric ranks the jobs run on.
     touched: BTreeSet<u32>,
+    /// Per (stage, op) with EP shadows: the first one, which the op's first kernel waits for
+    /// (the op runs from its start).
+    ep_first: BTreeMap<(usize, usize), JobId>,
 }
 
 impl Built {
@@ -665,18 +685,63 @@ pub fn step_event_with(
         })
         .collect();
     let p2p = super::comm::p2p_bytes(model, plan);
+    // EP all-to-all NIC shadows, per stage and op: one per layer kernel, the op's EP time
+    // and the bytes its all-to-alls move through the representative's NIC split evenly over
+    // its kernels; None where the EP group stays inside the node (or moves nothing).
+    let ep_shadow: Vec<Vec<Option<EpShadow>>> = (0..pp)
+        .map(|s| {
+            let ranks: Vec<u32> = pl.group_of(GroupKind::Ep, rep(s)).iter().map(|&x| x as u32).collect();
+            let load = ep_load_factors(model, plan);
+            sched.ops[s]
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    let t = parts[s][i].ep;
+                    if !opts.ep_shadows || t <= 0.0 || ranks.len() < 2 || o.pass == Pass::W {
+                        return None;
+                    }
+                    let vs = u64::from(o.chunk) * plan.pp + s as u64;
+                    let (mut x, mut pair, mut one) = (0.0, None, None);
+                    for l in plan.vstage_layers(model.layers, vs) {
+                        for op in layer_comms(model, plan, l) {
+                            if op.group != GroupKind::Ep || op.pass != o.pass {
+                                continue;
+                            }
+                            let (p, bytes, local) =
+                                shadow_pair(f, rep(s) as u32, CollectiveKind::AllToAll, op.bytes, &ranks)?;
+                            x += bytes as f64 * op.count as f64 * load[l as usize];
+                            pair = Some((p, local));
+                            one = Some(op.bytes);
+                        }
+                    }
+                    let ((p, local), bytes) = (pair?, one?);
+                    let n = f64::from(layers_of(s, o.chunk));
+                    let real = shadows_memo.pick(pricer, CollectiveKind::AllToAll, bytes, &ranks, local)?;
+                    let call = shadows_memo.call(p, CollectiveKind::AllToAll, (x / n) as u64, t / n, real)?;
+                    Some((p, call))
+                })
+                .collect()
+        })
+        .collect();
 
     let build = |extra: &[Vec<f64>]| -> Result<(Concurrent, Built), String> {
         let e = |x: WorkloadError| x.to_string();
         let mut w = Concurrent::new(f, &router);
-        let mut b = Built { ops: Vec::new(), opt: Vec::new(), jobs: Vec::new(), touched: BTreeSet::new() };
+        let mut b = Built {
+            ops: Vec::new(),
+            opt: Vec::new(),
+            jobs: Vec::new(),
+            touched: BTreeSet::new(),
+            ep_first: BTreeMap::new(),
+        };
         // Compute streams: each pipeline op one kernel per layer of its chunk.
         for s in 0..pp {
             let rank = rep(s) as u32;
             let mut ids: Vec<JobId> = Vec::with_capacity(sched.ops[s].len());
             for (i, o) in sched.ops[s].iter().enumerate() {
                 let n = layers_of(s, o.chunk);
-                let per = (parts[s][i].sum() + extra[s][i]) / n as f64;
+                let ep = if ep_shadow[s][i].is_some() { parts[s][i].ep } else { 0.0 };
+                let per = (parts[s][i].sum() - ep + extra[s][i]) / n as f64;
                 let name = format!("stage {s} {:?} mb {} chunk {}", o.pass, o.mb, o.chunk);
                 let kernels: Vec<Kernel> =
                     (0..n).map(|l| timed_kernel(rate, format!("{name} layer {l}"), per)).collect();
@@ -690,6 +755,7 @@ pub fn step_event_with(
             b.ops.push(ids);
         }
         // Pipeline transfers: after the producing op, before the consuming one.
+        let mut feeds: BTreeMap<(usize, usize), JobId> = BTreeMap::new();
         for s in 0..pp {
             for (i, o) in sched.ops[s].iter().enumerate() {
                 let Some((ds, d)) = sched.dependency(s as u32, o) else { continue };
@@ -703,6 +769,7 @@ pub fn step_event_with(
                 let di = at(ds, &d);
                 w.after_kernel(id, b.ops[ds as usize][di], last_k(ds as usize, d.chunk));
                 w.kernel_after(b.ops[s][i], 0, id);
+                feeds.insert((s, i), id);
                 if !plan.pp_comm_overlap() {
                     if let Some(&next) = b.ops[ds as usize].get(di + 1) {
                         w.after(next, id);
@@ -711,6 +778,49 @@ pub fn step_event_with(
                 b.push(ds, StepJobKind::Pp, name, &ranks, Some(s as u32));
                 if let Some(meta) = b.jobs.last_mut() {
                     meta.from = Some(b.ops[ds as usize][di]);
+                }
+            }
+        }
+        // EP all-to-all shadows: before each layer kernel of an op with cross-node EP, the
+        // layer's all-to-all traffic on the representative and its EP peer on another node,
+        // stretched to the layer's EP time; the kernel (which no longer counts that time)
+        // waits for it, so a shadow that queues behind DP or PP traffic on the NIC delays
+        // the layer.
+        #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
+        for s in 0..pp {
+            for (i, o) in sched.ops[s].iter().enumerate() {
+                let Some((pair, (args, choice, cap))) = ep_shadow[s][i] else { continue };
+                let op = b.ops[s][i];
+                for k in 0..layers_of(s, o.chunk) {
+                    let name = format!(
+                        "stage {s} {:?} mb {} chunk {} layer {k} ep all-to-all",
+                        o.pass, o.mb, o.chunk
+                    );
+                    let job = CollectiveJob {
+                        name: name.clone(),
+                        ranks: pair.to_vec(),
+                        args,
+                        choice: Some(choice),
+                        knobs: Knobs::default(),
+                    };
+                    let id = match cap {
+                        Some(cap) => w.add_capped(job, cap),
+                        None => w.add(job),
+                    }
+                    .map_err(e)?;
+                    if k > 0 {
+                        w.after_kernel_on_all_ranks(id, op, k - 1);
+                    } else {
+                        b.ep_first.insert((s, i), id);
+                        if let Some(&prev) = i.checked_sub(1).and_then(|p| b.ops[s].get(p)) {
+                            w.after_kernel_on_all_ranks(id, prev, last_k(s, sched.ops[s][i - 1].chunk));
+                        }
+                        if let Some(&feed) = feeds.get(&(s, i)) {
+                            w.after(id, feed);
+                        }
+                    }
+                    w.kernel_after_everywhere(op, k, id);
+                    b.push(s as u32, StepJobKind::Ep, name, &pair, None);
                 }
             }
         }
@@ -898,7 +1008,14 @@ pub fn step_event_with(
         let j = &out.jobs[id.0 as usize];
         secs(j.end) - secs(j.start)
     };
-    let dur = |s: usize, i: usize| span(built.ops[s][i]);
+    let dur = |s: usize, i: usize| match built.ep_first.get(&(s, i)) {
+        // An op with EP shadows runs from its first shadow's start.
+        Some(first) => {
+            let (a, z) = (&out.jobs[first.0 as usize], &out.jobs[built.ops[s][i].0 as usize]);
+            secs(z.end) - secs(a.start.min(z.start))
+        }
+        None => span(built.ops[s][i]),
+    };
     let busy: Vec<f64> = (0..pp).map(|s| (0..sched.ops[s].len()).map(|i| dur(s, i)).sum()).collect();
     let star = (0..pp).fold(0, |a, b| if busy[b] > busy[a] { b } else { a });
     let pipe_end = built.ops.iter().flatten().map(|id| secs(out.jobs[id.0 as usize].end)).fold(0.0, f64::max);
@@ -911,6 +1028,10 @@ pub fn step_event_with(
         sum.ep += p.ep;
         slow_pp += slow[star][i].0;
         slow_dp += slow[star][i].1;
+        if ep_shadow[star][i].is_some() {
+            // What waiting for the EP shadows added to the op (their contention).
+            sum.ep += (dur(star, i) - p.sum() - slow[star][i].0 - slow[star][i].1).max(0.0);
+        }
     }
     let ideal = sched.time(|s, o| dur(s as usize, at(s, o)), |_, _| 0.0)?;
     let bubble = (ideal.makespan - ideal.busy[star]).max(0.0);
