@@ -104,6 +104,41 @@ pub struct TrainArgs {
     /// Layers on the last pipeline stage (Megatron's flag).
     #[arg(long)]
     pub decoder_last_pipeline_num_layers: Option<u64>,
+    /// Expert tensor parallelism (default: tp).
+    #[arg(long)]
+    pub etp: Option<u64>,
+    /// Sequence parallelism with TP (true, the default when tp > 1, or false).
+    #[arg(long, value_name = "BOOL")]
+    pub sp: Option<bool>,
+    /// FSDP: full (shard everything over DP, ZeRO-3) or hybrid (shard in groups of
+    /// --fsdp-shard ranks, replicate across them).
+    #[arg(long)]
+    pub fsdp: Option<String>,
+    /// Ranks an FSDP hybrid shard group spans.
+    #[arg(long)]
+    pub fsdp_shard: Option<u64>,
+    /// DP gradient bucket size (e.g. 40MB; Megatron's default when absent).
+    #[arg(long)]
+    pub bucket: Option<String>,
+    /// Rank order of the parallel dimensions, innermost first (default tp-cp-ep-dp-pp).
+    #[arg(long)]
+    pub order: Option<String>,
+    /// DP gradient reduction bucket by bucket under the backward (default true).
+    #[arg(long, value_name = "BOOL")]
+    pub overlap_grad_reduce: Option<bool>,
+    /// ZeRO/FSDP parameter all-gather ahead of use (FSDP prefetch; default true).
+    #[arg(long, value_name = "BOOL")]
+    pub overlap_param_gather: Option<bool>,
+    /// TP communication under the GEMMs (userbuffers-style; default false).
+    #[arg(long, value_name = "BOOL")]
+    pub tp_comm_overlap: Option<bool>,
+    /// Pipeline send/recv under compute (default: Megatron's choice, true under the
+    /// interleaved schedule, false otherwise).
+    #[arg(long, value_name = "BOOL")]
+    pub pp_comm_overlap: Option<bool>,
+    /// Megatron's scatter/gather of pipeline transfers over the TP ranks (default true).
+    #[arg(long, value_name = "BOOL")]
+    pub pp_scatter_gather: Option<bool>,
     /// Calibration profile (TOML with [params]).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
@@ -134,7 +169,7 @@ pub struct TrainArgs {
 }
 
 /// The plan keys given as integer flags, with their values.
-fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 13] {
+fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 15] {
     [
         ("tp", a.tp),
         ("pp", a.pp),
@@ -149,6 +184,20 @@ fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 13] {
         ("decoder_last_pipeline_num_layers", a.decoder_last_pipeline_num_layers),
         ("zero", a.zero.map(u64::from)),
         ("ep_seed", a.ep_seed.map(u64::from)),
+        ("etp", a.etp),
+        ("fsdp_shard", a.fsdp_shard),
+    ]
+}
+
+/// The plan keys given as boolean flags, with their values.
+fn bool_flags(a: &TrainArgs) -> [(&'static str, Option<bool>); 6] {
+    [
+        ("sp", a.sp),
+        ("overlap_grad_reduce", a.overlap_grad_reduce),
+        ("overlap_param_gather", a.overlap_param_gather),
+        ("tp_comm_overlap", a.tp_comm_overlap),
+        ("pp_comm_overlap", a.pp_comm_overlap),
+        ("pp_scatter_gather", a.pp_scatter_gather),
     ]
 }
 
@@ -177,8 +226,11 @@ fn value_name<T: clap::ValueEnum>(v: Option<T>) -> Option<String> {
 }
 
 /// The plan keys given as string flags, with their values.
-fn string_flags(a: &TrainArgs) -> [(&'static str, Option<String>); 5] {
+fn string_flags(a: &TrainArgs) -> [(&'static str, Option<String>); 8] {
     [
+        ("fsdp", a.fsdp.clone()),
+        ("bucket", a.bucket.clone()),
+        ("order", a.order.clone()),
         ("recompute", a.recompute.clone()),
         ("dtype", a.dtype.clone()),
         ("schedule", a.schedule.clone()),
@@ -210,6 +262,11 @@ fn plan_text(a: &TrainArgs) -> Result<String> {
     for (k, v) in string_flags(a) {
         if let Some(v) = v {
             set(k, format!("{v:?}"));
+        }
+    }
+    for (k, v) in bool_flags(a) {
+        if let Some(v) = v {
+            set(k, v.to_string());
         }
     }
     if let Some(v) = a.ep_imbalance {
@@ -258,6 +315,12 @@ fn overrides(a: &TrainArgs) -> Result<Vec<Override>> {
         if let Some(v) = v {
             let flag = format!("--{} {v}", k.replace('_', "-"));
             put(&format!("workload.{k}"), toml::Value::String(v), flag);
+        }
+    }
+    for (k, v) in bool_flags(a) {
+        if let Some(v) = v {
+            let flag = format!("--{} {v}", k.replace('_', "-"));
+            put(&format!("workload.{k}"), toml::Value::Boolean(v), flag);
         }
     }
     if let Some(v) = a.ep_imbalance {

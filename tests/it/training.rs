@@ -1531,6 +1531,77 @@ fn train_flags_for_cp_comm_ep_imbalance_and_replay() {
     assert!(err.contains("--no-replay") && err.contains("--fidelity event"), "{err}");
 }
 
+/// Every plan key has a flag: the flags give the same step as a plan file with the same
+/// keys (JSON output byte for byte), a flag replaces the file's line, and a bad value names
+/// the flag's key and the valid choices with exit status 2.
+#[test]
+fn every_plan_key_has_a_train_flag() {
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+            .args(["train", "--model", "models/llama3-8b.toml", "--topology", "topologies/dgx-h100.toml"])
+            .args(["--nodes", "2", "--gbs", "16", "--seq", "4096", "--allow-oom", "--format", "json"])
+            .args(extra)
+            .current_dir(root())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let keys = "tp = 2\npp = 2\nsp = false\netp = 2\nbucket = \"100MB\"\norder = \"tp-dp-cp-ep-pp\"\n\
+                overlap_grad_reduce = false\noverlap_param_gather = false\ntp_comm_overlap = true\n\
+                pp_comm_overlap = true\npp_scatter_gather = false\nzero = 1\n";
+    let dir = crate::temp_dir("plan-key-flags");
+    let plan = dir.join("plan.toml");
+    std::fs::write(&plan, keys).unwrap();
+    let (code, from_file, err) = run(&["--plan", plan.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    let flags = [
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--sp",
+        "false",
+        "--etp",
+        "2",
+        "--bucket",
+        "100MB",
+        "--order",
+        "tp-dp-cp-ep-pp",
+        "--overlap-grad-reduce",
+        "false",
+        "--overlap-param-gather",
+        "false",
+        "--tp-comm-overlap",
+        "true",
+        "--pp-comm-overlap",
+        "true",
+        "--pp-scatter-gather",
+        "false",
+        "--zero",
+        "1",
+    ];
+    let (code, from_flags, err) = run(&flags);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(from_file, from_flags);
+    // The switches matter: the defaults give another step.
+    let (_, defaults, _) = run(&["--tp", "2", "--pp", "2", "--zero", "1"]);
+    assert_ne!(defaults, from_flags);
+    // A flag replaces the plan file's line.
+    let (_, replaced, _) = run(&["--plan", plan.to_str().unwrap(), "--pp-scatter-gather", "true"]);
+    assert_ne!(replaced, from_file);
+    // FSDP through flags, and a bad value.
+    let (code, _, err) = run(&["--tp", "2", "--fsdp", "hybrid", "--fsdp-shard", "8"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = run(&["--tp", "2", "--fsdp", "partial"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("fsdp") && err.contains("hybrid"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Megatron's scatter/gather of pipeline transfers (Narayanan et al. SC'21, Sec. 4.1;
 /// `scatter_gather_tensors_in_pipeline`, on by default): without SP each of a stage's `t`
 /// TP ranks sends `1/t` of the activation to its peer over its own NIC and the receiving
