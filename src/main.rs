@@ -34,7 +34,7 @@ enum Command {
     /// Score the simulator (and NCCL's cost model) against the measured tables in validate/reference/.
     Validate(cli::validate::ValidateArgs),
     /// One training step of a model under a plan (--tp --pp --vpp --cp --dp --ep --mbs --gbs ...): time, MFU, breakdown, memory.
-    Train(cli::train::TrainArgs),
+    Train(Box<cli::train::TrainArgs>),
     /// The local GPUs (model, SMs, memory, peer matrix, peer bandwidth); --microbench (needs --features cuda).
     GpuInfo(cli::gpu::GpuInfoArgs),
     /// Search every parallelism plan of a model on a cluster for the fastest that fits (--constraint, --fix, --objective; several --topology compare fabrics).
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
         Command::Merge(a) => cli::merge::run(a),
         Command::Report(a) => cli::report::run(a),
         Command::Validate(a) => cli::validate::run(a),
-        Command::Train(a) => cli::train::run(a),
+        Command::Train(a) => cli::train::run(*a),
         Command::GpuInfo(a) => cli::gpu::run_info(a),
         Command::Plan(a) => cli::plan::run(a),
         Command::Calibrate(a) => cli::calibrate::run(a),
