@@ -82,9 +82,13 @@ pub struct BenchArgs {
     /// Calibration profile (TOML with a [params] table) overriding model parameters.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
-    /// NCCL environment variable, e.g. --nccl NCCL_ALGO=Ring (repeatable).
+    /// NCCL environment variable, e.g. --nccl NCCL_ALGO=Ring (repeatable). The NCCL variables
+    /// fabricsim knows are also read from the environment, as NCCL reads them; --nccl wins.
     #[arg(long = "nccl", value_name = "KEY=VALUE")]
     pub nccl: Vec<String>,
+    /// Ignore the NCCL_* variables of the environment (only --nccl applies).
+    #[arg(long)]
+    pub no_nccl_env: bool,
     /// Also time every valid algorithm and protocol and show the fastest beside NCCL's pick.
     #[arg(long)]
     pub compare: bool,
@@ -108,6 +112,28 @@ pub struct BenchArgs {
 /// Reads a calibration profile: a TOML file whose `[params]` table overrides model parameters.
 pub fn load_profile(path: &Path) -> Result<toml::Table> {
     Ok(fabricsim::calibrate::profile::load_profile(path)?)
+}
+
+/// The NCCL variables a run applies, in order, with where each came from: the known ones
+/// of the environment (sorted by name, unless --no-nccl-env), then --nccl's, which NCCL's
+/// own precedence does not have but a command line should (the later setting wins).
+pub fn nccl_settings(
+    a: &BenchArgs,
+    environment: impl Iterator<Item = (String, String)>,
+) -> Result<Vec<(String, String, &'static str)>> {
+    let mut out: Vec<(String, String, &'static str)> = Vec::new();
+    if !a.no_nccl_env {
+        let known = fabricsim::scenario::nccl_env::KNOWN;
+        let mut env: Vec<(String, String)> =
+            environment.filter(|(k, _)| known.contains(&k.as_str())).collect();
+        env.sort();
+        out.extend(env.into_iter().map(|(k, v)| (k, v, "the environment")));
+    }
+    for kv in &a.nccl {
+        let (k, v) = kv.split_once('=').with_context(|| format!("--nccl {kv:?}: expected KEY=VALUE"))?;
+        out.push((k.trim().to_string(), v.trim().to_string(), "--nccl"));
+    }
+    Ok(out)
 }
 
 /// Parses the arguments into a fabric and a configuration.
@@ -145,11 +171,10 @@ pub fn config(a: &BenchArgs) -> Result<(fabric::Fabric, BenchConfig)> {
         compare: a.compare,
         ..Default::default()
     };
-    for kv in &a.nccl {
-        let (k, v) = kv.split_once('=').with_context(|| format!("--nccl {kv:?}: expected KEY=VALUE"))?;
-        cfg.env.set(k.trim(), v.trim(), coll).map_err(anyhow::Error::msg)?;
-        if let Some(note) = fabricsim::scenario::nccl_env::no_effect_note(k.trim()) {
-            eprintln!("note: {} is accepted but has no effect in the model: {note}", k.trim());
+    for (k, v, from) in nccl_settings(a, std::env::vars())? {
+        cfg.env.set(&k, &v, coll).map_err(|e| anyhow::anyhow!("{e} (from {from})"))?;
+        if let Some(note) = fabricsim::scenario::nccl_env::no_effect_note(&k) {
+            eprintln!("note: {k} ({from}) is accepted but has no effect in the model: {note}");
         }
     }
     let spec = load_any_topology(&a.topology)?;
@@ -247,7 +272,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut w = stdout.lock();
     let res = match a.format {
         BenchFormat::Table => {
-            let header = vec![
+            let mut header = vec![
                 format!(
                     "fabricsim bench: {} on {} ({}, {} x {}, {})",
                     cfg.coll,
@@ -265,6 +290,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     cfg.gpus_per_thread
                 ),
             ];
+            let set = nccl_settings(&a, std::env::vars())?;
+            if !set.is_empty() {
+                let list: Vec<String> = set.iter().map(|(k, v, from)| format!("{k}={v} ({from})")).collect();
+                header.push(format!("NCCL variables: {}", list.join(", ")));
+            }
             out::write_table(&mut w, &out::TableContext { header, compare: cfg.compare }, &rows)
         }
         BenchFormat::Csv => out::write_csv(&mut w, &rows),

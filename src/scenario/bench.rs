@@ -453,16 +453,32 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
 /// The error when NCCL_ALGO / NCCL_PROTO leave nothing that runs the collective here.
 fn no_candidate(comm: &Comm, cfg: &BenchConfig) -> BenchError {
     let names = |v: Vec<&str>| if v.is_empty() { "all".to_string() } else { v.join(",") };
-    let runs: Vec<String> =
-        collective::runnable(comm, cfg.coll).into_iter().map(|(a, p)| format!("{a}/{p}")).collect();
-    BenchError::Args(format!(
+    // CollNet, and NVLS across nodes, run only with the CollNet plugin enabled: name them
+    // apart, so that the message says what would make them run.
+    let gated = |a: Algo| {
+        !cfg.env.collnet
+            && (matches!(a, Algo::CollNetDirect | Algo::CollNetChain)
+                || (a == Algo::Nvls && comm.num_nodes() > 1))
+    };
+    let (now, plugin): (Vec<_>, Vec<_>) =
+        collective::runnable(comm, cfg.coll).into_iter().partition(|&(a, _)| !gated(a));
+    let list =
+        |v: Vec<(Algo, Proto)>| v.iter().map(|(a, p)| format!("{a}/{p}")).collect::<Vec<_>>().join(", ");
+    let mut msg = format!(
         "no algorithm and protocol allowed by NCCL_ALGO={} and NCCL_PROTO={} runs {} on this fabric \
          (NCCL fails such a call with \"no algorithm/protocol available\"); this fabric runs {}",
         names(cfg.env.algos.iter().map(|a| a.name()).collect()),
         names(cfg.env.protos.iter().map(|p| p.name()).collect()),
         cfg.coll,
-        runs.join(", ")
-    ))
+        list(now)
+    );
+    if !plugin.is_empty() {
+        msg += &format!(
+            ", and with NCCL_COLLNET_ENABLE=1 (SHARP through the CollNet plugin) also {}",
+            list(plugin)
+        );
+    }
+    BenchError::Args(msg)
 }
 
 /// Names the size whose time overflowed (the other errors do not depend on it).

@@ -8,9 +8,20 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The fabricsim binary, run from the project root with no NCCL variable of the caller's
+/// environment (`bench` reads them, as NCCL does).
+fn command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fabricsim"));
+    c.current_dir(root());
+    for k in fabricsim::scenario::nccl_env::KNOWN {
+        c.env_remove(k);
+    }
+    c
+}
+
 /// Runs fabricsim from the project root: (success, stdout, stderr).
 fn fabricsim(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim")).args(args).current_dir(root()).output().unwrap();
+    let out = command().args(args).output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into(),
@@ -21,7 +32,7 @@ fn fabricsim(args: &[&str]) -> (bool, String, String) {
 /// Asserts a clean failure (exit code 2 from our error path, no panic) whose message contains
 /// every one of `needles`.
 fn fails_with(args: &[&str], needles: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim")).args(args).current_dir(root()).output().unwrap();
+    let out = command().args(args).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{args:?} succeeded");
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
@@ -454,7 +465,7 @@ fn a_closed_stdout_is_not_a_panic() {
 /// Runs fabricsim and asserts exit status 2 (a reported error, not a panic) with every one of
 /// `needles` in the message; returns the message.
 fn exits_2(args: &[&str], needles: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim")).args(args).current_dir(root()).output().unwrap();
+    let out = command().args(args).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
@@ -541,6 +552,45 @@ fn nccl_algo_that_allows_nothing_is_an_error() {
     );
     let (ok, out, err) = fabricsim(&["bench", H100, "--nccl", "NCCL_ALGO=Tree", "-b", "1M", "-e", "1M"]);
     assert!(ok && out.contains(" Tree "), "{out}{err}");
+}
+
+/// nccl-tests users set NCCL variables in the environment: `bench` reads the ones it knows
+/// (NCCL_ALGO was silently ignored there), names them in the header, lets --nccl override
+/// them and --no-nccl-env drop them; a bad value names where it came from. A CollNet
+/// algorithm the fabric could run with the plugin says how to enable it.
+#[test]
+fn bench_reads_nccl_variables_from_the_environment() {
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let mut c = command();
+        c.args(["bench", H100, "--nodes", "2", "-b", "64M", "-e", "64M"]).args(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = run(&[("NCCL_ALGO", "Tree"), ("NCCL_DEBUG", "INFO")], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("# NCCL variables: NCCL_ALGO=Tree (the environment)\n"), "{out}");
+    assert!(out.contains(" Tree "), "{out}");
+    let (_, out, _) = run(&[("NCCL_ALGO", "Tree")], &["--nccl", "NCCL_ALGO=Ring"]);
+    assert!(out.contains(" Ring ") && out.contains("NCCL_ALGO=Ring (--nccl)"), "{out}");
+    let (_, out, _) = run(&[("NCCL_ALGO", "Tree")], &["--no-nccl-env"]);
+    assert!(!out.contains(" Tree ") && !out.contains("NCCL variables"), "{out}");
+    let (code, _, err) = run(&[("NCCL_ALGO", "Rnig")], &[]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("\"Rnig\"") && err.contains("from the environment") && err.contains("Ring"),
+        "{err}"
+    );
+    exits_2(
+        &["bench", "topologies/superpod-h100.toml", "--nodes", "4", "--nccl", "NCCL_ALGO=CollNetDirect"],
+        &["no algorithm/protocol available", "with NCCL_COLLNET_ENABLE=1", "also CollNetDirect/Simple"],
+    );
 }
 
 /// `train`: a step on a real model and plan, its JSON fields, and bad plans that exit 2
