@@ -1492,23 +1492,31 @@ fn ep_imbalance_slows_the_step_monotonically_and_is_seeded() {
     }
 }
 
+/// `fabricsim train` on Llama 3 8B and DGX H100 with these flags: (exit code, stdout, stderr).
+fn train_llama3_8b(flags: &[&str], extra: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+        .args(["train", "--model", "models/llama3-8b.toml", "--topology", "topologies/dgx-h100.toml"])
+        .args(flags)
+        .args(extra)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// The new plan flags from the command line: `--cp-comm all_gather` runs in the event mode
 /// with exposed CP time, `--no-replay` only with `--fidelity event`, and bad values exit 2
 /// naming the flag or key and the valid choices.
 #[test]
 fn train_flags_for_cp_comm_ep_imbalance_and_replay() {
     let run = |extra: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"))
-            .args(["train", "--model", "models/llama3-8b.toml", "--topology", "topologies/dgx-h100.toml"])
-            .args(["--nodes", "2", "--tp", "2", "--cp", "4", "--gbs", "8", "--seq", "8192", "--allow-oom"])
-            .args(extra)
-            .current_dir(root())
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
+        train_llama3_8b(
+            &["--nodes", "2", "--tp", "2", "--cp", "4", "--gbs", "8", "--seq", "8192", "--allow-oom"],
+            extra,
         )
     };
     let (code, out, err) = run(&["--cp-comm", "all_gather", "--fidelity", "event", "--format", "json"]);
@@ -1538,17 +1546,9 @@ fn train_flags_for_cp_comm_ep_imbalance_and_replay() {
 #[test]
 fn every_plan_key_has_a_train_flag() {
     let run = |extra: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"))
-            .args(["train", "--model", "models/llama3-8b.toml", "--topology", "topologies/dgx-h100.toml"])
-            .args(["--nodes", "2", "--gbs", "16", "--seq", "4096", "--allow-oom", "--format", "json"])
-            .args(extra)
-            .current_dir(root())
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
+        train_llama3_8b(
+            &["--nodes", "2", "--gbs", "16", "--seq", "4096", "--allow-oom", "--format", "json"],
+            extra,
         )
     };
     let keys = "tp = 2\npp = 2\nsp = false\netp = 2\nbucket = \"100MB\"\norder = \"tp-dp-cp-ep-pp\"\n\
