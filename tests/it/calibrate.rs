@@ -5,7 +5,6 @@
 //! fit on its named tables, and bad inputs with located errors.
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use fabricsim::calibrate::fit::{fit, median_abs, simulate, CsvLaunch, FitDataset, FitOptions, SimPoint};
@@ -171,7 +170,7 @@ fn shipped_hopper_values_are_reproduced_by_the_fit() {
 }
 
 fn fabricsim(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim")).args(args).current_dir(root()).output().unwrap();
+    let out = crate::fabricsim_command().args(args).current_dir(root()).output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

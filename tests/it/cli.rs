@@ -11,11 +11,8 @@ fn root() -> PathBuf {
 /// The fabricsim binary, run from the project root with no NCCL variable of the caller's
 /// environment (`bench` reads them, as NCCL does).
 fn command() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_fabricsim"));
+    let mut c = crate::fabricsim_command();
     c.current_dir(root());
-    for k in fabricsim::scenario::nccl_env::KNOWN {
-        c.env_remove(k);
-    }
     c
 }
 

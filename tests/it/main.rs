@@ -29,6 +29,16 @@ pub fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
+/// The fabricsim binary without the caller's NCCL variables (`bench` reads them from the
+/// environment, as NCCL does), so that a shell with NCCL_ALGO set runs the same tests.
+pub fn fabricsim_command() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"));
+    for k in fabricsim::scenario::nccl_env::KNOWN {
+        c.env_remove(k);
+    }
+    c
+}
+
 /// Removes a test's directory, unless FABRICSIM_KEEP_PLOTS is set (to look at the figures).
 pub fn cleanup(dir: &Path) {
     if std::env::var_os("FABRICSIM_KEEP_PLOTS").is_some() {

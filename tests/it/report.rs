@@ -8,7 +8,6 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::Command;
 
 use fabricsim::collective::{build_schedule, Algo, Choice, CollArgs, Collective, Comm, Knobs};
 use fabricsim::exec::simulate::{simulate_traced, FlowWhat, ResourceRole, SimOpts, Traced};
@@ -241,7 +240,7 @@ fn bench_trace_writes_a_chrome_trace_of_the_first_size() {
     let dir = temp_dir("bench-trace");
     let path = dir.join("t.json");
     let topo = root().join("topologies/dgx-h100.toml");
-    let out = Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+    let out = crate::fabricsim_command()
         .args([
             "bench",
             topo.to_str().unwrap(),
