@@ -86,6 +86,8 @@ pub fn execute(plan: &Plan, out: &Path, opts: &RunOpts) -> Result<RunSummary> {
     let started = Instant::now();
     let counter = std::sync::atomic::AtomicUsize::new(0);
     let total = std::sync::atomic::AtomicUsize::new(0);
+    // The first rejection, for the error when the model rejects every point.
+    let first_rejection: std::sync::Mutex<Option<(usize, String)>> = std::sync::Mutex::new(None);
     let on_event = |e: Event<'_>| match e {
         Event::Start { points, resumed, to_run } => {
             total.store(to_run, std::sync::atomic::Ordering::SeqCst);
@@ -117,6 +119,13 @@ pub fn execute(plan: &Plan, out: &Path, opts: &RunOpts) -> Result<RunSummary> {
             }
         }
         Event::Done { point, error, rows } => {
+            if let Some(e) = error {
+                // The lowest point index, whatever order the threads finish in.
+                let mut first = first_rejection.lock().unwrap();
+                if first.as_ref().is_none_or(|(i, _)| point.index < *i) {
+                    *first = Some((point.index, format!("point {}: {e}", point.index)));
+                }
+            }
             let k = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
             let n = total.load(std::sync::atomic::Ordering::SeqCst);
             let what = if point.label.is_empty() { String::new() } else { format!(" ({})", point.label) };
@@ -149,6 +158,16 @@ pub fn execute(plan: &Plan, out: &Path, opts: &RunOpts) -> Result<RunSummary> {
         summary.failed,
         if summary.resumed > 0 { format!(", {} resumed", summary.resumed) } else { String::new() }
     );
+    // A scenario none of whose points the model accepts computed nothing: that is an error
+    // (as `bench` exits 2 when no size runs), not a success with empty results.
+    if summary.ran > 0 && summary.failed == summary.ran && summary.resumed == 0 {
+        let why = first_rejection.lock().unwrap().take().map(|(_, m)| m).unwrap_or_default();
+        anyhow::bail!(
+            "{}: the model rejected every point ({}), nothing was simulated; the first: {why}",
+            plan.name,
+            summary.ran
+        );
+    }
     Ok(summary)
 }
 

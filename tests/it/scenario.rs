@@ -714,6 +714,36 @@ fn fabricsim(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_fabricsim")).args(args).output().unwrap()
 }
 
+/// A scenario the model rejects at every point (here NCCL_ALGO names CollNet for an
+/// all-gather) exited 0 with empty results; it is an error naming the first rejection, and
+/// `sweep` says the same. A sweep with some rejected points still succeeds (above).
+#[test]
+fn a_scenario_whose_every_point_is_rejected_exits_2() {
+    let dir = tmpdir("all-rejected");
+    let text = format!(
+        "name = \"cn\"\n[topology]\nfile = \"{}\"\nnodes = 4\n[workload]\nkind = \"collective\"\n\
+         collective = \"allgather\"\nsizes = {{ min = \"1M\", max = \"4M\", factor = 4 }}\n\
+         [nccl]\nNCCL_ALGO = \"CollNetDirect\"\nNCCL_COLLNET_ENABLE = 1\n\
+         [sweep]\n\"topology.nodes\" = [2, 4]\n",
+        root().join("topologies/superpod-h100.toml").display()
+    );
+    let scenario = dir.join("cn.toml");
+    std::fs::write(&scenario, text).unwrap();
+    for cmd in ["run", "sweep"] {
+        let out = dir.join(format!("out-{cmd}"));
+        let o = fabricsim(&[cmd, scenario.to_str().unwrap(), "-o", out.to_str().unwrap(), "--threads", "2"]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {stderr}");
+        assert!(
+            stderr.contains("the model rejected every point (2)")
+                && stderr.contains(
+                    "the first: point 0: no algorithm and protocol allowed by NCCL_ALGO=CollNetDirect"
+                ),
+            "{cmd}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn run_quickstart_through_the_binary() {
     let dir = tmpdir("quickstart");
