@@ -107,6 +107,9 @@ pub(crate) struct ChunkComm {
     pub(crate) tp_bwd: f64,
     pub(crate) cp_fwd: f64,
     pub(crate) cp_bwd: f64,
+    /// CP time on the wire, hidden or not (what its exchanges keep the links busy for).
+    pub(crate) cp_wire_fwd: f64,
+    pub(crate) cp_wire_bwd: f64,
     pub(crate) ep_fwd: f64,
     pub(crate) ep_bwd: f64,
     pub(crate) fsdp_fwd: f64,
@@ -229,6 +232,8 @@ pub(crate) fn chunk_costs_and_comms(
                 tp_bwd: b[0] + exposed(b[1], gemm_b, true),
                 cp_fwd: f[4] + exposed(f[2], att_f, true) + share * f[2].min(att_f),
                 cp_bwd: b[4] + exposed(b[2], att_b, true) + share * b[2].min(att_b),
+                cp_wire_fwd: f[2] + f[4],
+                cp_wire_bwd: b[2] + b[4],
                 ep_fwd: f[3],
                 ep_bwd: b[3],
                 ..ChunkComm::default()

@@ -81,8 +81,14 @@
 //!   distinct (kind, size, group shape) alone on their real group by the event engine
 //!   (memoized) and enter the layer's kernel with the exposure rules of [`super::analytic`] (TP hidden
 //!   behind the GEMMs with `tp_comm` overlap, ring attention behind the attention core).
-//!   TP and CP collectives do not contend with DP or PP traffic in the composed run; inside
-//!   an NVLink domain they share no link with it. An EP group that spans nodes does: with
+//!   TP collectives do not contend with DP or PP traffic in the composed run; inside an
+//!   NVLink domain they share no link with it. A CP group that spans nodes does: with
+//!   [`EventOpts::cp_shadows`] each layer kernel of an op with CP exchanges runs beside a
+//!   NIC shadow of the layer's KV traffic (representative and its CP peer on another node,
+//!   the bytes each way through its NIC, stretched to the exchanges' time on the wire),
+//!   and the next kernel waits for it: alone it ends within its kernel (which counts the
+//!   exposed part), behind DP or PP traffic it delays the next layer, and the DP and PP
+//!   traffic queue behind it. An EP group that spans nodes contends too: with
 //!   [`EventOpts::ep_shadows`] each layer kernel of an op with EP all-to-alls is preceded
 //!   by a NIC shadow of the layer's all-to-all traffic (the op's EP NIC bytes and EP time
 //!   split evenly over its kernels; representative and its EP peer on another node, built
@@ -130,11 +136,21 @@ pub struct EventOpts {
     /// (see the module doc), so that it contends with DP and PP traffic on the
     /// representative's NIC; an EP group inside one node is untouched.
     pub ep_shadows: bool,
+    /// Give the KV exchanges of a CP group that spans nodes a NIC shadow per layer kernel,
+    /// running beside it (see the module doc); a CP group inside one node is untouched.
+    pub cp_shadows: bool,
 }
 
 impl Default for EventOpts {
     fn default() -> Self {
-        EventOpts { max_buckets: 16, sm_slowdown: true, replay: true, nic_shadows: true, ep_shadows: true }
+        EventOpts {
+            max_buckets: 16,
+            sm_slowdown: true,
+            replay: true,
+            nic_shadows: true,
+            ep_shadows: true,
+            cp_shadows: true,
+        }
     }
 }
 
@@ -151,6 +167,8 @@ pub enum StepJobKind {
     Fsdp,
     /// The NIC shadow of one layer's EP all-to-all (an EP group across nodes).
     Ep,
+    /// The NIC shadow of one layer's CP KV exchanges (a CP group across nodes).
+    Cp,
     /// The optimizer step.
     Optimizer,
 }
@@ -164,6 +182,7 @@ impl StepJobKind {
             StepJobKind::Dp => "dp",
             StepJobKind::Fsdp => "fsdp",
             StepJobKind::Ep => "ep",
+            StepJobKind::Cp => "cp",
             StepJobKind::Optimizer => "optimizer",
         }
     }
@@ -217,6 +236,8 @@ struct OpParts {
     tp: f64,
     cp: f64,
     ep: f64,
+    /// CP time on the wire (hidden or not); not part of the op's duration.
+    cp_wire: f64,
 }
 
 impl OpParts {
@@ -227,12 +248,15 @@ impl OpParts {
 
 fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool) -> OpParts {
     match o.pass {
-        Pass::F => OpParts { compute: c.fwd, tp: k.tp_fwd, cp: k.cp_fwd, ep: k.ep_fwd },
+        Pass::F => {
+            OpParts { compute: c.fwd, tp: k.tp_fwd, cp: k.cp_fwd, ep: k.ep_fwd, cp_wire: k.cp_wire_fwd }
+        }
         Pass::B => OpParts {
             compute: if split { c.bwd_input } else { c.bwd() },
             tp: k.tp_bwd,
             cp: k.cp_bwd,
             ep: k.ep_bwd,
+            cp_wire: k.cp_wire_bwd,
         },
         Pass::W => OpParts { compute: c.bwd_weight, ..OpParts::default() },
     }
@@ -297,12 +321,21 @@ fn shadow_pair(
     Some(([rep, next], (bytes as f64 * factor / local as f64) as u64, local))
 }
 
-/// A NIC shadow's call, what runs it, and the cap per network connection (if any) that
-/// stretches it to the time of the collective it stands for.
-type ShadowCall = (CollArgs, Choice, Option<Bandwidth>);
+/// A NIC shadow's call, what runs it, the cap per network connection (if any) that
+/// stretches it to the time of the collective it stands for, and its network chunk size
+/// (`NCCL_P2P_NET_CHUNKSIZE` for a p2p shadow; see [`ShadowMemo::call`]).
+type ShadowCall = (CollArgs, Choice, Option<Bandwidth>, u64);
+
+/// The knobs a shadow runs with: NCCL's defaults but its network chunk size.
+fn shadow_knobs(chunk: u64) -> Knobs {
+    Knobs { p2p_net_chunksize: chunk, ..Knobs::default() }
+}
 
 /// The NIC shadow of one layer's EP all-to-all: its pair of ranks and its call.
 type EpShadow = ([u32; 2], ShadowCall);
+
+/// The NIC shadow of one layer's CP KV exchanges: its pair of ranks and its call.
+type CpShadow = EpShadow;
 
 /// A shadow's memo key: collective kind, bytes through the NIC, time (ps), NCCL's pick (as
 /// written), and the pair's shape (rank offset, node offset, local rank of the first).
@@ -365,6 +398,21 @@ impl<'a> ShadowMemo<'a> {
     /// two sizes. None when shadows are off, or when latency alone takes half of `t` (a
     /// latency-bound collective loads no NIC).
     fn call(&self, pair: [u32; 2], kind: CollectiveKind, x: u64, t: f64, real: Choice) -> Option<ShadowCall> {
+        self.call_chunked(pair, kind, x, t, real, Knobs::default().p2p_net_chunksize)
+    }
+
+    /// [`Self::call`] with a network chunk of `chunk` bytes for a p2p shadow: a coarser
+    /// chunk moves the same bytes in fewer events, and the cap still stretches the shadow
+    /// to its time (the CP shadows, one per layer and micro-batch).
+    fn call_chunked(
+        &self,
+        pair: [u32; 2],
+        kind: CollectiveKind,
+        x: u64,
+        t: f64,
+        real: Choice,
+        chunk: u64,
+    ) -> Option<ShadowCall> {
         if !self.on || t <= 0.0 || x == 0 {
             return None;
         }
@@ -376,7 +424,7 @@ impl<'a> ShadowMemo<'a> {
             x,
             ps,
             format!("{real:?}"),
-            vec![b - a, nb - na, i64::from(self.f.local_rank(pair[0]))],
+            vec![b - a, nb - na, i64::from(self.f.local_rank(pair[0])), chunk as i64],
         );
         if let Some(c) = self.memo.borrow().get(&key) {
             return *c;
@@ -404,7 +452,7 @@ impl<'a> ShadowMemo<'a> {
                     ranks: pair.to_vec(),
                     args: coll_args(kind, buffer(x), 2)?,
                     choice: Some(choice),
-                    knobs: Knobs::default(),
+                    knobs: shadow_knobs(chunk),
                 };
                 w.add(job).ok()?;
                 Some(w.run(&SimOpts::default()).ok()?.sim.time.as_secs())
@@ -419,10 +467,10 @@ impl<'a> ShadowMemo<'a> {
             let need = x as f64 / (t - lat);
             if need < rate {
                 let conns = f64::from(choice.nchannels.max(1));
-                Some((args, choice, Some(Bandwidth::from_gbytes(need / conns / 1e9))))
+                Some((args, choice, Some(Bandwidth::from_gbytes(need / conns / 1e9)), chunk))
             } else {
                 let x = ((t - lat) * rate) as u64;
-                Some((coll_args(kind, buffer(x), 2)?, choice, None))
+                Some((coll_args(kind, buffer(x), 2)?, choice, None, chunk))
             }
         });
         self.memo.borrow_mut().insert(key, got);
@@ -466,6 +514,9 @@ struct Built {
     /// Per (stage, op) with EP shadows: the first one, which the op's first kernel waits for
     /// (the op runs from its start).
     ep_first: BTreeMap<(usize, usize), JobId>,
+    /// Per (stage, op) with CP shadows: the last one, which the op's time runs to (the next
+    /// op of the stage waits for it).
+    cp_last: BTreeMap<(usize, usize), JobId>,
 }
 
 impl Built {
@@ -629,13 +680,13 @@ pub fn step_event_with(
                                 let real = shadows_memo.pick(pricer, kind, bytes, ranks, local)?;
                                 Some((pair, shadows_memo.call(pair, kind, x, t, real)?))
                             });
-                        if let Some((pair, (args, choice, cap))) = shadow {
+                        if let Some((pair, (args, choice, cap, chunk))) = shadow {
                             let job = CollectiveJob {
                                 name: format!("{name} (NIC shadow)"),
                                 ranks: pair.to_vec(),
                                 args,
                                 choice: Some(choice),
-                                knobs: Knobs::default(),
+                                knobs: shadow_knobs(chunk),
                             };
                             let id = match cap {
                                 Some(cap) => w.add_capped(job, cap)?,
@@ -724,6 +775,55 @@ pub fn step_event_with(
         })
         .collect();
 
+    // CP NIC shadows, per stage and op: one per layer kernel, running beside it, that
+    // exchanges between the representative and its CP peer on another node the bytes the
+    // layer's KV exchanges (ring attention's steps, or the all-gather variant's gathers and
+    // reduce-scatters) move each way through the representative's NIC, stretched to their
+    // time on the wire; None where the CP group stays inside the node.
+    let cp_shadow: Vec<Vec<Option<CpShadow>>> = (0..pp)
+        .map(|s| {
+            let ranks: Vec<u32> = pl.group_of(GroupKind::Cp, rep(s)).iter().map(|&x| x as u32).collect();
+            sched.ops[s]
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    let t = parts[s][i].cp_wire;
+                    if !opts.cp_shadows || t <= 0.0 || ranks.len() < 2 || o.pass == Pass::W {
+                        return None;
+                    }
+                    let vs = u64::from(o.chunk) * plan.pp + s as u64;
+                    let (mut x, mut pair) = (0.0, None);
+                    for l in plan.vstage_layers(model.layers, vs) {
+                        for op in layer_comms(model, plan, l) {
+                            if op.group != GroupKind::Cp || op.pass != o.pass {
+                                continue;
+                            }
+                            let (p, bytes, _) = shadow_pair(f, rep(s) as u32, op.kind, op.bytes, &ranks)?;
+                            x += bytes as f64 * op.count as f64;
+                            pair = Some(p);
+                        }
+                    }
+                    let p = pair?;
+                    let n = f64::from(layers_of(s, o.chunk));
+                    let per = (x / n) as u64;
+                    // Each way through the NIC: an exchange on the pair, as NCCL picks it.
+                    let real = shadows_memo.pick(pricer, CollectiveKind::AllToAll, 2 * per, &p, 1)?;
+                    // Network chunks up to a Simple step (512 KiB of the default 4 MiB
+                    // buffer) rather than NCCL's 128 KiB p2p chunk: a quarter of the events
+                    // for megabytes of KV per layer, still interleaved with the DP and PP
+                    // traffic at the granularity NCCL's collectives use.
+                    let step = Knobs::default().buffsize / 8;
+                    let chunk = (per / (2 * u64::from(real.nchannels.max(1))))
+                        .next_power_of_two()
+                        .clamp(Knobs::default().p2p_net_chunksize, step);
+                    let call =
+                        shadows_memo.call_chunked(p, CollectiveKind::AllToAll, per, t / n, real, chunk)?;
+                    Some((p, call))
+                })
+                .collect()
+        })
+        .collect();
+
     let build = |extra: &[Vec<f64>]| -> Result<(Concurrent, Built), String> {
         let e = |x: WorkloadError| x.to_string();
         let mut w = Concurrent::new(f, &router);
@@ -733,6 +833,7 @@ pub fn step_event_with(
             jobs: Vec::new(),
             touched: BTreeSet::new(),
             ep_first: BTreeMap::new(),
+            cp_last: BTreeMap::new(),
         };
         // Compute streams: each pipeline op one kernel per layer of its chunk.
         for s in 0..pp {
@@ -789,7 +890,7 @@ pub fn step_event_with(
         #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
         for s in 0..pp {
             for (i, o) in sched.ops[s].iter().enumerate() {
-                let Some((pair, (args, choice, cap))) = ep_shadow[s][i] else { continue };
+                let Some((pair, (args, choice, cap, chunk))) = ep_shadow[s][i] else { continue };
                 let op = b.ops[s][i];
                 for k in 0..layers_of(s, o.chunk) {
                     let name = format!(
@@ -801,7 +902,7 @@ pub fn step_event_with(
                         ranks: pair.to_vec(),
                         args,
                         choice: Some(choice),
-                        knobs: Knobs::default(),
+                        knobs: shadow_knobs(chunk),
                     };
                     let id = match cap {
                         Some(cap) => w.add_capped(job, cap),
@@ -821,6 +922,60 @@ pub fn step_event_with(
                     }
                     w.kernel_after_everywhere(op, k, id);
                     b.push(s as u32, StepJobKind::Ep, name, &pair, None);
+                }
+            }
+        }
+        // CP KV-exchange shadows: beside each layer kernel of an op with cross-node CP, the
+        // layer's exchanges on the representative and its CP peer on another node,
+        // stretched to their time on the wire; the next kernel (the stage's next op after
+        // the last layer) waits for it. Alone it ends within its kernel, which already
+        // counts what the exchanges leave exposed; queued behind DP or PP traffic on the NIC
+        // it delays the next layer.
+        #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
+        for s in 0..pp {
+            for (i, o) in sched.ops[s].iter().enumerate() {
+                let Some((pair, (args, choice, cap, chunk))) = cp_shadow[s][i] else { continue };
+                let op = b.ops[s][i];
+                let n = layers_of(s, o.chunk);
+                for k in 0..n {
+                    let name = format!(
+                        "stage {s} {:?} mb {} chunk {} layer {k} cp kv exchange",
+                        o.pass, o.mb, o.chunk
+                    );
+                    let job = CollectiveJob {
+                        name: name.clone(),
+                        ranks: pair.to_vec(),
+                        args,
+                        choice: Some(choice),
+                        knobs: shadow_knobs(chunk),
+                    };
+                    let id = match cap {
+                        Some(cap) => w.add_capped(job, cap),
+                        None => w.add(job),
+                    }
+                    .map_err(e)?;
+                    if k > 0 {
+                        w.after_kernel_on_all_ranks(id, op, k - 1);
+                    } else {
+                        if let Some(&prev) = i.checked_sub(1).and_then(|p| b.ops[s].get(p)) {
+                            w.after_kernel_on_all_ranks(id, prev, last_k(s, sched.ops[s][i - 1].chunk));
+                        }
+                        if let Some(&feed) = feeds.get(&(s, i)) {
+                            w.after(id, feed);
+                        }
+                        if let Some(&first) = b.ep_first.get(&(s, i)) {
+                            w.after(id, first);
+                        }
+                    }
+                    if k + 1 < n {
+                        w.kernel_after_everywhere(op, k + 1, id);
+                    } else {
+                        if let Some(&next) = b.ops[s].get(i + 1) {
+                            w.kernel_after_everywhere(next, 0, id);
+                        }
+                        b.cp_last.insert((s, i), id);
+                    }
+                    b.push(s as u32, StepJobKind::Cp, name, &pair, None);
                 }
             }
         }
@@ -1008,13 +1163,14 @@ pub fn step_event_with(
         let j = &out.jobs[id.0 as usize];
         secs(j.end) - secs(j.start)
     };
-    let dur = |s: usize, i: usize| match built.ep_first.get(&(s, i)) {
-        // An op with EP shadows runs from its first shadow's start.
-        Some(first) => {
-            let (a, z) = (&out.jobs[first.0 as usize], &out.jobs[built.ops[s][i].0 as usize]);
-            secs(z.end) - secs(a.start.min(z.start))
-        }
-        None => span(built.ops[s][i]),
+    let dur = |s: usize, i: usize| {
+        let z = &out.jobs[built.ops[s][i].0 as usize];
+        // An op with EP shadows runs from its first shadow's start, one with CP shadows to
+        // its last shadow's end.
+        let start =
+            built.ep_first.get(&(s, i)).map_or(z.start, |a| out.jobs[a.0 as usize].start.min(z.start));
+        let end = built.cp_last.get(&(s, i)).map_or(z.end, |c| out.jobs[c.0 as usize].end.max(z.end));
+        secs(end) - secs(start)
     };
     let busy: Vec<f64> = (0..pp).map(|s| (0..sched.ops[s].len()).map(|i| dur(s, i)).sum()).collect();
     let star = (0..pp).fold(0, |a, b| if busy[b] > busy[a] { b } else { a });
@@ -1028,9 +1184,12 @@ pub fn step_event_with(
         sum.ep += p.ep;
         slow_pp += slow[star][i].0;
         slow_dp += slow[star][i].1;
+        // What waiting for the EP or CP shadows added to the op (their contention).
+        let waited = (dur(star, i) - p.sum() - slow[star][i].0 - slow[star][i].1).max(0.0);
         if ep_shadow[star][i].is_some() {
-            // What waiting for the EP shadows added to the op (their contention).
-            sum.ep += (dur(star, i) - p.sum() - slow[star][i].0 - slow[star][i].1).max(0.0);
+            sum.ep += waited;
+        } else if cp_shadow[star][i].is_some() {
+            sum.cp += waited;
         }
     }
     let ideal = sched.time(|s, o| dur(s as usize, at(s, o)), |_, _| 0.0)?;

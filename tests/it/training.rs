@@ -1706,6 +1706,48 @@ fn closed_form_dp_collectives_follow_the_event_mode() {
     assert!(worst[1] <= 0.16, "{text}");
 }
 
+/// A CP group across nodes (tp 8, cp 2 on DGX H100: each CP pair spans two nodes) gets
+/// NIC shadows of its KV exchanges beside each layer kernel: with the DP buckets reduced
+/// during the backward on the same NIC the step is slower, and the breakdown says where;
+/// alone the shadows leave the step as it was (within 0.5%); a CP group inside one node is
+/// untouched, to the bit.
+#[test]
+fn cross_node_cp_exchanges_contend_with_dp_on_the_nic() {
+    let m = model("llama3-8b");
+    let f = built("dgx-h100", 4);
+    let t = |p: &Plan, o: EventOpts| step_event(&f, &m, p, &o).unwrap();
+    let no_cp = EventOpts { cp_shadows: false, ..EventOpts::default() };
+    let dp_off = EventOpts { nic_shadows: false, ..EventOpts::default() };
+    let cross = plan_text(&m, 32, "tp = 8\ncp = 2\ndp = 2\nmbs = 1\ngbs = 2\nseq = 16384\nzero = 1\n");
+    let (on, off) = (t(&cross, EventOpts::default()), t(&cross, no_cp));
+    let (alone, alone_off) = (t(&cross, dp_off), t(&cross, EventOpts { cp_shadows: false, ..dp_off }));
+    let s = |e: &fabricsim::workload::lower::EventStep| e.estimate.step_time_s;
+    eprintln!(
+        "CP shadows: {:.5} s (cp {:.5}) against {:.5} s (cp {:.5}) without; DP shadows off: {:.5} / {:.5}",
+        s(&on),
+        on.estimate.breakdown.cp,
+        s(&off),
+        off.estimate.breakdown.cp,
+        s(&alone),
+        s(&alone_off)
+    );
+    assert!(on.jobs.iter().any(|j| j.kind == StepJobKind::Cp));
+    assert!(s(&on) > s(&off), "{} vs {}", s(&on), s(&off));
+    // Here the exchanges keep within their kernels and the DP reduction they share the NIC
+    // with ends later: the step's exposed CP and DP grow by what the step grows.
+    let (bo, bf) = (on.estimate.breakdown, off.estimate.breakdown);
+    let grew = (bo.cp + bo.dp) - (bf.cp + bf.dp);
+    assert!(rel_err(grew, s(&on) - s(&off)) < 0.01, "{bo:?}\n{bf:?}");
+    let b = on.estimate.breakdown;
+    assert!(rel_err(b.total(), s(&on)) < 1e-6, "{b:?}");
+    assert!(rel_err(s(&alone), s(&alone_off)) < 0.005, "{} vs {}", s(&alone), s(&alone_off));
+    // tp 4, cp 2: the CP pair is GPUs 0 and 4 of one node.
+    let intra = plan_text(&m, 32, "tp = 4\ncp = 2\ndp = 4\nmbs = 1\ngbs = 4\nseq = 16384\nzero = 1\n");
+    let (a, z) = (t(&intra, EventOpts::default()), t(&intra, no_cp));
+    assert!(!a.jobs.iter().any(|j| j.kind == StepJobKind::Cp));
+    assert_eq!(a, z);
+}
+
 /// EP all-to-all that leaves the node gets a NIC shadow per layer kernel in the event mode:
 /// it queues behind the DP buckets (reduced during the backward) on the representative's
 /// NIC, so the step is slower with the DP traffic on the NIC (its shadows on) than without,
