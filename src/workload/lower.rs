@@ -882,100 +882,67 @@ pub fn step_event_with(
                 }
             }
         }
-        // EP all-to-all shadows: before each layer kernel of an op with cross-node EP, the
-        // layer's all-to-all traffic on the representative and its EP peer on another node,
-        // stretched to the layer's EP time; the kernel (which no longer counts that time)
-        // waits for it, so a shadow that queues behind DP or PP traffic on the NIC delays
-        // the layer.
-        #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
-        for s in 0..pp {
-            for (i, o) in sched.ops[s].iter().enumerate() {
-                let Some((pair, (args, choice, cap, chunk))) = ep_shadow[s][i] else { continue };
-                let op = b.ops[s][i];
-                for k in 0..layers_of(s, o.chunk) {
-                    let name = format!(
-                        "stage {s} {:?} mb {} chunk {} layer {k} ep all-to-all",
-                        o.pass, o.mb, o.chunk
-                    );
-                    let job = CollectiveJob {
-                        name: name.clone(),
-                        ranks: pair.to_vec(),
-                        args,
-                        choice: Some(choice),
-                        knobs: shadow_knobs(chunk),
-                    };
-                    let id = match cap {
-                        Some(cap) => w.add_capped(job, cap),
-                        None => w.add(job),
+        // Layer shadows, one per layer kernel of an op whose EP or CP group leaves the node,
+        // on the representative and its peer on another node, stretched to the layer's time
+        // on the wire. EP all-to-all: before the kernel, which (no longer counting that time)
+        // waits for it, so a shadow that queues behind DP or PP traffic on the NIC delays the
+        // layer. CP KV exchanges: beside the kernel, the next kernel (the stage's next op
+        // after the last layer) waiting for it; alone it ends within its kernel, which
+        // already counts what the exchanges leave exposed.
+        for (table, kind, what) in
+            [(&ep_shadow, StepJobKind::Ep, "ep all-to-all"), (&cp_shadow, StepJobKind::Cp, "cp kv exchange")]
+        {
+            let beside = kind == StepJobKind::Cp;
+            #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
+            for s in 0..pp {
+                for (i, o) in sched.ops[s].iter().enumerate() {
+                    let Some((pair, (args, choice, cap, chunk))) = table[s][i] else { continue };
+                    let op = b.ops[s][i];
+                    let n = layers_of(s, o.chunk);
+                    for k in 0..n {
+                        let name =
+                            format!("stage {s} {:?} mb {} chunk {} layer {k} {what}", o.pass, o.mb, o.chunk);
+                        let job = CollectiveJob {
+                            name: name.clone(),
+                            ranks: pair.to_vec(),
+                            args,
+                            choice: Some(choice),
+                            knobs: shadow_knobs(chunk),
+                        };
+                        let id = match cap {
+                            Some(cap) => w.add_capped(job, cap),
+                            None => w.add(job),
+                        }
+                        .map_err(e)?;
+                        if k > 0 {
+                            w.after_kernel_on_all_ranks(id, op, k - 1);
+                        } else {
+                            if let Some(&prev) = i.checked_sub(1).and_then(|p| b.ops[s].get(p)) {
+                                w.after_kernel_on_all_ranks(id, prev, last_k(s, sched.ops[s][i - 1].chunk));
+                            }
+                            if let Some(&feed) = feeds.get(&(s, i)) {
+                                w.after(id, feed);
+                            }
+                            match b.ep_first.get(&(s, i)) {
+                                Some(&first) if beside => w.after(id, first),
+                                _ if !beside => {
+                                    b.ep_first.insert((s, i), id);
+                                }
+                                _ => {}
+                            }
+                        }
+                        if !beside {
+                            w.kernel_after_everywhere(op, k, id);
+                        } else if k + 1 < n {
+                            w.kernel_after_everywhere(op, k + 1, id);
+                        } else {
+                            if let Some(&next) = b.ops[s].get(i + 1) {
+                                w.kernel_after_everywhere(next, 0, id);
+                            }
+                            b.cp_last.insert((s, i), id);
+                        }
+                        b.push(s as u32, kind, name, &pair, None);
                     }
-                    .map_err(e)?;
-                    if k > 0 {
-                        w.after_kernel_on_all_ranks(id, op, k - 1);
-                    } else {
-                        b.ep_first.insert((s, i), id);
-                        if let Some(&prev) = i.checked_sub(1).and_then(|p| b.ops[s].get(p)) {
-                            w.after_kernel_on_all_ranks(id, prev, last_k(s, sched.ops[s][i - 1].chunk));
-                        }
-                        if let Some(&feed) = feeds.get(&(s, i)) {
-                            w.after(id, feed);
-                        }
-                    }
-                    w.kernel_after_everywhere(op, k, id);
-                    b.push(s as u32, StepJobKind::Ep, name, &pair, None);
-                }
-            }
-        }
-        // CP KV-exchange shadows: beside each layer kernel of an op with cross-node CP, the
-        // layer's exchanges on the representative and its CP peer on another node,
-        // stretched to their time on the wire; the next kernel (the stage's next op after
-        // the last layer) waits for it. Alone it ends within its kernel, which already
-        // counts what the exchanges leave exposed; queued behind DP or PP traffic on the NIC
-        // it delays the next layer.
-        #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
-        for s in 0..pp {
-            for (i, o) in sched.ops[s].iter().enumerate() {
-                let Some((pair, (args, choice, cap, chunk))) = cp_shadow[s][i] else { continue };
-                let op = b.ops[s][i];
-                let n = layers_of(s, o.chunk);
-                for k in 0..n {
-                    let name = format!(
-                        "stage {s} {:?} mb {} chunk {} layer {k} cp kv exchange",
-                        o.pass, o.mb, o.chunk
-                    );
-                    let job = CollectiveJob {
-                        name: name.clone(),
-                        ranks: pair.to_vec(),
-                        args,
-                        choice: Some(choice),
-                        knobs: shadow_knobs(chunk),
-                    };
-                    let id = match cap {
-                        Some(cap) => w.add_capped(job, cap),
-                        None => w.add(job),
-                    }
-                    .map_err(e)?;
-                    if k > 0 {
-                        w.after_kernel_on_all_ranks(id, op, k - 1);
-                    } else {
-                        if let Some(&prev) = i.checked_sub(1).and_then(|p| b.ops[s].get(p)) {
-                            w.after_kernel_on_all_ranks(id, prev, last_k(s, sched.ops[s][i - 1].chunk));
-                        }
-                        if let Some(&feed) = feeds.get(&(s, i)) {
-                            w.after(id, feed);
-                        }
-                        if let Some(&first) = b.ep_first.get(&(s, i)) {
-                            w.after(id, first);
-                        }
-                    }
-                    if k + 1 < n {
-                        w.kernel_after_everywhere(op, k + 1, id);
-                    } else {
-                        if let Some(&next) = b.ops[s].get(i + 1) {
-                            w.kernel_after_everywhere(next, 0, id);
-                        }
-                        b.cp_last.insert((s, i), id);
-                    }
-                    b.push(s as u32, StepJobKind::Cp, name, &pair, None);
                 }
             }
         }
