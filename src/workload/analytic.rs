@@ -105,6 +105,9 @@ pub struct StepEstimate {
 pub(crate) struct ChunkComm {
     pub(crate) tp_fwd: f64,
     pub(crate) tp_bwd: f64,
+    /// TP time on the wire, hidden or not.
+    pub(crate) tp_wire_fwd: f64,
+    pub(crate) tp_wire_bwd: f64,
     pub(crate) cp_fwd: f64,
     pub(crate) cp_bwd: f64,
     /// CP time on the wire, hidden or not (what its exchanges keep the links busy for).
@@ -232,6 +235,8 @@ pub(crate) fn chunk_costs_and_comms(
                 tp_bwd: b[0] + exposed(b[1], gemm_b, true),
                 cp_fwd: f[4] + exposed(f[2], att_f, true) + share * f[2].min(att_f),
                 cp_bwd: b[4] + exposed(b[2], att_b, true) + share * b[2].min(att_b),
+                tp_wire_fwd: f[0] + f[1],
+                tp_wire_bwd: b[0] + b[1],
                 cp_wire_fwd: f[2] + f[4],
                 cp_wire_bwd: b[2] + b[4],
                 ep_fwd: f[3],
@@ -245,6 +250,8 @@ pub(crate) fn chunk_costs_and_comms(
                 let ag = price(CollectiveKind::AllGather, GroupKind::Tp, gb);
                 cc.tp_fwd += if vs > 0 { ag } else { 0.0 };
                 cc.tp_bwd += if vs + 1 < pp * vpp { ag } else { 0.0 };
+                cc.tp_wire_fwd += if vs > 0 { ag } else { 0.0 };
+                cc.tp_wire_bwd += if vs + 1 < pp * vpp { ag } else { 0.0 };
             }
             let bytes = chunk_gather_bytes(model, plan, s, c);
             if bytes > 0 {

@@ -81,12 +81,12 @@
 //!   distinct (kind, size, group shape) alone on their real group by the event engine
 //!   (memoized) and enter the layer's kernel with the exposure rules of [`super::analytic`] (TP hidden
 //!   behind the GEMMs with `tp_comm` overlap, ring attention behind the attention core).
-//!   TP collectives do not contend with DP or PP traffic in the composed run; inside an
-//!   NVLink domain they share no link with it. A CP group that spans nodes does: with
-//!   [`EventOpts::cp_shadows`] each layer kernel of an op with CP exchanges runs beside a
-//!   NIC shadow of the layer's KV traffic (representative and its CP peer on another node,
-//!   the bytes each way through its NIC, stretched to the exchanges' time on the wire),
-//!   and the next kernel waits for it: alone it ends within its kernel (which counts the
+//!   A TP or CP group inside an NVLink domain shares no link with DP or PP traffic. One that
+//!   spans nodes does: with [`EventOpts::cp_shadows`] and [`EventOpts::tp_shadows`] each
+//!   layer kernel of an op with such collectives runs beside a NIC shadow of the layer's
+//!   traffic of that group (representative and its peer of the group on another node, the
+//!   bytes each way through its NIC, stretched to the collectives' time on the wire), and
+//!   the next kernel waits for it: alone it ends within its kernel (which counts the
 //!   exposed part), behind DP or PP traffic it delays the next layer, and the DP and PP
 //!   traffic queue behind it. An EP group that spans nodes contends too: with
 //!   [`EventOpts::ep_shadows`] each layer kernel of an op with EP all-to-alls is preceded
@@ -139,6 +139,9 @@ pub struct EventOpts {
     /// Give the KV exchanges of a CP group that spans nodes a NIC shadow per layer kernel,
     /// running beside it (see the module doc); a CP group inside one node is untouched.
     pub cp_shadows: bool,
+    /// The same for the collectives of a TP group that spans nodes (a TP group inside an
+    /// NVLink domain shares no link with DP or PP traffic and is untouched).
+    pub tp_shadows: bool,
 }
 
 impl Default for EventOpts {
@@ -150,6 +153,7 @@ impl Default for EventOpts {
             nic_shadows: true,
             ep_shadows: true,
             cp_shadows: true,
+            tp_shadows: true,
         }
     }
 }
@@ -169,6 +173,8 @@ pub enum StepJobKind {
     Ep,
     /// The NIC shadow of one layer's CP KV exchanges (a CP group across nodes).
     Cp,
+    /// The NIC shadow of one layer's TP collectives (a TP group across nodes).
+    Tp,
     /// The optimizer step.
     Optimizer,
 }
@@ -183,6 +189,7 @@ impl StepJobKind {
             StepJobKind::Fsdp => "fsdp",
             StepJobKind::Ep => "ep",
             StepJobKind::Cp => "cp",
+            StepJobKind::Tp => "tp",
             StepJobKind::Optimizer => "optimizer",
         }
     }
@@ -236,8 +243,9 @@ struct OpParts {
     tp: f64,
     cp: f64,
     ep: f64,
-    /// CP time on the wire (hidden or not); not part of the op's duration.
+    /// CP and TP time on the wire (hidden or not); not part of the op's duration.
     cp_wire: f64,
+    tp_wire: f64,
 }
 
 impl OpParts {
@@ -248,15 +256,21 @@ impl OpParts {
 
 fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool) -> OpParts {
     match o.pass {
-        Pass::F => {
-            OpParts { compute: c.fwd, tp: k.tp_fwd, cp: k.cp_fwd, ep: k.ep_fwd, cp_wire: k.cp_wire_fwd }
-        }
+        Pass::F => OpParts {
+            compute: c.fwd,
+            tp: k.tp_fwd,
+            cp: k.cp_fwd,
+            ep: k.ep_fwd,
+            cp_wire: k.cp_wire_fwd,
+            tp_wire: k.tp_wire_fwd,
+        },
         Pass::B => OpParts {
             compute: if split { c.bwd_input } else { c.bwd() },
             tp: k.tp_bwd,
             cp: k.cp_bwd,
             ep: k.ep_bwd,
             cp_wire: k.cp_wire_bwd,
+            tp_wire: k.tp_wire_bwd,
         },
         Pass::W => OpParts { compute: c.bwd_weight, ..OpParts::default() },
     }
@@ -334,8 +348,9 @@ fn shadow_knobs(chunk: u64) -> Knobs {
 /// The NIC shadow of one layer's EP all-to-all: its pair of ranks and its call.
 type EpShadow = ([u32; 2], ShadowCall);
 
-/// The NIC shadow of one layer's CP KV exchanges: its pair of ranks and its call.
-type CpShadow = EpShadow;
+/// The NIC shadow of one layer's CP KV exchanges or TP collectives: its pair of ranks and
+/// its call.
+type BesideShadow = EpShadow;
 
 /// A shadow's memo key: collective kind, bytes through the NIC, time (ps), NCCL's pick (as
 /// written), and the pair's shape (rank offset, node offset, local rank of the first).
@@ -529,9 +544,9 @@ struct Built {
     /// Per (stage, op) with EP shadows: the first one, which the op's first kernel waits for
     /// (the op runs from its start).
     ep_first: BTreeMap<(usize, usize), JobId>,
-    /// Per (stage, op) with CP shadows: the last one, which the op's time runs to (the next
-    /// op of the stage waits for it).
-    cp_last: BTreeMap<(usize, usize), JobId>,
+    /// Per (stage, op) with CP or TP shadows: the last ones, which the op's time runs to
+    /// (the next op of the stage waits for them).
+    beside_last: BTreeMap<(usize, usize), Vec<JobId>>,
 }
 
 impl Built {
@@ -795,54 +810,67 @@ pub fn step_event_with(
         })
         .collect();
 
-    // CP NIC shadows, per stage and op: one per layer kernel, running beside it, that
-    // exchanges between the representative and its CP peer on another node the bytes the
-    // layer's KV exchanges (ring attention's steps, or the all-gather variant's gathers and
-    // reduce-scatters) move each way through the representative's NIC, stretched to their
-    // time on the wire; None where the CP group stays inside the node.
-    let cp_shadow: Vec<Vec<Option<CpShadow>>> = (0..pp)
-        .map(|s| {
-            let ranks: Vec<u32> = pl.group_of(GroupKind::Cp, rep(s)).iter().map(|&x| x as u32).collect();
-            sched.ops[s]
-                .iter()
-                .enumerate()
-                .map(|(i, o)| {
-                    let t = parts[s][i].cp_wire;
-                    if !opts.cp_shadows || t <= 0.0 || ranks.len() < 2 || o.pass == Pass::W {
-                        return None;
-                    }
-                    let vs = u64::from(o.chunk) * plan.pp + s as u64;
-                    let (mut x, mut pair) = (0.0, None);
-                    for l in plan.vstage_layers(model.layers, vs) {
-                        for op in layer_comms(model, plan, l) {
-                            if op.group != GroupKind::Cp || op.pass != o.pass {
-                                continue;
+    // CP and TP NIC shadows, per stage and op: one per layer kernel, running beside it, that
+    // exchanges between the representative and its peer of the group on another node the
+    // bytes the layer's collectives of that group (ring attention's KV steps or the
+    // all-gather variant's gathers; TP's all-reduces or all-gathers and reduce-scatters)
+    // move each way through the representative's NIC, stretched to their time on the wire;
+    // None where the group stays inside the node.
+    let beside_shadows =
+        |group: GroupKind, on: bool, wire: fn(&OpParts) -> f64| -> Vec<Vec<Option<BesideShadow>>> {
+            (0..pp)
+                .map(|s| {
+                    let ranks: Vec<u32> = pl.group_of(group, rep(s)).iter().map(|&x| x as u32).collect();
+                    sched.ops[s]
+                        .iter()
+                        .enumerate()
+                        .map(|(i, o)| {
+                            let t = wire(&parts[s][i]);
+                            if !on || t <= 0.0 || ranks.len() < 2 || o.pass == Pass::W {
+                                return None;
                             }
-                            let (p, bytes, _) = shadow_pair(f, rep(s) as u32, op.kind, op.bytes, &ranks)?;
-                            x += bytes as f64 * op.count as f64;
-                            pair = Some(p);
-                        }
-                    }
-                    let p = pair?;
-                    let n = f64::from(layers_of(s, o.chunk));
-                    let per = (x / n) as u64;
-                    // Each way through the NIC: an exchange on the pair, as NCCL picks it.
-                    let real = shadows_memo.pick(pricer, CollectiveKind::AllToAll, 2 * per, &p, 1)?;
-                    // Network chunks up to a Simple step (512 KiB of the default 4 MiB
-                    // buffer) rather than NCCL's 128 KiB p2p chunk: a quarter of the events
-                    // for megabytes of KV per layer, still interleaved with the DP and PP
-                    // traffic at the granularity NCCL's collectives use.
-                    let step = Knobs::default().buffsize / 8;
-                    let chunk = (per / (2 * u64::from(real.nchannels.max(1))))
-                        .next_power_of_two()
-                        .clamp(Knobs::default().p2p_net_chunksize, step);
-                    let call =
-                        shadows_memo.call_chunked(p, CollectiveKind::AllToAll, per, t / n, real, chunk)?;
-                    Some((p, call))
+                            let vs = u64::from(o.chunk) * plan.pp + s as u64;
+                            let (mut x, mut pair) = (0.0, None);
+                            for l in plan.vstage_layers(model.layers, vs) {
+                                for op in layer_comms(model, plan, l) {
+                                    if op.group != group || op.pass != o.pass {
+                                        continue;
+                                    }
+                                    let (p, bytes, _) =
+                                        shadow_pair(f, rep(s) as u32, op.kind, op.bytes, &ranks)?;
+                                    x += bytes as f64 * op.count as f64;
+                                    pair = Some(p);
+                                }
+                            }
+                            let p = pair?;
+                            let n = f64::from(layers_of(s, o.chunk));
+                            let per = (x / n) as u64;
+                            // Each way through the NIC: an exchange on the pair, as NCCL picks it.
+                            let real = shadows_memo.pick(pricer, CollectiveKind::AllToAll, 2 * per, &p, 1)?;
+                            // Network chunks up to a Simple step (512 KiB of the default 4 MiB
+                            // buffer) rather than NCCL's 128 KiB p2p chunk: a quarter of the
+                            // events for megabytes per layer, still interleaved with the DP and
+                            // PP traffic at the granularity NCCL's collectives use.
+                            let step = Knobs::default().buffsize / 8;
+                            let chunk = (per / (2 * u64::from(real.nchannels.max(1))))
+                                .next_power_of_two()
+                                .clamp(Knobs::default().p2p_net_chunksize, step);
+                            let call = shadows_memo.call_chunked(
+                                p,
+                                CollectiveKind::AllToAll,
+                                per,
+                                t / n,
+                                real,
+                                chunk,
+                            )?;
+                            Some((p, call))
+                        })
+                        .collect()
                 })
                 .collect()
-        })
-        .collect();
+        };
+    let cp_shadow = beside_shadows(GroupKind::Cp, opts.cp_shadows, |p| p.cp_wire);
+    let tp_shadow = beside_shadows(GroupKind::Tp, opts.tp_shadows, |p| p.tp_wire);
 
     let build = |extra: &[Vec<f64>]| -> Result<(Concurrent, Built), String> {
         let e = |x: WorkloadError| x.to_string();
@@ -853,7 +881,7 @@ pub fn step_event_with(
             jobs: Vec::new(),
             touched: BTreeSet::new(),
             ep_first: BTreeMap::new(),
-            cp_last: BTreeMap::new(),
+            beside_last: BTreeMap::new(),
         };
         // Compute streams: each pipeline op one kernel per layer of its chunk.
         for s in 0..pp {
@@ -909,10 +937,12 @@ pub fn step_event_with(
         // layer. CP KV exchanges: beside the kernel, the next kernel (the stage's next op
         // after the last layer) waiting for it; alone it ends within its kernel, which
         // already counts what the exchanges leave exposed.
-        for (table, kind, what) in
-            [(&ep_shadow, StepJobKind::Ep, "ep all-to-all"), (&cp_shadow, StepJobKind::Cp, "cp kv exchange")]
-        {
-            let beside = kind == StepJobKind::Cp;
+        for (table, kind, what) in [
+            (&ep_shadow, StepJobKind::Ep, "ep all-to-all"),
+            (&cp_shadow, StepJobKind::Cp, "cp kv exchange"),
+            (&tp_shadow, StepJobKind::Tp, "tp collectives"),
+        ] {
+            let beside = kind != StepJobKind::Ep;
             #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
             for s in 0..pp {
                 for (i, o) in sched.ops[s].iter().enumerate() {
@@ -959,7 +989,7 @@ pub fn step_event_with(
                             if let Some(&next) = b.ops[s].get(i + 1) {
                                 w.kernel_after_everywhere(next, 0, id);
                             }
-                            b.cp_last.insert((s, i), id);
+                            b.beside_last.entry((s, i)).or_default().push(id);
                         }
                         b.push(s as u32, kind, name, &pair, None);
                     }
@@ -1152,11 +1182,14 @@ pub fn step_event_with(
     };
     let dur = |s: usize, i: usize| {
         let z = &out.jobs[built.ops[s][i].0 as usize];
-        // An op with EP shadows runs from its first shadow's start, one with CP shadows to
-        // its last shadow's end.
+        // An op with EP shadows runs from its first shadow's start, one with CP or TP
+        // shadows to their last end.
         let start =
             built.ep_first.get(&(s, i)).map_or(z.start, |a| out.jobs[a.0 as usize].start.min(z.start));
-        let end = built.cp_last.get(&(s, i)).map_or(z.end, |c| out.jobs[c.0 as usize].end.max(z.end));
+        let end = built
+            .beside_last
+            .get(&(s, i))
+            .map_or(z.end, |l| l.iter().map(|c| out.jobs[c.0 as usize].end).fold(z.end, SimTime::max));
         secs(end) - secs(start)
     };
     let busy: Vec<f64> = (0..pp).map(|s| (0..sched.ops[s].len()).map(|i| dur(s, i)).sum()).collect();
@@ -1171,14 +1204,17 @@ pub fn step_event_with(
         sum.ep += p.ep;
         slow_pp += slow[star][i].0;
         slow_dp += slow[star][i].1;
-        // What the op took beyond its parts with EP or CP shadows: their contention. The EP
-        // shadows replace the op's EP time (their kernels wait for them), so theirs may also
-        // be shorter than the estimate; the CP shadows run beside kernels that count it.
+        // What the op took beyond its parts with EP, CP or TP shadows: their contention. The
+        // EP shadows replace the op's EP time (their kernels wait for them), so theirs may
+        // also be shorter than the estimate; the CP and TP shadows run beside kernels that
+        // count it (a wait behind both is put on CP).
         let extra = dur(star, i) - p.sum() - slow[star][i].0 - slow[star][i].1;
         if ep_shadow[star][i].is_some() {
             sum.ep += extra.max(-p.ep);
         } else if cp_shadow[star][i].is_some() {
             sum.cp += extra.max(0.0);
+        } else if tp_shadow[star][i].is_some() {
+            sum.tp += extra.max(0.0);
         }
     }
     let ideal = sched.time(|s, o| dur(s as usize, at(s, o)), |_, _| 0.0)?;

@@ -1706,6 +1706,39 @@ fn closed_form_dp_collectives_follow_the_event_mode() {
     assert!(worst[1] <= 0.16, "{text}");
 }
 
+/// A TP group across nodes (tp 16 on DGX H100) gets NIC shadows of its collectives beside
+/// each layer kernel, as a CP group does: slower with the DP buckets on the same NIC, the
+/// step as before within 0.5% with the DP shadows off, and a TP group inside one node
+/// untouched, to the bit.
+#[test]
+fn cross_node_tp_collectives_contend_with_dp_on_the_nic() {
+    let m = model("megatron-gpt-22b");
+    let f = built("dgx-h100", 4);
+    let t = |p: &Plan, o: EventOpts| step_event(&f, &m, p, &o).unwrap();
+    let no_tp = EventOpts { tp_shadows: false, ..EventOpts::default() };
+    let dp_off = EventOpts { nic_shadows: false, ..EventOpts::default() };
+    let cross = plan_text(&m, 32, "tp = 16\ndp = 2\nmbs = 1\ngbs = 2\nseq = 2048\nzero = 1\n");
+    let (on, off) = (t(&cross, EventOpts::default()), t(&cross, no_tp));
+    let (alone, alone_off) = (t(&cross, dp_off), t(&cross, EventOpts { tp_shadows: false, ..dp_off }));
+    let s = |e: &fabricsim::workload::lower::EventStep| e.estimate.step_time_s;
+    eprintln!(
+        "TP shadows: {:.5} s against {:.5} s without; DP shadows off: {:.5} / {:.5}",
+        s(&on),
+        s(&off),
+        s(&alone),
+        s(&alone_off)
+    );
+    assert!(on.jobs.iter().any(|j| j.kind == StepJobKind::Tp));
+    assert!(s(&on) > s(&off), "{} vs {}", s(&on), s(&off));
+    let b = on.estimate.breakdown;
+    assert!(rel_err(b.total(), s(&on)) < 1e-6, "{b:?}");
+    assert!(rel_err(s(&alone), s(&alone_off)) < 0.005, "{} vs {}", s(&alone), s(&alone_off));
+    let intra = plan_text(&m, 32, "tp = 8\ndp = 4\nmbs = 1\ngbs = 4\nseq = 2048\nzero = 1\n");
+    let (a, z) = (t(&intra, EventOpts::default()), t(&intra, no_tp));
+    assert!(!a.jobs.iter().any(|j| j.kind == StepJobKind::Tp));
+    assert_eq!(a, z);
+}
+
 /// A CP group across nodes (tp 8, cp 2 on DGX H100: each CP pair spans two nodes) gets
 /// NIC shadows of its KV exchanges beside each layer kernel: with the DP buckets reduced
 /// during the backward on the same NIC the step is slower, and the breakdown says where;
