@@ -1706,79 +1706,76 @@ fn closed_form_dp_collectives_follow_the_event_mode() {
     assert!(worst[1] <= 0.16, "{text}");
 }
 
-/// A TP group across nodes (tp 16 on DGX H100) gets NIC shadows of its collectives beside
-/// each layer kernel, as a CP group does: slower with the DP buckets on the same NIC, the
-/// step as before within 0.5% with the DP shadows off, and a TP group inside one node
-/// untouched, to the bit.
-#[test]
-fn cross_node_tp_collectives_contend_with_dp_on_the_nic() {
-    let m = model("megatron-gpt-22b");
+/// The checks a beside-kernel shadow (CP, TP) must pass on 4 DGX H100, with `off` the
+/// options without it: `cross` (a group across nodes) is slower with the DP buckets on the
+/// same NIC, its breakdown adds up, and with the DP shadows off it is as before within 0.5%;
+/// `intra` (the group inside a node) has no such shadow and is the same to the bit. Returns
+/// the cross plan's steps with and without the shadows.
+fn beside_shadows_contend(
+    m: &Model,
+    cross: &str,
+    intra: &str,
+    kind: StepJobKind,
+    off: EventOpts,
+) -> (fabricsim::workload::lower::EventStep, fabricsim::workload::lower::EventStep) {
     let f = built("dgx-h100", 4);
-    let t = |p: &Plan, o: EventOpts| step_event(&f, &m, p, &o).unwrap();
-    let no_tp = EventOpts { tp_shadows: false, ..EventOpts::default() };
+    let t = |p: &Plan, o: EventOpts| step_event(&f, m, p, &o).unwrap();
     let dp_off = EventOpts { nic_shadows: false, ..EventOpts::default() };
-    let cross = plan_text(&m, 32, "tp = 16\ndp = 2\nmbs = 1\ngbs = 2\nseq = 2048\nzero = 1\n");
-    let (on, off) = (t(&cross, EventOpts::default()), t(&cross, no_tp));
-    let (alone, alone_off) = (t(&cross, dp_off), t(&cross, EventOpts { tp_shadows: false, ..dp_off }));
+    let cross = plan_text(m, 32, cross);
+    let (on, without) = (t(&cross, EventOpts::default()), t(&cross, off));
+    let (alone, alone_off) = (t(&cross, dp_off), t(&cross, EventOpts { nic_shadows: false, ..off }));
     let s = |e: &fabricsim::workload::lower::EventStep| e.estimate.step_time_s;
     eprintln!(
-        "TP shadows: {:.5} s against {:.5} s without; DP shadows off: {:.5} / {:.5}",
+        "{kind:?} shadows: {:.5} s against {:.5} s without; DP shadows off: {:.5} / {:.5}",
         s(&on),
-        s(&off),
+        s(&without),
         s(&alone),
         s(&alone_off)
     );
-    assert!(on.jobs.iter().any(|j| j.kind == StepJobKind::Tp));
-    assert!(s(&on) > s(&off), "{} vs {}", s(&on), s(&off));
+    assert!(on.jobs.iter().any(|j| j.kind == kind));
+    assert!(s(&on) > s(&without), "{} vs {}", s(&on), s(&without));
     let b = on.estimate.breakdown;
     assert!(rel_err(b.total(), s(&on)) < 1e-6, "{b:?}");
     assert!(rel_err(s(&alone), s(&alone_off)) < 0.005, "{} vs {}", s(&alone), s(&alone_off));
-    let intra = plan_text(&m, 32, "tp = 8\ndp = 4\nmbs = 1\ngbs = 4\nseq = 2048\nzero = 1\n");
-    let (a, z) = (t(&intra, EventOpts::default()), t(&intra, no_tp));
-    assert!(!a.jobs.iter().any(|j| j.kind == StepJobKind::Tp));
+    let intra = plan_text(m, 32, intra);
+    let (a, z) = (t(&intra, EventOpts::default()), t(&intra, off));
+    assert!(!a.jobs.iter().any(|j| j.kind == kind));
     assert_eq!(a, z);
+    (on, without)
+}
+
+/// A TP group across nodes (tp 16 on DGX H100) gets NIC shadows of its collectives beside
+/// each layer kernel, as a CP group does (the checks of [`beside_shadows_contend`]).
+#[test]
+fn cross_node_tp_collectives_contend_with_dp_on_the_nic() {
+    beside_shadows_contend(
+        &model("megatron-gpt-22b"),
+        "tp = 16\ndp = 2\nmbs = 1\ngbs = 2\nseq = 2048\nzero = 1\n",
+        "tp = 8\ndp = 4\nmbs = 1\ngbs = 4\nseq = 2048\nzero = 1\n",
+        StepJobKind::Tp,
+        EventOpts { tp_shadows: false, ..EventOpts::default() },
+    );
 }
 
 /// A CP group across nodes (tp 8, cp 2 on DGX H100: each CP pair spans two nodes) gets
-/// NIC shadows of its KV exchanges beside each layer kernel: with the DP buckets reduced
-/// during the backward on the same NIC the step is slower, and the breakdown says where;
-/// alone the shadows leave the step as it was (within 0.5%); a CP group inside one node is
-/// untouched, to the bit.
+/// NIC shadows of its KV exchanges beside each layer kernel (the checks of
+/// [`beside_shadows_contend`]; inside a node: tp 4, cp 2, the pair GPUs 0 and 4), and the
+/// breakdown says where the time went.
 #[test]
 fn cross_node_cp_exchanges_contend_with_dp_on_the_nic() {
-    let m = model("llama3-8b");
-    let f = built("dgx-h100", 4);
-    let t = |p: &Plan, o: EventOpts| step_event(&f, &m, p, &o).unwrap();
-    let no_cp = EventOpts { cp_shadows: false, ..EventOpts::default() };
-    let dp_off = EventOpts { nic_shadows: false, ..EventOpts::default() };
-    let cross = plan_text(&m, 32, "tp = 8\ncp = 2\ndp = 2\nmbs = 1\ngbs = 2\nseq = 16384\nzero = 1\n");
-    let (on, off) = (t(&cross, EventOpts::default()), t(&cross, no_cp));
-    let (alone, alone_off) = (t(&cross, dp_off), t(&cross, EventOpts { cp_shadows: false, ..dp_off }));
-    let s = |e: &fabricsim::workload::lower::EventStep| e.estimate.step_time_s;
-    eprintln!(
-        "CP shadows: {:.5} s (cp {:.5}) against {:.5} s (cp {:.5}) without; DP shadows off: {:.5} / {:.5}",
-        s(&on),
-        on.estimate.breakdown.cp,
-        s(&off),
-        off.estimate.breakdown.cp,
-        s(&alone),
-        s(&alone_off)
+    let (on, off) = beside_shadows_contend(
+        &model("llama3-8b"),
+        "tp = 8\ncp = 2\ndp = 2\nmbs = 1\ngbs = 2\nseq = 16384\nzero = 1\n",
+        "tp = 4\ncp = 2\ndp = 4\nmbs = 1\ngbs = 4\nseq = 16384\nzero = 1\n",
+        StepJobKind::Cp,
+        EventOpts { cp_shadows: false, ..EventOpts::default() },
     );
-    assert!(on.jobs.iter().any(|j| j.kind == StepJobKind::Cp));
-    assert!(s(&on) > s(&off), "{} vs {}", s(&on), s(&off));
     // Here the exchanges keep within their kernels and the DP reduction they share the NIC
     // with ends later: the step's exposed CP and DP grow by what the step grows.
     let (bo, bf) = (on.estimate.breakdown, off.estimate.breakdown);
     let grew = (bo.cp + bo.dp) - (bf.cp + bf.dp);
-    assert!(rel_err(grew, s(&on) - s(&off)) < 0.01, "{bo:?}\n{bf:?}");
-    let b = on.estimate.breakdown;
-    assert!(rel_err(b.total(), s(&on)) < 1e-6, "{b:?}");
-    assert!(rel_err(s(&alone), s(&alone_off)) < 0.005, "{} vs {}", s(&alone), s(&alone_off));
-    // tp 4, cp 2: the CP pair is GPUs 0 and 4 of one node.
-    let intra = plan_text(&m, 32, "tp = 4\ncp = 2\ndp = 4\nmbs = 1\ngbs = 4\nseq = 16384\nzero = 1\n");
-    let (a, z) = (t(&intra, EventOpts::default()), t(&intra, no_cp));
-    assert!(!a.jobs.iter().any(|j| j.kind == StepJobKind::Cp));
-    assert_eq!(a, z);
+    let d = on.estimate.step_time_s - off.estimate.step_time_s;
+    assert!(rel_err(grew, d) < 0.01, "{bo:?}\n{bf:?}");
 }
 
 /// EP all-to-all that leaves the node gets a NIC shadow per layer kernel in the event mode:
