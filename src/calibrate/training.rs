@@ -259,7 +259,7 @@ pub struct EventRule {
 
 impl Default for EventRule {
     fn default() -> Self {
-        EventRule { max_gpus: 1024, max_transfers: 4_000, max_shard_ranks: 64 }
+        EventRule { max_gpus: 1024, max_transfers: 10_000, max_shard_ranks: 64 }
     }
 }
 

@@ -49,7 +49,7 @@ pub struct ValidateArgs {
     #[arg(long)]
     pub training: bool,
     /// With --training: also simulate each run's whole step in the event mode (`train
-    /// --fidelity event`) when it has at most this many GPUs (and at most 4,000 pipeline
+    /// --fidelity event`) when it has at most this many GPUs (and at most 10,000 pipeline
     /// transfers and ZeRO-3/FSDP groups of at most 64 ranks); 0 turns the event column off.
     #[arg(long, default_value_t = 1024)]
     pub event_max_gpus: u64,
