@@ -353,7 +353,8 @@ type EpShadow = ([u32; 2], ShadowCall);
 type BesideShadow = EpShadow;
 
 /// A shadow's memo key: collective kind, bytes through the NIC, time (ps), NCCL's pick (as
-/// written), and the pair's shape (rank offset, node offset, local rank of the first).
+/// written), and the pair's shape (rank offset, node offset, local rank of the first) with
+/// the shadow's network chunk.
 type ShadowKey = (u8, u64, u64, String, Vec<i64>);
 
 /// A pick's memo key: collective kind, bytes, group shape ([`FabricPricer::shape`]).
