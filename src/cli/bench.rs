@@ -121,15 +121,25 @@ pub fn nccl_settings(
     a: &BenchArgs,
     environment: impl Iterator<Item = (String, String)>,
 ) -> Result<Vec<(String, String, &'static str)>> {
+    nccl_settings_from(!a.no_nccl_env, &a.nccl, environment)
+}
+
+/// The known NCCL variables of `environment` (when `use_env`; sorted by name), then the
+/// `--nccl KEY=VALUE` flags, each with where it came from.
+pub fn nccl_settings_from(
+    use_env: bool,
+    flags: &[String],
+    environment: impl Iterator<Item = (String, String)>,
+) -> Result<Vec<(String, String, &'static str)>> {
     let mut out: Vec<(String, String, &'static str)> = Vec::new();
-    if !a.no_nccl_env {
+    if use_env {
         let known = fabricsim::scenario::nccl_env::KNOWN;
         let mut env: Vec<(String, String)> =
             environment.filter(|(k, _)| known.contains(&k.as_str())).collect();
         env.sort();
         out.extend(env.into_iter().map(|(k, v)| (k, v, "the environment")));
     }
-    for kv in &a.nccl {
+    for kv in flags {
         let (k, v) = kv.split_once('=').with_context(|| format!("--nccl {kv:?}: expected KEY=VALUE"))?;
         out.push((k.trim().to_string(), v.trim().to_string(), "--nccl"));
     }

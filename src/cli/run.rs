@@ -424,8 +424,16 @@ fn training_plots(
     let p = &plan.points[first];
     if let Some(w) = p.scenario.training() {
         let f = fabricsim::fabric::build::build(&p.scenario.topology.spec, &p.scenario.build_opts())?;
-        let run = fabricsim::scenario::training::run_step(&f, &w.model, &w.plan, p.scenario.fidelity)
-            .map_err(anyhow::Error::msg)?;
+        let opts = fabricsim::workload::lower::EventOpts::default();
+        let run = fabricsim::scenario::training::run_step_with(
+            &f,
+            &w.model,
+            &w.plan,
+            p.scenario.fidelity,
+            &opts,
+            &w.nccl,
+        )
+        .map_err(anyhow::Error::msg)?;
         if let Some(pipe) = &run.estimate.pipeline {
             let sched = &pipe.schedule;
             let title = if p.label.is_empty() {

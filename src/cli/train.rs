@@ -145,6 +145,15 @@ pub struct TrainArgs {
     /// Report a plan that does not fit in HBM instead of failing.
     #[arg(long)]
     pub allow_oom: bool,
+    /// NCCL environment variable for the step's collectives, e.g. --nccl NCCL_ALGO=Ring
+    /// (repeatable): NCCL_ALGO, NCCL_PROTO (with `function:` prefixes), NCCL_NVLS_ENABLE,
+    /// NCCL_COLLNET_ENABLE and the channel limits change NCCL's pick; without a scenario the
+    /// known ones are also read from the environment, as NCCL reads them (--nccl wins).
+    #[arg(long = "nccl", value_name = "KEY=VALUE")]
+    pub nccl: Vec<String>,
+    /// Ignore the NCCL_* variables of the environment (only --nccl, and a scenario's [nccl]).
+    #[arg(long)]
+    pub no_nccl_env: bool,
     /// Event mode: simulate every DP/FSDP collective on all its ranks inside the step
     /// instead of replaying each distinct one from a simulation alone (slow at scale).
     #[arg(long)]
@@ -337,6 +346,8 @@ struct Job {
     plan: Plan,
     allow_oom: bool,
     mode: Mode,
+    /// The scenario's `[nccl]` variables (none from flags).
+    nccl: Vec<(String, String)>,
 }
 
 /// The job of a training scenario with the flags laid over it.
@@ -368,6 +379,7 @@ fn from_scenario(a: &TrainArgs, path: &std::path::Path) -> Result<Job> {
         plan: w.plan.clone(),
         allow_oom: w.allow_oom,
         mode: s.fidelity,
+        nccl: s.nccl.clone(),
     })
 }
 
@@ -410,7 +422,7 @@ fn from_flags(a: &TrainArgs) -> Result<Job> {
             super::count(f.num_nodes(), "node")
         );
     }
-    Ok(Job { fabric: f, model, plan, allow_oom: a.allow_oom, mode })
+    Ok(Job { fabric: f, model, plan, allow_oom: a.allow_oom, mode, nccl: Vec::new() })
 }
 
 /// Runs `train`.
@@ -427,7 +439,21 @@ pub fn run(a: TrainArgs) -> Result<()> {
         Some(path) => from_scenario(&a, path)?,
         None => from_flags(&a)?,
     };
-    let Job { fabric: f, model, plan, allow_oom, mode } = job;
+    let Job { fabric: f, model, plan, allow_oom, mode, nccl } = job;
+    // NCCL's environment: a scenario's [nccl] (a file does not read the shell's), else the
+    // environment's known variables; then --nccl.
+    let mut settings: Vec<(String, String, &'static str)> =
+        nccl.into_iter().map(|(k, v)| (k, v, "the scenario's [nccl]")).collect();
+    let use_env = a.scenario.is_none() && !a.no_nccl_env;
+    settings.extend(super::bench::nccl_settings_from(use_env, &a.nccl, std::env::vars())?);
+    let pairs: Vec<(String, String)> = settings.iter().map(|(k, v, _)| (k.clone(), v.clone())).collect();
+    let (policy, notes) = fabricsim::scenario::nccl_env::training_policy(&pairs).map_err(|e| {
+        let from: Vec<String> = settings.iter().map(|(k, v, f)| format!("{k}={v} ({f})")).collect();
+        anyhow::anyhow!("{e} (NCCL variables: {})", from.join(", "))
+    })?;
+    for n in notes {
+        eprintln!("note: {n}");
+    }
     if a.trace.is_some() && mode != Mode::Event {
         bail!("--trace needs --fidelity event (the analytical mode has no timeline)");
     }
@@ -438,7 +464,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         bail!("--no-replay needs --fidelity event");
     }
     let opts = EventOpts { replay: !a.no_replay, ..EventOpts::default() };
-    let run = run_step_with(&f, &model, &plan, mode, &opts).map_err(anyhow::Error::msg)?;
+    let run = run_step_with(&f, &model, &plan, mode, &opts, &policy).map_err(anyhow::Error::msg)?;
     let how = match &run.detail {
         StepDetail::Event(ev) => {
             if let Some(path) = &a.trace {
@@ -460,6 +486,10 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let hbm = run.hbm;
     let placement = Placement::new(&plan);
     let layers = plan.stage_layers(model.layers);
+    if a.format != "json" && !settings.is_empty() {
+        let list: Vec<String> = settings.iter().map(|(k, v, f)| format!("{k}={v} ({f})")).collect();
+        println!("# NCCL variables: {}", list.join(", "));
+    }
     match a.format.as_str() {
         "json" => print_json(&model.name, &plan_summary(&plan), &placement, &layers, est, hbm, &how)?,
         _ => print_table(&model.name, &f.name, &plan_summary(&plan), &placement, &layers, est, hbm, &how),

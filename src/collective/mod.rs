@@ -14,6 +14,7 @@ pub mod comm;
 pub mod cost;
 pub mod nvls;
 pub mod pat;
+pub mod policy;
 pub mod ring;
 pub mod tree;
 pub mod tuner;
@@ -21,6 +22,7 @@ pub mod tuner;
 use std::fmt;
 
 pub use comm::Comm;
+pub use policy::NcclPolicy;
 
 use crate::schedule::{DType, Proto, RedOp, Schedule};
 

@@ -797,7 +797,8 @@ impl Ctx<'_> {
     fn training(&self) -> Result<Vec<Entry>, GalleryError> {
         use crate::report::training::{breakdown_bar, breakdown_chart, memory_figure, pipeline_figure};
         use crate::scenario::file::{load_plan_with, Override};
-        use crate::scenario::training::{plan_summary, run_step, TrainingRun};
+        use crate::scenario::training::{plan_summary, run_step_with, TrainingRun};
+        use crate::workload::lower::EventOpts;
         let path = self.root.join("scenarios/llama3-70b-h100.toml");
         let figure = "training-llama3-70b-h100";
         let fail = |message: String| GalleryError::Reference { figure: figure.into(), message };
@@ -822,7 +823,8 @@ impl Ctx<'_> {
             let Some(w) = s.training() else { return Err(fail("not a training scenario".into())) };
             let f = fabric::build::build(&s.topology.spec, &s.build_opts())
                 .map_err(|source| GalleryError::Topology { figure: figure.into(), source })?;
-            let run = run_step(&f, &w.model, &w.plan, s.fidelity).map_err(fail)?;
+            let run = run_step_with(&f, &w.model, &w.plan, s.fidelity, &EventOpts::default(), &w.nccl)
+                .map_err(fail)?;
             let title = format!("{} on {} ({})", w.model.name, f.name, describe(&f));
             Ok((run, title, plan_summary(&w.plan)))
         };

@@ -78,8 +78,10 @@
 //! A training plan that does not divide the GPUs (or breaks another plan rule) is an error
 //! at its line when the scenario has one point; in a sweep it is that point's error row.
 //! A plan that does not fit in HBM is a row with its numbers, `fits = false` and status
-//! `oom` (an error for a single point unless `allow_oom`). `[nccl]` applies to collective
-//! workloads only.
+//! `oom` (an error for a single point unless `allow_oom`). In a training scenario `[nccl]`
+//! constrains NCCL's pick for the step's all-reduces, all-gathers and reduce-scatters
+//! (NCCL_ALGO, NCCL_PROTO, NCCL_NVLS_ENABLE, NCCL_COLLNET_ENABLE, the channel limits); the
+//! buffer and chunk variables are accepted and change nothing there.
 //!
 //! ```toml
 //! [sweep]
@@ -1261,23 +1263,24 @@ impl Resolver<'_, '_> {
                 ))
             }
         };
-        let workload = match &workload_v {
+        let mut workload = match &workload_v {
             Some(w) => self.workload(w, &topology)?,
             None => return Err(src.invalid(
                 "a scenario needs a [workload] table, e.g. kind = \"collective\", collective = \"allreduce\"",
             )),
         };
-        let (nccl, env) = match &workload {
+        let (nccl, env) = match &mut workload {
             Workload::Collective(cw) => self.nccl(nccl_v.as_ref(), cw.coll)?,
-            Workload::Training(_) => {
-                if let Some(v) = &nccl_v {
-                    return Err(src.at(
-                        v.span(),
-                        "[nccl] applies to collective workloads; a training step runs each collective \
-                         with NCCL's own choice for its group (remove the table)",
-                    ));
-                }
-                (Vec::new(), NcclEnv::default())
+            Workload::Training(tw) => {
+                // Each variable checked at its line, then resolved for every collective the
+                // step runs (NCCL_ALGO / NCCL_PROTO may name functions).
+                let (vars, _) = self.nccl(nccl_v.as_ref(), Collective::AllReduce)?;
+                let (policy, _notes) = nccl_env::training_policy(&vars).map_err(|e| match &nccl_v {
+                    Some(v) => src.at(v.span(), e),
+                    None => src.invalid(e),
+                })?;
+                tw.nccl = policy;
+                (vars, NcclEnv::default())
             }
         };
         let calibration = match &dto.calibration {
@@ -1580,7 +1583,15 @@ impl Resolver<'_, '_> {
         };
         let plan = keys.build(gpus, &at)?;
         let invalid = keys.check(&plan, &model, gpus, &at).err().map(|e| e.to_string());
-        Ok(TrainingWorkload { model_written: written, model, keys, plan, invalid, allow_oom })
+        Ok(TrainingWorkload {
+            model_written: written,
+            model,
+            keys,
+            plan,
+            invalid,
+            allow_oom,
+            nccl: crate::collective::NcclPolicy::default(),
+        })
     }
 
     fn collective(&self, d: CollectiveDto) -> Result<CollectiveWorkload, ScenarioError> {

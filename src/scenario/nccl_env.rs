@@ -3,7 +3,7 @@
 //! channel limits, buffer and chunk sizes, and the NVLS / CollNet / PXN switches.
 
 use super::bench::NcclEnv;
-use crate::collective::{Algo, Collective};
+use crate::collective::{Algo, Collective, NcclPolicy};
 use crate::schedule::Proto;
 use crate::units;
 
@@ -64,6 +64,59 @@ pub fn no_effect_note(key: &str) -> Option<&'static str> {
     NO_EFFECT.iter().find(|(k, _)| *k == key).map(|(_, n)| *n)
 }
 
+/// The collectives of a training step for which NCCL_ALGO / NCCL_PROTO are resolved (they
+/// may name functions, `allreduce:tree;allgather:ring`). Its all-to-alls and pipeline
+/// transfers are NCCL point-to-point operations, which those variables do not govern.
+const TRAINING_COLLECTIVES: [Collective; 3] =
+    [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter];
+
+/// The variables that change how a training step's collectives are picked.
+const TRAINING_PICK: [&str; 8] = [
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_COLLNET_ENABLE",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NCHANNELS",
+    "NCCL_MIN_CTAS",
+    "NCCL_MAX_CTAS",
+];
+
+/// NCCL's environment for a training step from `(variable, value)` settings, in order: the
+/// pick's constraints for each collective the step runs, and a note per variable accepted
+/// without effect on a training step (the buffer and chunk knobs: the step's collectives run
+/// with NCCL's defaults; and the variables without effect in the model at all). An unknown
+/// variable or a bad value is an error, as for a benchmark.
+pub fn training_policy(settings: &[(String, String)]) -> Result<(NcclPolicy, Vec<String>), String> {
+    let mut policy = NcclPolicy::default();
+    let mut notes = Vec::new();
+    let mut global = NcclEnv::default();
+    for &coll in &TRAINING_COLLECTIVES {
+        let mut env = NcclEnv::default();
+        for (k, v) in settings {
+            env.set(k, v, coll)?;
+        }
+        policy.algos.push((coll, env.algos.clone()));
+        policy.protos.push((coll, env.protos.clone()));
+        global = env;
+    }
+    policy.nvls = global.nvls;
+    policy.collnet = settings.iter().any(|(k, _)| k == "NCCL_COLLNET_ENABLE").then_some(global.collnet);
+    policy.min_channels = global.min_channels;
+    policy.max_channels = global.max_channels;
+    for (k, _) in settings {
+        if let Some(n) = no_effect_note(k) {
+            notes.push(format!("{k} is accepted but has no effect in the model: {n}"));
+        } else if !TRAINING_PICK.contains(&k.as_str()) {
+            notes.push(format!(
+                "{k} is accepted but has no effect on a training step: its collectives run with NCCL's \
+                 default buffers and chunks (it applies to `bench` and collective scenarios)"
+            ));
+        }
+    }
+    Ok((policy, notes))
+}
+
 fn integer(key: &str, value: &str, range: std::ops::RangeInclusive<i64>) -> Result<i64, String> {
     match value.trim().parse::<i64>() {
         Ok(v) if range.contains(&v) => Ok(v),
@@ -92,7 +145,7 @@ fn parse_list<T: Copy + PartialEq>(
     parse: impl Fn(&str) -> Option<T>,
     what: &str,
     valid: &str,
-) -> Result<Vec<T>, String> {
+) -> Result<Option<Vec<T>>, String> {
     let mut chosen: Option<Vec<T>> = None;
     for (i, entry) in value.split(';').map(str::trim).filter(|e| !e.is_empty()).enumerate() {
         let (func, list) = match entry.split_once(':') {
@@ -125,7 +178,9 @@ fn parse_list<T: Copy + PartialEq>(
         }
         chosen = Some(if neg { all.iter().copied().filter(|x| !items.contains(x)).collect() } else { items });
     }
-    Ok(chosen.unwrap_or_default())
+    // None: the list does not apply to `coll` (a `function:` list naming others), which
+    // keeps NCCL's default (all); Some(empty): a negation that leaves nothing.
+    Ok(chosen)
 }
 
 fn flag(key: &str, value: &str) -> Result<bool, String> {
@@ -156,18 +211,26 @@ impl NcclEnv {
     pub fn set(&mut self, key: &str, value: &str, coll: Collective) -> Result<(), String> {
         match key {
             "NCCL_ALGO" => {
-                self.algos = parse_list(
+                let list = parse_list(
                     value,
                     coll,
                     &Algo::NCCL,
                     Algo::parse,
                     "NCCL_ALGO",
                     "Ring, Tree, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT",
-                )?
+                )?;
+                if list.as_ref().is_some_and(Vec::is_empty) {
+                    return Err(format!("NCCL_ALGO={value:?} leaves no algorithm for {coll}"));
+                }
+                self.algos = list.unwrap_or_default();
             }
             "NCCL_PROTO" => {
-                self.protos =
-                    parse_list(value, coll, &Proto::ALL, Proto::parse, "NCCL_PROTO", "LL, LL128, Simple")?
+                let list =
+                    parse_list(value, coll, &Proto::ALL, Proto::parse, "NCCL_PROTO", "LL, LL128, Simple")?;
+                if list.as_ref().is_some_and(Vec::is_empty) {
+                    return Err(format!("NCCL_PROTO={value:?} leaves no protocol for {coll}"));
+                }
+                self.protos = list.unwrap_or_default();
             }
             "NCCL_MIN_NCHANNELS" => self.min_channels = Some(channels(key, value)?),
             "NCCL_MAX_NCHANNELS" => self.max_channels = Some(channels(key, value)?),
@@ -227,12 +290,6 @@ impl NcclEnv {
             if a > b {
                 return Err(format!("NCCL_MIN_NCHANNELS={a} is larger than NCCL_MAX_NCHANNELS={b}"));
             }
-        }
-        if key == "NCCL_ALGO" && self.algos.is_empty() {
-            return Err(format!("NCCL_ALGO={value:?} leaves no algorithm for {coll}"));
-        }
-        if key == "NCCL_PROTO" && self.protos.is_empty() {
-            return Err(format!("NCCL_PROTO={value:?} leaves no protocol for {coll}"));
         }
         Ok(())
     }

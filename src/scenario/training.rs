@@ -12,11 +12,13 @@ use std::sync::Arc;
 
 use super::bench::Fidelity;
 use super::row::TrainingRow;
+use crate::collective::NcclPolicy;
 use crate::fabric::Fabric;
 use crate::workload::analytic::StepEstimate;
-use crate::workload::concurrent::step_on_fabric;
-use crate::workload::lower::{step_event, EventOpts, EventStep};
+use crate::workload::concurrent::step_on_fabric_with;
+use crate::workload::lower::{step_event_with, EventOpts, EventStep};
 use crate::workload::plan::{Attention, CpComm, Dtype, PlanKeys};
+use crate::workload::search::FabricPricer;
 use crate::workload::{Model, Placement, Plan};
 
 /// A training step to time: what the scenario's `[workload]` resolved to.
@@ -35,6 +37,8 @@ pub struct TrainingWorkload {
     pub invalid: Option<String>,
     /// Report a plan that does not fit in HBM instead of failing.
     pub allow_oom: bool,
+    /// NCCL's environment for the step's collectives (the scenario's `[nccl]` table).
+    pub nccl: NcclPolicy,
 }
 
 impl PartialEq for TrainingWorkload {
@@ -44,6 +48,7 @@ impl PartialEq for TrainingWorkload {
             && self.plan == o.plan
             && self.invalid == o.invalid
             && self.allow_oom == o.allow_oom
+            && self.nccl == o.nccl
     }
 }
 
@@ -127,27 +132,29 @@ fn gib(b: u64) -> f64 {
 }
 
 /// Times one step of `model` under `plan` (already checked) on `f`: the analytical mode
-/// ([`step_on_fabric`]) or the event mode ([`step_event`]), exactly as `fabricsim train`
-/// does.
+/// ([`step_on_fabric_with`]) or the event mode ([`step_event_with`]), exactly as
+/// `fabricsim train` does, with NCCL's default environment.
 pub fn run_step(f: &Fabric, model: &Model, plan: &Plan, fidelity: Fidelity) -> Result<TrainingRun, String> {
-    run_step_with(f, model, plan, fidelity, &EventOpts::default())
+    run_step_with(f, model, plan, fidelity, &EventOpts::default(), &NcclPolicy::default())
 }
 
-/// [`run_step`] with the event mode's options (`train --no-replay`).
+/// [`run_step`] with the event mode's options (`train --no-replay`) and NCCL's environment
+/// for the step's collectives (`train --nccl`, a scenario's `[nccl]`).
 pub fn run_step_with(
     f: &Fabric,
     model: &Model,
     plan: &Plan,
     fidelity: Fidelity,
     opts: &EventOpts,
+    nccl: &NcclPolicy,
 ) -> Result<TrainingRun, String> {
     let (estimate, detail) = match fidelity {
         Fidelity::Event => {
-            let ev = step_event(f, model, plan, opts)?;
+            let ev = step_event_with(f, model, plan, opts, &FabricPricer::with_policy(f, nccl))?;
             (ev.estimate.clone(), StepDetail::Event(Box::new(ev)))
         }
         Fidelity::Analytical => {
-            let (est, priced) = step_on_fabric(f, model, plan)?;
+            let (est, priced) = step_on_fabric_with(f, model, plan, nccl)?;
             (est, StepDetail::Analytical { priced })
         }
         Fidelity::CriticalPath => {
@@ -178,7 +185,7 @@ pub fn run_training(
             f.num_nodes()
         ));
     }
-    let run = run_step(f, &w.model, &w.plan, fidelity)?;
+    let run = run_step_with(f, &w.model, &w.plan, fidelity, &EventOpts::default(), &w.nccl)?;
     let oom = if w.allow_oom { None } else { run.oom_message() };
     Ok((run.row(&w.model, &w.plan), oom))
 }

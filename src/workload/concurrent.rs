@@ -10,7 +10,7 @@
 //! This is what the contention figure of the gallery and the training layer use; it may
 //! use `fabric`, `collective`, `schedule` and `exec`, and knows nothing of files or output.
 
-use crate::collective::{self, tuner, Algo, Choice, CollArgs, CollError, Comm, Knobs};
+use crate::collective::{self, tuner, Algo, Choice, CollArgs, CollError, Comm, Knobs, NcclPolicy};
 use crate::exec::simulate::{simulate, simulate_traced, SimError, SimOpts, SimResult, Traced};
 use crate::exec::steady;
 use crate::fabric::{Fabric, Router};
@@ -53,7 +53,7 @@ pub enum WorkloadError {
         reason: String,
     },
     /// No algorithm of NCCL's can run the call on this group.
-    #[error("job \"{job}\": no algorithm can run {coll} on this group")]
+    #[error("job \"{job}\": no algorithm can run {coll} on this group (with the NCCL variables given, if any: NCCL_ALGO, NCCL_PROTO, NCCL_NVLS_ENABLE, NCCL_COLLNET_ENABLE)")]
     NoAlgorithm {
         /// The job.
         job: String,
@@ -97,6 +97,8 @@ pub struct Concurrent<'f> {
     router: &'f Router<'f>,
     composer: Composer,
     jobs: Vec<(String, PartId, Choice)>,
+    /// NCCL's environment for the jobs that let NCCL pick.
+    policy: NcclPolicy,
 }
 
 /// A job's name, what runs it, and its parts in the composed schedule.
@@ -127,7 +129,19 @@ pub struct Outcome {
 impl<'f> Concurrent<'f> {
     /// Nothing to run yet, on `fabric` with `router`'s routes.
     pub fn new(fabric: &'f Fabric, router: &'f Router<'f>) -> Concurrent<'f> {
-        Concurrent { fabric, router, composer: Composer::new(), jobs: Vec::new() }
+        Concurrent {
+            fabric,
+            router,
+            composer: Composer::new(),
+            jobs: Vec::new(),
+            policy: NcclPolicy::default(),
+        }
+    }
+
+    /// The same, with NCCL's environment for the jobs that let NCCL pick.
+    pub fn with_policy(mut self, policy: &NcclPolicy) -> Concurrent<'f> {
+        self.policy = policy.clone();
+        self
     }
 
     /// Places a collective on its ranks; returns its handle.
@@ -157,7 +171,7 @@ impl<'f> Concurrent<'f> {
         let comm = Comm::from_ranks(self.fabric, self.router, &job.ranks);
         let choice = match job.choice {
             Some(c) => c,
-            None => nccl_choice(&comm, &job.args)
+            None => nccl_choice_with(&comm, &job.args, &self.policy)
                 .ok_or(WorkloadError::NoAlgorithm { job: job.name.clone(), coll: job.args.coll })?,
         };
         let mut s = collective::build_schedule(&comm, &job.args, &choice, &job.knobs)
@@ -340,17 +354,37 @@ fn job_times(sim: &SimResult, jobs: Vec<Placed>) -> Vec<JobTime> {
 /// fabric has SHARP), with its channel count; all-to-all and send/recv take the
 /// point-to-point implementation.
 pub fn nccl_choice(comm: &Comm, args: &CollArgs) -> Option<Choice> {
-    let collnet = comm.sharp;
+    nccl_choice_with(comm, args, &NcclPolicy::default())
+}
+
+/// [`nccl_choice`] under NCCL's environment (`policy`: `NCCL_ALGO`, `NCCL_PROTO`,
+/// `NCCL_NVLS_ENABLE`, `NCCL_COLLNET_ENABLE`, the channel limits); None when it leaves
+/// nothing that runs the collective on `comm`.
+pub fn nccl_choice_with(comm: &Comm, args: &CollArgs, policy: &NcclPolicy) -> Option<Choice> {
+    let off;
+    let comm = if comm.nvls && !policy.nvls {
+        off = Comm { nvls: false, ..comm.clone() };
+        &off
+    } else {
+        comm
+    };
+    let collnet = policy.collnet_on(comm);
     let tin = tuner::TunerInput::from_comm(comm, collnet);
     let nbytes = args.model_bytes(comm.nranks);
-    let candidates = collective::runnable(comm, args.coll);
+    let candidates: Vec<(Algo, Proto)> = collective::runnable(comm, args.coll)
+        .into_iter()
+        .filter(|&(a, p)| {
+            policy.allows(args.coll, a, p)
+                && (collnet || !matches!(a, Algo::CollNetDirect | Algo::CollNetChain))
+        })
+        .collect();
     let algos: Vec<Algo> = candidates.iter().map(|c| c.0).collect();
     let protos: Vec<Proto> = candidates.iter().map(|c| c.1).collect();
     let (algo, proto) = match tuner::pick(&tin, args.coll, nbytes, &algos, &protos) {
         Some((a, p, _)) if candidates.contains(&(a, p)) => (a, p),
         _ => *candidates.iter().find(|c| c.1 == Proto::Simple).or(candidates.first())?,
     };
-    let nchannels = tuner::channels_for(&tin, algo, proto, nbytes).clamp(1, 64);
+    let nchannels = policy.channels(tuner::channels_for(&tin, algo, proto, nbytes)).clamp(1, 64);
     Some(Choice { algo, proto, nchannels })
 }
 
@@ -367,6 +401,19 @@ pub fn collective_time(
     bytes: u64,
     ranks: &[u32],
     dtype: DType,
+) -> Result<f64, WorkloadError> {
+    collective_time_with(f, router, kind, bytes, ranks, dtype, &NcclPolicy::default())
+}
+
+/// [`collective_time`] with NCCL's pick under `policy`.
+pub fn collective_time_with(
+    f: &Fabric,
+    router: &Router,
+    kind: super::comm::CollectiveKind,
+    bytes: u64,
+    ranks: &[u32],
+    dtype: DType,
+    policy: &NcclPolicy,
 ) -> Result<f64, WorkloadError> {
     use super::comm::CollectiveKind as K;
     use collective::Collective as C;
@@ -387,7 +434,7 @@ pub fn collective_time(
     // A long call is timed from two truncations of it (exec::steady): the cost does not grow
     // with the bytes.
     let sim = steady::simulate_call(f, router, &SimOpts::default(), |max_loops| {
-        let mut w = Concurrent::new(f, router);
+        let mut w = Concurrent::new(f, router).with_policy(policy);
         w.add(CollectiveJob {
             name: format!("{coll} of {bytes} B on {} ranks", ranks.len()),
             ranks: ranks.to_vec(),
@@ -427,7 +474,17 @@ pub fn step_on_fabric(
     model: &super::Model,
     plan: &super::Plan,
 ) -> Result<(super::analytic::StepEstimate, usize), String> {
-    let pricer = super::search::FabricPricer::new(f);
+    step_on_fabric_with(f, model, plan, &NcclPolicy::default())
+}
+
+/// [`step_on_fabric`] with every collective picked under NCCL's environment `policy`.
+pub fn step_on_fabric_with(
+    f: &Fabric,
+    model: &super::Model,
+    plan: &super::Plan,
+    policy: &NcclPolicy,
+) -> Result<(super::analytic::StepEstimate, usize), String> {
+    let pricer = super::search::FabricPricer::with_policy(f, policy);
     let price = |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
         if closed_form_prices(f, kind, ranks) {
             pricer.analytic(kind, bytes, ranks)

@@ -104,7 +104,7 @@ use super::comm::{
     chunk_gather_bytes, ep_load_factors, grad_reduces, layer_comms, shard_group_kind, CollectiveKind,
 };
 use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
-use super::concurrent::{nccl_choice, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
+use super::concurrent::{nccl_choice_with, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
 use super::memory::stage_params;
 use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineRun, PipelineSchedule, Timing};
@@ -391,7 +391,13 @@ impl<'a> ShadowMemo<'a> {
             return *c;
         }
         let c = coll_args(kind, bytes, ranks.len() as u64)
-            .and_then(|args| nccl_choice(&collective::Comm::from_ranks(self.f, self.router, ranks), &args))
+            .and_then(|args| {
+                nccl_choice_with(
+                    &collective::Comm::from_ranks(self.f, self.router, ranks),
+                    &args,
+                    pricer.policy(),
+                )
+            })
             .map(|c| Choice { nchannels: c.nchannels.div_ceil(local as u32).max(1), ..c });
         self.picks.borrow_mut().insert(key, c);
         c
@@ -875,7 +881,7 @@ pub fn step_event_with(
 
     let build = |extra: &[Vec<f64>]| -> Result<(Concurrent, Built), String> {
         let e = |x: WorkloadError| x.to_string();
-        let mut w = Concurrent::new(f, &router);
+        let mut w = Concurrent::new(f, &router).with_policy(pricer.policy());
         let mut b = Built {
             ops: Vec::new(),
             opt: Vec::new(),

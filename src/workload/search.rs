@@ -35,13 +35,13 @@ use serde::Serialize;
 use super::analytic::{estimate, Breakdown, StepEstimate};
 use super::comm::CollectiveKind;
 use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
-use super::concurrent::{collective_time, nccl_choice};
+use super::concurrent::{collective_time_with, nccl_choice_with};
 use super::lower::{step_event_with, EventOpts};
 use super::memory::{memory_by_stage_with, stage_params, Oom};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
 use super::plan::{Attention, Dtype, Plan, Recompute, Schedule, Sharding};
-use crate::collective::{CollArgs, Collective, Comm, Knobs};
+use crate::collective::{CollArgs, Collective, Comm, Knobs, NcclPolicy};
 use crate::exec::analytic;
 use crate::fabric::{Fabric, GpuSpec, Router};
 use crate::schedule::{DType, RedOp};
@@ -586,6 +586,8 @@ pub struct FabricPricer<'f> {
     analytic: RefCell<BTreeMap<PriceKey, f64>>,
     event: RefCell<BTreeMap<PriceKey, f64>>,
     failure: RefCell<Option<String>>,
+    /// NCCL's environment for every pick.
+    policy: NcclPolicy,
 }
 
 /// A group's communicator and the closed form's routed hops on it.
@@ -608,6 +610,11 @@ fn coll_args(kind: CollectiveKind, bytes: u64, n: u64) -> Option<CollArgs> {
 impl<'f> FabricPricer<'f> {
     /// A pricer on `f` (routes with seed 0, as `train` does).
     pub fn new(f: &'f Fabric) -> FabricPricer<'f> {
+        FabricPricer::with_policy(f, &NcclPolicy::default())
+    }
+
+    /// A pricer whose picks follow NCCL's environment `policy`.
+    pub fn with_policy(f: &'f Fabric, policy: &NcclPolicy) -> FabricPricer<'f> {
         FabricPricer {
             fabric: f,
             router: Router::new(f, 0),
@@ -615,7 +622,13 @@ impl<'f> FabricPricer<'f> {
             analytic: RefCell::new(BTreeMap::new()),
             event: RefCell::new(BTreeMap::new()),
             failure: RefCell::new(None),
+            policy: policy.clone(),
         }
+    }
+
+    /// NCCL's environment the picks follow.
+    pub fn policy(&self) -> &NcclPolicy {
+        &self.policy
     }
 
     /// The shape of a group: rank offsets from the first rank, then the number of nodes and
@@ -668,7 +681,7 @@ impl<'f> FabricPricer<'f> {
                 })
                 .clone()
         };
-        let t = match nccl_choice(&comm, &args) {
+        let t = match nccl_choice_with(&comm, &args, &self.policy) {
             Some(choice) => {
                 match analytic::Model::with_memo(self.fabric, &self.router, &comm, &memo).time(
                     &args,
@@ -703,8 +716,8 @@ impl<'f> FabricPricer<'f> {
             return t;
         }
         let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
-        let t =
-            collective_time(self.fabric, &self.router, kind, bytes, &r, DType::BF16).unwrap_or_else(|e| {
+        let t = collective_time_with(self.fabric, &self.router, kind, bytes, &r, DType::BF16, &self.policy)
+            .unwrap_or_else(|e| {
                 self.fail(format!("{kind:?} of {bytes} B on {} ranks: {e}", ranks.len()));
                 0.0
             });

@@ -590,6 +590,64 @@ fn bench_reads_nccl_variables_from_the_environment() {
     );
 }
 
+/// `train` takes NCCL variables for the step's collectives (--nccl, the environment, a
+/// scenario's [nccl]): NCCL_ALGO=Ring turns the TP all-reduce off NVLS and slows the step,
+/// NCCL_NVLS_ENABLE=0 likewise, a list that leaves an all-gather nothing is NCCL's error,
+/// a buffer knob is accepted with a note, and --no-nccl-env drops the environment's.
+#[test]
+fn train_takes_nccl_variables() {
+    let base = [
+        "train",
+        "--model",
+        "models/llama3-8b.toml",
+        "--topology",
+        H100,
+        "--nodes",
+        "2",
+        "--tp",
+        "8",
+        "--gbs",
+        "16",
+        "--seq",
+        "4096",
+        "--format",
+        "json",
+    ];
+    let step = |env: &[(&str, &str)], extra: &[&str]| -> (Option<i32>, f64, String) {
+        let mut c = command();
+        c.args(base).args(extra);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let t = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .ok()
+            .and_then(|v| v["step_time_s"].as_f64())
+            .unwrap_or(f64::NAN);
+        (out.status.code(), t, err)
+    };
+    let (code, default, err) = step(&[], &["--sp", "false"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (_, ring, _) = step(&[], &["--sp", "false", "--nccl", "NCCL_ALGO=Ring"]);
+    let (_, no_nvls, _) = step(&[], &["--sp", "false", "--nccl", "NCCL_NVLS_ENABLE=0"]);
+    assert!(ring > default && no_nvls > default, "{default} {ring} {no_nvls}");
+    let (_, from_env, _) = step(&[("NCCL_ALGO", "Ring")], &["--sp", "false"]);
+    assert_eq!(from_env, ring);
+    let (_, dropped, _) = step(&[("NCCL_ALGO", "Ring")], &["--sp", "false", "--no-nccl-env"]);
+    assert_eq!(dropped, default);
+    let (_, buff, err) = step(&[], &["--sp", "false", "--nccl", "NCCL_BUFFSIZE=8M"]);
+    assert_eq!(buff, default);
+    assert!(err.contains("NCCL_BUFFSIZE is accepted but has no effect on a training step"), "{err}");
+    // With sequence parallelism the TP group all-gathers: Tree cannot (NCCL fails the call).
+    let (code, _, err) = step(&[], &["--sp", "true", "--nccl", "NCCL_ALGO=Tree"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no algorithm can run allgather") && err.contains("NCCL_ALGO"), "{err}");
+    let (code, _, err) = step(&[], &["--sp", "false", "--nccl", "NCCL_ALGO=Rnig"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("unknown NCCL_ALGO value \"Rnig\"") && err.contains("(--nccl)"), "{err}");
+}
+
 /// `train`: a step on a real model and plan, its JSON fields, and bad plans that exit 2
 /// naming the flag, and a plan that does not fit in HBM.
 #[test]

@@ -996,8 +996,13 @@ fn bad_training_workloads_are_located_with_what_is_valid() {
     assert!(e.contains("test.toml:6:9:") && e.contains("did you mean \"llama3-8b.toml\"?"), "{e}");
     let e = err(&TRAIN.replace("model = \"../models/llama3-8b.toml\"\n", ""));
     assert!(e.contains("needs `model`"), "{e}");
-    let e = err(&format!("{TRAIN}[nccl]\nNCCL_ALGO = \"Ring\"\n"));
-    assert!(e.contains("[nccl] applies to collective workloads"), "{e}");
+    // [nccl] in a training scenario: checked at its line, resolved per collective.
+    let e = err(&format!("{TRAIN}[nccl]\nNCCL_ALGO = \"Rnig\"\n"));
+    assert!(e.contains("test.toml:") && e.contains("unknown NCCL_ALGO value \"Rnig\""), "{e}");
+    let e = err(&format!(
+        "{TRAIN}[nccl]\nNCCL_ALGO = \"^Ring,Tree,NVLS,NVLSTree,CollNetDirect,CollNetChain,PAT\"\n"
+    ));
+    assert!(e.contains("leaves no algorithm for allreduce"), "{e}");
     let e = err(&format!("{TRAIN}[sweep]\n\"workload.tpx\" = [1, 2]\n"));
     assert!(e.contains("sweep path `workload.tpx` does not exist (did you mean `workload.tp`?)"), "{e}");
 }
