@@ -705,7 +705,7 @@ impl<'f> FabricPricer<'f> {
         t
     }
 
-    /// Event-mode time in seconds ([`collective_time_with`](super::concurrent::collective_time_with): the collective simulated on its
+    /// Event-mode time in seconds ([`collective_time_with`]: the collective simulated on its
     /// group of fabric ranks).
     pub fn event(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
         if ranks.len() < 2 {
