@@ -345,12 +345,9 @@ fn shadow_knobs(chunk: u64) -> Knobs {
     Knobs { p2p_net_chunksize: chunk, ..Knobs::default() }
 }
 
-/// The NIC shadow of one layer's EP all-to-all: its pair of ranks and its call.
-type EpShadow = ([u32; 2], ShadowCall);
-
-/// The NIC shadow of one layer's CP KV exchanges or TP collectives: its pair of ranks and
-/// its call.
-type BesideShadow = EpShadow;
+/// The NIC shadow of one layer's EP all-to-all, CP KV exchanges or TP collectives: its pair
+/// of ranks and its call.
+type LayerShadow = ([u32; 2], ShadowCall);
 
 /// A shadow's memo key: collective kind, bytes through the NIC, time (ps), NCCL's pick (as
 /// written), and the pair's shape (rank offset, node offset, local rank of the first) with
@@ -460,7 +457,9 @@ impl<'a> ShadowMemo<'a> {
                 let (algo, proto) = *runnable.first()?;
                 Choice { algo, proto, nchannels: real.nchannels }
             };
-            let alone = |x: u64| -> Option<f64> {
+            // The shadow of `x` bytes each way run alone, capped at `cap` bytes/s per
+            // connection if any: its time.
+            let run = |x: u64, cap: Option<f64>| -> Option<f64> {
                 let mut w = Concurrent::new(self.f, self.router);
                 let job = CollectiveJob {
                     name: "NIC shadow".into(),
@@ -469,9 +468,13 @@ impl<'a> ShadowMemo<'a> {
                     choice: Some(choice),
                     knobs: shadow_knobs(chunk),
                 };
-                w.add(job).ok()?;
+                match cap {
+                    Some(c) => w.add_capped(job, Bandwidth::from_gbytes(c / 1e9)).ok()?,
+                    None => w.add(job).ok()?,
+                };
                 Some(w.run(&SimOpts::default()).ok()?.sim.time.as_secs())
             };
+            let alone = |x: u64| run(x, None);
             // Its rate through the NIC and its latency, from two sizes.
             let (t1, t2) = (alone(x)?, alone(x / 2)?);
             let rate = (x - x / 2) as f64 / (t1 - t2).max(1e-15);
@@ -487,18 +490,7 @@ impl<'a> ShadowMemo<'a> {
                 // `a + b / cap`: two capped runs fix `a` and `b`, and the cap that gives `t`
                 // follows.
                 let conns = f64::from(choice.nchannels.max(1));
-                let capped = |c: f64| -> Option<f64> {
-                    let mut w = Concurrent::new(self.f, self.router);
-                    let job = CollectiveJob {
-                        name: "NIC shadow".into(),
-                        ranks: pair.to_vec(),
-                        args,
-                        choice: Some(choice),
-                        knobs: shadow_knobs(chunk),
-                    };
-                    w.add_capped(job, Bandwidth::from_gbytes(c / 1e9)).ok()?;
-                    Some(w.run(&SimOpts::default()).ok()?.sim.time.as_secs())
-                };
+                let capped = |c: f64| run(x, Some(c));
                 let c0 = need / conns;
                 let (t0, t1) = (capped(c0)?, capped(2.0 * c0)?);
                 let b = (t0 - t1) * 2.0 * c0;
@@ -778,106 +770,75 @@ pub fn step_event_with(
         })
         .collect();
     let p2p = super::comm::p2p_bytes(model, plan);
-    // EP all-to-all NIC shadows, per stage and op: one per layer kernel, the op's EP time
-    // and the bytes its all-to-alls move through the representative's NIC split evenly over
-    // its kernels; None where the EP group stays inside the node (or moves nothing).
-    let ep_shadow: Vec<Vec<Option<EpShadow>>> = (0..pp)
-        .map(|s| {
-            let ranks: Vec<u32> = pl.group_of(GroupKind::Ep, rep(s)).iter().map(|&x| x as u32).collect();
-            let load = ep_load_factors(model, plan);
-            sched.ops[s]
-                .iter()
-                .enumerate()
-                .map(|(i, o)| {
-                    let t = parts[s][i].ep;
-                    if !opts.ep_shadows || t <= 0.0 || ranks.len() < 2 || o.pass == Pass::W {
-                        return None;
-                    }
-                    let vs = u64::from(o.chunk) * plan.pp + s as u64;
-                    let (mut x, mut pair, mut one) = (0.0, None, None);
-                    for l in plan.vstage_layers(model.layers, vs) {
-                        for op in layer_comms(model, plan, l) {
-                            if op.group != GroupKind::Ep || op.pass != o.pass {
-                                continue;
-                            }
-                            let (p, bytes, local) =
-                                shadow_pair(f, rep(s) as u32, CollectiveKind::AllToAll, op.bytes, &ranks)?;
-                            x += bytes as f64 * op.count as f64 * load[l as usize];
-                            pair = Some((p, local));
-                            one = Some(op.bytes);
+    // Layer shadows, per stage and op: one per layer kernel of an op whose EP, CP or TP group
+    // leaves the node, on the representative and its peer of the group on another node, with
+    // the bytes the layer's collectives of that group move through the representative's NIC
+    // (the op's, split evenly over its kernels) and the layer's share of `time`. EP: the
+    // all-to-all as NCCL picks it on the group, for the op's EP time (the kernel waits for
+    // it). CP and TP (ring attention's KV steps or the all-gather variant's gathers; TP's
+    // all-reduces or all-gathers and reduce-scatters): an exchange of those bytes each way
+    // on the pair, for their time on the wire, beside the kernel. None where the group stays
+    // inside the node (or moves nothing).
+    let load = ep_load_factors(model, plan);
+    let layer_shadows = |group: GroupKind,
+                         on: bool,
+                         time: fn(&OpParts) -> f64|
+     -> Vec<Vec<Option<LayerShadow>>> {
+        (0..pp)
+            .map(|s| {
+                let ranks: Vec<u32> = pl.group_of(group, rep(s)).iter().map(|&x| x as u32).collect();
+                sched.ops[s]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, o)| {
+                        let t = time(&parts[s][i]);
+                        if !on || t <= 0.0 || ranks.len() < 2 || o.pass == Pass::W {
+                            return None;
                         }
-                    }
-                    let ((p, local), bytes) = (pair?, one?);
-                    let n = f64::from(layers_of(s, o.chunk));
-                    let real = shadows_memo.pick(pricer, CollectiveKind::AllToAll, bytes, &ranks, local)?;
-                    let call = shadows_memo.call(p, CollectiveKind::AllToAll, (x / n) as u64, t / n, real)?;
-                    Some((p, call))
-                })
-                .collect()
-        })
-        .collect();
-
-    // CP and TP NIC shadows, per stage and op: one per layer kernel, running beside it, that
-    // exchanges between the representative and its peer of the group on another node the
-    // bytes the layer's collectives of that group (ring attention's KV steps or the
-    // all-gather variant's gathers; TP's all-reduces or all-gathers and reduce-scatters)
-    // move each way through the representative's NIC, stretched to their time on the wire;
-    // None where the group stays inside the node.
-    let beside_shadows =
-        |group: GroupKind, on: bool, wire: fn(&OpParts) -> f64| -> Vec<Vec<Option<BesideShadow>>> {
-            (0..pp)
-                .map(|s| {
-                    let ranks: Vec<u32> = pl.group_of(group, rep(s)).iter().map(|&x| x as u32).collect();
-                    sched.ops[s]
-                        .iter()
-                        .enumerate()
-                        .map(|(i, o)| {
-                            let t = wire(&parts[s][i]);
-                            if !on || t <= 0.0 || ranks.len() < 2 || o.pass == Pass::W {
-                                return None;
-                            }
-                            let vs = u64::from(o.chunk) * plan.pp + s as u64;
-                            let (mut x, mut pair) = (0.0, None);
-                            for l in plan.vstage_layers(model.layers, vs) {
-                                for op in layer_comms(model, plan, l) {
-                                    if op.group != group || op.pass != o.pass {
-                                        continue;
-                                    }
-                                    let (p, bytes, _) =
-                                        shadow_pair(f, rep(s) as u32, op.kind, op.bytes, &ranks)?;
-                                    x += bytes as f64 * op.count as f64;
-                                    pair = Some(p);
+                        let vs = u64::from(o.chunk) * plan.pp + s as u64;
+                        let (mut x, mut found) = (0.0, None);
+                        for l in plan.vstage_layers(model.layers, vs) {
+                            for op in layer_comms(model, plan, l) {
+                                if op.group != group || op.pass != o.pass {
+                                    continue;
                                 }
+                                let (p, bytes, local) =
+                                    shadow_pair(f, rep(s) as u32, op.kind, op.bytes, &ranks)?;
+                                // The busiest EP rank receives `load` times the mean.
+                                let w = if group == GroupKind::Ep { load[l as usize] } else { 1.0 };
+                                x += bytes as f64 * op.count as f64 * w;
+                                found = Some((p, local, op.bytes));
                             }
-                            let p = pair?;
-                            let n = f64::from(layers_of(s, o.chunk));
-                            let per = (x / n) as u64;
-                            // Each way through the NIC: an exchange on the pair, as NCCL picks it.
+                        }
+                        let (p, local, one) = found?;
+                        let n = f64::from(layers_of(s, o.chunk));
+                        let per = (x / n) as u64;
+                        let call = if group == GroupKind::Ep {
+                            let real =
+                                shadows_memo.pick(pricer, CollectiveKind::AllToAll, one, &ranks, local)?;
+                            shadows_memo.call(p, CollectiveKind::AllToAll, per, t / n, real)?
+                        } else {
+                            // Each way through the NIC: an exchange on the pair, as NCCL picks
+                            // it, in network chunks up to a Simple step (512 KiB of the default
+                            // 4 MiB buffer) rather than NCCL's 128 KiB p2p chunk: a quarter of
+                            // the events for megabytes per layer, still interleaved with the DP
+                            // and PP traffic at the granularity NCCL's collectives use.
                             let real = shadows_memo.pick(pricer, CollectiveKind::AllToAll, 2 * per, &p, 1)?;
-                            // Network chunks up to a Simple step (512 KiB of the default 4 MiB
-                            // buffer) rather than NCCL's 128 KiB p2p chunk: a quarter of the
-                            // events for megabytes per layer, still interleaved with the DP and
-                            // PP traffic at the granularity NCCL's collectives use.
                             let step = Knobs::default().buffsize / 8;
                             let chunk = (per / (2 * u64::from(real.nchannels.max(1))))
                                 .next_power_of_two()
                                 .clamp(Knobs::default().p2p_net_chunksize, step);
-                            let call = shadows_memo.call_chunked(
-                                p,
-                                CollectiveKind::AllToAll,
-                                per,
-                                t / n,
-                                real,
-                                chunk,
-                            )?;
-                            Some((p, call))
-                        })
-                        .collect()
-                })
-                .collect()
-        };
-    let cp_shadow = beside_shadows(GroupKind::Cp, opts.cp_shadows, |p| p.cp_wire);
-    let tp_shadow = beside_shadows(GroupKind::Tp, opts.tp_shadows, |p| p.tp_wire);
+                            shadows_memo.call_chunked(p, CollectiveKind::AllToAll, per, t / n, real, chunk)?
+                        };
+                        Some((p, call))
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let ep_shadow = layer_shadows(GroupKind::Ep, opts.ep_shadows, |p| p.ep);
+    let cp_shadow = layer_shadows(GroupKind::Cp, opts.cp_shadows, |p| p.cp_wire);
+    let tp_shadow = layer_shadows(GroupKind::Tp, opts.tp_shadows, |p| p.tp_wire);
 
     let build = |extra: &[Vec<f64>]| -> Result<(Concurrent, Built), String> {
         let e = |x: WorkloadError| x.to_string();
