@@ -43,11 +43,8 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let ch = chunking(args.coll, choice.algo, Proto::Simple, knobs);
     let parts = channel_parts(args.count, elem, choice.nchannels);
     let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
-    let heads: Vec<u32> = if comm.nic_owners[0].is_empty() {
-        vec![0]
-    } else {
-        comm.nic_owners[0].iter().copied().take(8).collect()
-    };
+    let heads: Vec<u32> =
+        if comm.nic_owners[0].is_empty() { vec![0] } else { comm.nic_heads(0).into_iter().take(8).collect() };
     let mut cache = BTreeMap::new();
     for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;

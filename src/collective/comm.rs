@@ -17,8 +17,9 @@ pub struct Comm {
     pub node_of: Vec<u32>,
     /// Local index of each rank in its NCCL node.
     pub local_of: Vec<u32>,
-    /// For each NCCL node, the local indices of GPUs that own a rail NIC, in rail order.
-    /// Channel c enters and leaves a node through owner `c % len`.
+    /// For each NCCL node, one entry per rail NIC its GPUs own, in rail order: the local
+    /// index of the owner (a GPU with several NICs appears once per NIC). Channel c enters
+    /// and leaves a node through entry `c % len`.
     pub nic_owners: Vec<Vec<u32>>,
     /// Rail (NIC index in its host node) owned by each rank, if any.
     pub rail_of: Vec<Option<u32>>,
@@ -79,26 +80,24 @@ impl Comm {
             }
         }
         for (d, (_, ranks)) in by_domain.into_iter().enumerate() {
-            let mut owners = Vec::new();
+            // (owner's local index, rail) per owned rail.
+            let mut owned = Vec::new();
             for (li, &r) in ranks.iter().enumerate() {
                 node_of[r as usize] = d as u32;
                 local_of[r as usize] = li as u32;
-                let host_local = f.local_rank(ranks_in[r as usize]);
                 // The GPU owns the rails for which it is the owner in its host node.
-                let rails: Vec<u32> =
-                    (0..router.rails()).filter(|&x| router.rail_owner(x) == Some(host_local)).collect();
-                if let Some(&first) = rails.first() {
-                    rail_of[r as usize] = Some(first);
-                    owners.push(li as u32);
-                }
+                let rails = router.owned_rails(f.local_rank(ranks_in[r as usize]));
+                rail_of[r as usize] = rails.first().copied();
+                owned.extend(rails.into_iter().map(|x| (li as u32, x)));
             }
+            owned.sort_by_key(|&(_, rail)| rail);
+            let owners: Vec<u32> = owned.iter().map(|o| o.0).collect();
             // Partners: another GPU of the same host node whose closest NICs include the
-            // owner's rail.
-            let partners = owners
+            // entry's rail.
+            let partners = owned
                 .iter()
-                .map(|&li| {
+                .map(|&(li, rail)| {
                     let r = ranks[li as usize];
-                    let rail = rail_of[r as usize]?;
                     let fr = ranks_in[r as usize];
                     ranks.iter().enumerate().find_map(|(lj, &q)| {
                         let fq = ranks_in[q as usize];
@@ -243,6 +242,18 @@ impl Comm {
             }
         }
         order
+    }
+
+    /// The distinct GPUs (local indices) of NCCL node `d` that own a rail NIC, in rail
+    /// order: the heads of NVLS and CollNet.
+    pub fn nic_heads(&self, d: u32) -> Vec<u32> {
+        let mut heads: Vec<u32> = Vec::new();
+        for &o in &self.nic_owners[d as usize] {
+            if !heads.contains(&o) {
+                heads.push(o);
+            }
+        }
+        heads
     }
 
     /// The ring of channel `c`: nodes in order, each in its channel rotation.

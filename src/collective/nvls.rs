@@ -83,7 +83,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     let heads: Vec<u32> = if nodes == 1 || comm.nic_owners[0].is_empty() {
         (0..comm.ppn()).collect()
     } else {
-        comm.nic_owners[0].clone()
+        comm.nic_heads(0)
     };
     let mut ch = chunking(args.coll, choice.algo, Proto::Simple, knobs);
     ch.chunk_bytes = nvls_chunk(
@@ -451,7 +451,7 @@ pub fn closed_form(
         .unwrap_or(0.5);
     let nic = comm.nic_gbps * 1e3 * p.link_eff[4];
     let heads =
-        if nodes == 1 || comm.nic_owners[0].is_empty() { ppn } else { comm.nic_owners[0].len() as f64 };
+        if nodes == 1 || comm.nic_owners[0].is_empty() { ppn } else { comm.nic_heads(0).len() as f64 };
     let nch = used as f64;
     let simple = &p.proto[2];
     let sigma = simple.step(LinkClass::NvLink).as_us();

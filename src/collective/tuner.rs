@@ -135,7 +135,9 @@ impl TunerInput {
         } else {
             let nics = comm.nics_per_node.max(1);
             let net = speed_at_most(inter, comm.nic_gbps.max(0.1));
-            let nc = if ppn == 1 { 1 } else { nics.min(ppn).max(1) };
+            // One search channel per NIC (a GPU with several NICs heads a channel on each;
+            // the ring search's maxChannels is 32).
+            let nc = if ppn == 1 { 1 } else { nics.clamp(1, 32) };
             ring = dup(comm.sm, Graph { nchannels: nc, bw_intra: net, bw_inter: net });
             graphs[Algo::Ring as usize] = Some(ring);
             let tree_base: f64 = match g {
@@ -143,7 +145,15 @@ impl TunerInput {
                 Generation::Hopper => 48.0,
                 Generation::Blackwell => 96.0,
             };
-            let tree_intra = tree_base.max(ring.bw_intra);
+            // Pass 2 raises a tree's bwIntra while its channels fit in the GPU's bandwidth
+            // (totalBw x nGPU/(nGPU-1) for trees, NCCL_FACTS 5.6): 16 channels of a 16-NIC
+            // A100 node stop at 15 GB/s where 8 reach 30.
+            let fit = if ppn > 1 {
+                speed_at_most(inter, total * ppn as f64 / (ppn - 1) as f64 / ring.nchannels.max(1) as f64)
+            } else {
+                tree_base
+            };
+            let tree_intra = tree_base.min(fit).max(ring.bw_intra);
             let tree = Graph { nchannels: ring.nchannels, bw_intra: tree_intra, bw_inter: ring.bw_inter };
             graphs[Algo::Tree as usize] = Some(tree);
             if comm.nvls && ppn >= 2 {
@@ -151,8 +161,9 @@ impl TunerInput {
                     Generation::Blackwell => 48.0,
                     _ => 40.0,
                 };
+                // One NVLS head (channel) per GPU at most (maxChannels = nGPUs).
                 graphs[Algo::Nvls as usize] =
-                    Some(Graph { nchannels: nc.max(2), bw_intra: nv, bw_inter: net });
+                    Some(Graph { nchannels: nc.min(ppn).max(2), bw_intra: nv, bw_inter: net });
                 graphs[Algo::NvlsTree as usize] = graphs[Algo::Nvls as usize];
             }
             if comm.sharp && collnet && ppn <= 8 {

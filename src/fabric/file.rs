@@ -17,7 +17,9 @@
 //! rate; each NIC's `rate` must equal it), `latency`,
 //! `switch = { model, radix, latency, sharp = { generation, alu_bw, max_trees, dtypes } }`,
 //! `nodes_per_su`, `tiers`, `two_tier_max_leaves` (leaves a two-tier fabric may hold before
-//! a core tier is added; default the radix) and `oversubscription`.
+//! a core tier is added; default the radix), `oversubscription` and `routing` (`ecmp`, the
+//! default: each connection hashed onto one path; `adaptive`: adaptive routing or packet
+//! spraying, load spread over the equal-cost paths).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -199,6 +201,7 @@ struct NetworkFile {
     tiers: Option<Spanned<u8>>,
     two_tier_max_leaves: Option<Spanned<u32>>,
     oversubscription: Option<Spanned<f64>>,
+    routing: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -867,6 +870,13 @@ fn to_network(src: &Source, n: &NetworkFile) -> Result<NetworkSpec, TopologyErro
             ));
         }
     }
+    let routing = match n.routing.as_ref().map(|r| (r.get_ref().as_str(), r.span())) {
+        None | Some(("ecmp", _)) => NetRouting::Ecmp,
+        Some(("adaptive", _)) => NetRouting::Adaptive,
+        Some((other, span)) => {
+            return Err(src.at(span, format!("unknown routing {other:?}; valid: \"ecmp\", \"adaptive\"")));
+        }
+    };
     let nodes_per_su = n.nodes_per_su.as_ref().map(|s| *s.get_ref()).unwrap_or(32);
     if nodes_per_su == 0 {
         return Err(src.at(
@@ -888,6 +898,7 @@ fn to_network(src: &Source, n: &NetworkFile) -> Result<NetworkSpec, TopologyErro
         tiers: n.tiers.as_ref().map(|t| *t.get_ref()),
         two_tier_max_leaves: n.two_tier_max_leaves.as_ref().map(|m| *m.get_ref()),
         oversubscription: over,
+        routing,
     })
 }
 

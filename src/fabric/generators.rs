@@ -196,5 +196,6 @@ pub(crate) fn build_network(
         nodes_per_su: ns.nodes_per_su,
         switch_model: ns.switch.model.clone(),
         sharp: ns.switch.sharp.is_some(),
+        routing: ns.routing,
     })
 }

@@ -29,7 +29,7 @@ use crate::units::{Bandwidth, SimTime};
 pub use file::{load_topology, TopologyError};
 pub use params::ModelParams;
 pub use routing::{PathType, Route, RouteOpts, Router};
-pub use spec::{Generation, GpuSpec, TopologySpec};
+pub use spec::{Generation, GpuSpec, NetRouting, TopologySpec};
 
 /// Index of a device in [`Fabric::devices`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -259,6 +259,8 @@ pub struct NetworkInfo {
     pub switch_model: String,
     /// Whether the switches reduce (SHARP).
     pub sharp: bool,
+    /// How the switches pick among equal-cost paths.
+    pub routing: NetRouting,
 }
 
 /// A frozen, validated fabric: everything the router, the engine and the algorithms need.

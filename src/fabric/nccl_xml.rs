@@ -742,6 +742,7 @@ fn default_network(rate: Bandwidth) -> NetworkSpec {
         tiers: None,
         two_tier_max_leaves: None,
         oversubscription: 1.0,
+        routing: NetRouting::Ecmp,
     }
 }
 

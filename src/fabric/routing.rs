@@ -4,8 +4,11 @@
 //! Inside a node the route comes from the node template's table (computed once, shared by
 //! all nodes). GPUs in one NVLink domain go through the domain's NVSwitch. Across nodes a
 //! transfer leaves through a NIC (the rail the caller asks for, or the receiver's rail with
-//! PXN, as NCCL does), crosses the network by up/down shortest paths with ECMP chosen by a
-//! seeded hash, and enters the destination node through the same rail.
+//! PXN, as NCCL does), crosses the network by up/down shortest paths, and enters the
+//! destination node through the same rail. Among equal-cost paths a seeded hash picks
+//! (static ECMP), or, where the network routes adaptively, each NIC's own leaf port does
+//! (a collision-free spread). A GPU whose PCIe switch has more NICs than GPUs owns several
+//! rails and spreads its channels over them.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -113,6 +116,9 @@ pub struct Router<'f> {
     rail_offset: Vec<u32>,
     /// For each rail, the local GPU that owns it (closest), if any.
     rail_owner: Vec<Option<u32>>,
+    /// Spread connections over equal-cost paths (the network's adaptive routing) instead
+    /// of hashing them.
+    adaptive: bool,
     leaf_dist: RefCell<BTreeMap<u32, Rc<Vec<u16>>>>,
 }
 
@@ -144,12 +150,16 @@ impl<'f> Router<'f> {
             gpu_rails.push(best.iter().filter(|b| Some((b.0, b.1)) == top).map(|b| b.2).collect::<Vec<_>>());
         }
         let mut rail_owner = vec![None; nics.len()];
-        // Assign rails to GPUs round-robin among GPUs that share the same closest NICs.
+        // GPUs that share the same N closest NICs split them as NCCL does (`netsPerGpu`,
+        // NCCL_FACTS 5.4): each of the G GPUs owns ceil(N / G) consecutive NICs (two on a
+        // 16-NIC A100 node, four on a 32-NIC p5), or one NIC while NICs last when N < G.
         for (gi, rails) in gpu_rails.iter().enumerate() {
-            for &r in rails {
+            let peers: Vec<usize> = (0..gpu_rails.len()).filter(|&g| gpu_rails[g] == *rails).collect();
+            let pos = peers.iter().position(|&g| g == gi).unwrap_or(0);
+            let per = rails.len().div_ceil(peers.len().max(1));
+            for &r in rails.iter().skip(pos * per).take(per) {
                 if rail_owner[r as usize].is_none() {
                     rail_owner[r as usize] = Some(gi as u32);
-                    break;
                 }
             }
         }
@@ -161,7 +171,29 @@ impl<'f> Router<'f> {
         let rail_offset = (0..gpu_rails.len())
             .map(|g| gpu_rails[..g].iter().filter(|r| **r == gpu_rails[g]).count() as u32)
             .collect();
-        Router { fabric, seed, gpu_rails, rail_offset, rail_owner, leaf_dist: RefCell::new(BTreeMap::new()) }
+        let adaptive = fabric.network.as_ref().is_some_and(|n| n.routing == super::NetRouting::Adaptive);
+        Router {
+            fabric,
+            seed,
+            gpu_rails,
+            rail_offset,
+            rail_owner,
+            adaptive,
+            leaf_dist: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// The same router with the network's adaptive routing turned off when `on` is false
+    /// (`NCCL_IB_ADAPTIVE_ROUTING=0`: connections then take hashed static paths). A
+    /// fabric without adaptive routing stays as it is.
+    pub fn with_adaptive_routing(mut self, on: bool) -> Self {
+        self.adaptive &= on;
+        self
+    }
+
+    /// Whether connections are spread over equal-cost paths (adaptive routing).
+    pub fn adaptive(&self) -> bool {
+        self.adaptive
     }
 
     /// The fabric routed on.
@@ -197,6 +229,11 @@ impl<'f> Router<'f> {
     /// The rails (NIC indices) closest to a local GPU, best first.
     pub fn close_rails(&self, local_gpu: u32) -> &[u32] {
         self.gpu_rails.get(local_gpu as usize).map(|v| v.as_slice()).unwrap_or(&[])
+    }
+
+    /// The rails a local GPU owns, in rail order (NCCL's NICs of that GPU).
+    pub fn owned_rails(&self, local_gpu: u32) -> Vec<u32> {
+        (0..self.rails()).filter(|&r| self.rail_owner(r) == Some(local_gpu)).collect()
     }
 
     /// The local GPU that owns a rail (its closest GPU).
@@ -423,7 +460,27 @@ impl<'f> Router<'f> {
         self.walk(root, leaf, key ^ 0x5bd1_e995)
     }
 
-    /// Shortest up/down path between two NICs, ECMP by hash.
+    /// Tier of a network switch (0 for anything else).
+    fn tier(&self, d: DeviceId) -> u8 {
+        match self.fabric.devices[d.idx()].kind {
+            DeviceKind::NetSwitch { tier, .. } => tier,
+            _ => 0,
+        }
+    }
+
+    /// Position of `nic` among the devices that are not switches on `leaf`'s ports.
+    fn port_index(&self, leaf: DeviceId, nic: DeviceId) -> u64 {
+        let f = self.fabric;
+        f.out_links(leaf)
+            .iter()
+            .map(|&l| f.links[l.idx()].dst)
+            .filter(|&v| !matches!(f.devices[v.idx()].kind, DeviceKind::NetSwitch { .. }))
+            .position(|v| v == nic)
+            .unwrap_or(0) as u64
+    }
+
+    /// Shortest up/down path between two NICs: ECMP by hash, or spread by ports under
+    /// adaptive routing.
     pub fn nic_to_nic(&self, src: DeviceId, dst: DeviceId, flow: u64) -> Option<Vec<LinkId>> {
         let f = self.fabric;
         let (up, src_leaf) = self.switch_of(src)?;
@@ -450,8 +507,21 @@ impl<'f> Router<'f> {
             if cands.is_empty() {
                 return None;
             }
-            let h = mix(self.seed ^ mix(src.0 as u64) ^ mix((dst.0 as u64) << 20) ^ mix(flow) ^ hop);
-            let l = cands[(h % cands.len() as u64) as usize];
+            let pick = if self.adaptive {
+                // Adaptive routing spreads load so that what a non-blocking fabric can carry
+                // side by side does not collide: going up, a NIC's traffic takes the uplink
+                // of its own leaf port; going down, the link of the destination's port
+                // (D-mod-K; contention-free for the shifts rings and trees make).
+                let up = self.tier(f.links[cands[0].idx()].dst) > self.tier(cur);
+                if up {
+                    self.port_index(src_leaf, src)
+                } else {
+                    self.port_index(dst_leaf, dst)
+                }
+            } else {
+                mix(self.seed ^ mix(src.0 as u64) ^ mix((dst.0 as u64) << 20) ^ mix(flow) ^ hop)
+            };
+            let l = cands[(pick % cands.len() as u64) as usize];
             links.push(l);
             cur = f.links[l.idx()].dst;
             hop += 1;

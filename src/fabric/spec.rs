@@ -146,6 +146,29 @@ pub struct DomainSpec {
     pub latency: Option<SimTime>,
 }
 
+/// How the switches of the scale-out network pick among equal-cost paths.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NetRouting {
+    /// Static ECMP: each connection hashed onto one path (Ethernet/RoCE, InfiniBand without
+    /// adaptive routing); connections collide on uplinks by chance.
+    #[default]
+    Ecmp,
+    /// Adaptive routing or packet spraying (InfiniBand AR, EFA's SRD, Spectrum-X): load is
+    /// spread over the equal-cost paths, so connections that a non-blocking fabric can carry
+    /// side by side do not collide.
+    Adaptive,
+}
+
+impl NetRouting {
+    /// Name as written in files.
+    pub fn key(self) -> &'static str {
+        match self {
+            NetRouting::Ecmp => "ecmp",
+            NetRouting::Adaptive => "adaptive",
+        }
+    }
+}
+
 /// How the scale-out network is wired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NetTopology {
@@ -200,6 +223,8 @@ pub struct NetworkSpec {
     pub two_tier_max_leaves: Option<u32>,
     /// Leaf down:up ratio (1.0 non-blocking, 2.0 means half the uplinks).
     pub oversubscription: f64,
+    /// How switches pick among equal-cost paths.
+    pub routing: NetRouting,
 }
 
 /// How nodes form a cluster.

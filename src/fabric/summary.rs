@@ -57,6 +57,8 @@ pub struct NetworkSummary {
     pub port_gbps: f64,
     /// Configured leaf down:up ratio.
     pub leaf_oversubscription: f64,
+    /// How switches pick among equal-cost paths ("ecmp" or "adaptive").
+    pub routing: &'static str,
     /// Nodes per scalable unit.
     pub nodes_per_su: u32,
     /// Switch model.
@@ -218,6 +220,7 @@ pub fn summarize(f: &Fabric) -> FabricSummary {
         tiers: n.tiers,
         port_gbps: n.port_rate.gbytes(),
         leaf_oversubscription: n.oversubscription,
+        routing: n.routing.key(),
         nodes_per_su: n.nodes_per_su,
         switch_model: n.switch_model.clone(),
         switch_radix: radix,

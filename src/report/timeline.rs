@@ -556,7 +556,7 @@ pub fn trace_bench_row(
     row: &BenchRow,
     opts: &TimelineOpts,
 ) -> Result<TimelineStats, TimelineError> {
-    let router = Router::new(f, cfg.seed);
+    let router = Router::new(f, cfg.seed).with_adaptive_routing(cfg.env.adaptive_routing);
     let mut comm = Comm::from_fabric(f, &router);
     comm.nvls &= cfg.env.nvls;
     let args =

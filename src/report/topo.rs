@@ -183,6 +183,7 @@ pub fn write_text(w: &mut dyn Write, s: &FabricSummary) -> io::Result<()> {
                 ],
                 vec!["nodes per SU".into(), n.nodes_per_su.to_string()],
                 vec!["leaf down:up".into(), format!("{}:1", n.leaf_oversubscription)],
+                vec!["routing".into(), n.routing.to_string()],
                 vec!["switches".into(), per_tier.join(", ")],
             ],
         )?;
@@ -368,6 +369,8 @@ pub struct NetworkJson {
     pub port_gbps: f64,
     /// Configured leaf down:up ratio.
     pub leaf_oversubscription: f64,
+    /// How switches pick among equal-cost paths: "ecmp" or "adaptive".
+    pub routing: String,
     /// Nodes per SU.
     pub nodes_per_su: u32,
     /// Switch model.
@@ -491,6 +494,7 @@ pub fn summary_json(s: &FabricSummary) -> SummaryJson {
             tiers: n.tiers,
             port_gbps: n.port_gbps,
             leaf_oversubscription: n.leaf_oversubscription,
+            routing: n.routing.to_string(),
             nodes_per_su: n.nodes_per_su,
             switch_model: n.switch_model.clone(),
             switch_radix: n.switch_radix,

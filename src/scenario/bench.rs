@@ -63,6 +63,9 @@ pub struct NcclEnv {
     pub min_channels: Option<u32>,
     /// NCCL_MAX_NCHANNELS.
     pub max_channels: Option<u32>,
+    /// NCCL_IB_ADAPTIVE_ROUTING (default on): off, connections take hashed static paths
+    /// even where the fabric routes adaptively.
+    pub adaptive_routing: bool,
     /// Buffer sizes and chunk knobs.
     pub knobs: Knobs,
 }
@@ -76,6 +79,7 @@ impl Default for NcclEnv {
             nvls: true,
             min_channels: None,
             max_channels: None,
+            adaptive_routing: true,
             knobs: Knobs::default(),
         }
     }
@@ -308,7 +312,7 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
             )));
         }
     }
-    let router = Router::new(f, cfg.seed);
+    let router = Router::new(f, cfg.seed).with_adaptive_routing(cfg.env.adaptive_routing);
     let mut comm = Comm::from_fabric(f, &router);
     comm.nvls &= cfg.env.nvls;
     let comm = comm;

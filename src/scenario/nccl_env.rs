@@ -53,10 +53,6 @@ pub const NO_EFFECT: &[(&str, &str)] = &[
         "the modelled rings and trees stay on their rail (NCCL's choice on rail-optimized fabrics); \
          cross-rail graphs are not searched",
     ),
-    (
-        "NCCL_IB_ADAPTIVE_ROUTING",
-        "routes are static (ECMP by seeded hash); switch adaptive routing is not modelled",
-    ),
 ];
 
 /// The note for a variable that is accepted without effect in the model.
@@ -259,8 +255,11 @@ impl NcclEnv {
             "NCCL_IB_QPS_PER_CONNECTION" => {
                 integer(key, value, 1..=128)?;
             }
-            "NCCL_IB_SPLIT_DATA_ON_QPS" | "NCCL_IB_ADAPTIVE_ROUTING" => {
+            "NCCL_IB_SPLIT_DATA_ON_QPS" => {
                 integer(key, value, 0..=1)?;
+            }
+            "NCCL_IB_ADAPTIVE_ROUTING" => {
+                self.adaptive_routing = integer(key, value, 0..=1)? == 1;
             }
             "NCCL_CROSS_NIC" => {
                 integer(key, value, 0..=2)?;
@@ -335,7 +334,6 @@ mod tests {
             ("NCCL_NET_GDR_LEVEL", "PHB"),
             ("NCCL_NET_GDR_LEVEL", "3"),
             ("NCCL_CROSS_NIC", "1"),
-            ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
         ] {
             let before = e.clone();
             e.set(k, v, c).unwrap();
@@ -343,6 +341,11 @@ mod tests {
             assert!(no_effect_note(k).is_some(), "{k} needs its note");
         }
         assert!(no_effect_note("NCCL_MAX_CTAS").is_none());
+        // Adaptive routing is on by default (as NCCL's on InfiniBand); 0 turns it off.
+        assert!(e.adaptive_routing);
+        e.set("NCCL_IB_ADAPTIVE_ROUTING", "0", c).unwrap();
+        assert!(!e.adaptive_routing && no_effect_note("NCCL_IB_ADAPTIVE_ROUTING").is_none());
+        assert!(e.set("NCCL_IB_ADAPTIVE_ROUTING", "2", c).unwrap_err().contains("0..=1"));
         assert!(e.set("NCCL_IB_QPS_PER_CONNECTION", "0", c).unwrap_err().contains("1..=128"));
         assert!(e.set("NCCL_CROSS_NIC", "3", c).unwrap_err().contains("0..=2"));
         assert!(e.set("NCCL_NET_GDR_LEVEL", "FAR", c).unwrap_err().contains("path type"));

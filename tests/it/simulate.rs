@@ -72,6 +72,42 @@ fn multi_node_ring_runs_at_the_nic_payload_rate() {
 }
 
 #[test]
+fn every_nic_of_a_multi_nic_gpu_carries_the_ring() {
+    // Two AWS p5 nodes (four 100G NICs per GPU, SRD spraying as adaptive routing) and two
+    // OCI A100 nodes (two 100G RoCE NICs per GPU, one leaf): the ring's bus bandwidth tends
+    // to all 32 (16) NICs' payload rate, as with one NIC per GPU. With each connection
+    // hashed onto one of the 32 spine uplinks instead (NCCL_IB_ADAPTIVE_ROUTING=0), p5's
+    // connections collide and lose more than a third.
+    for (topo, nics, nch) in [("aws-p5.toml", 32.0, 64), ("oci-bm-gpu4-8.toml", 16.0, 32)] {
+        let f = fabric(topo, Some(2), None);
+        let bytes = 4u64 << 30;
+        let expect = nics * 12.5 * f.params.resolve().link_eff[4];
+        let r =
+            run(&f, Collective::AllReduce, bytes, ch(Algo::Ring, Proto::Simple, nch), &SimOpts::default());
+        let got = busbw(Collective::AllReduce, bytes, 16, &r);
+        assert!(
+            (got / expect - 1.0).abs() < 0.03,
+            "{topo}: busbw {got:.1} GB/s, closed form {expect:.1} GB/s"
+        );
+    }
+    let f = fabric("aws-p5.toml", Some(2), None);
+    let router = Router::new(&f, 0).with_adaptive_routing(false);
+    assert!(!router.adaptive() && Router::new(&f, 0).adaptive());
+    let comm = Comm::from_fabric(&f, &router);
+    let bytes = 4u64 << 30;
+    let s = build_schedule(
+        &comm,
+        &args(Collective::AllReduce, bytes, 16),
+        &ch(Algo::Ring, Proto::Simple, 64),
+        &Knobs::default(),
+    )
+    .unwrap();
+    let r = simulate(&f, &router, &s, &SimOpts::default()).unwrap();
+    let hashed = busbw(Collective::AllReduce, bytes, 16, &r);
+    assert!(hashed < 0.65 * 32.0 * 12.5 * f.params.resolve().link_eff[4], "ECMP busbw {hashed:.1} GB/s");
+}
+
+#[test]
 fn rank_folding_matches_the_full_simulation() {
     let f = fabric("superpod-h100.toml", Some(4), None);
     for coll in [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter] {

@@ -242,6 +242,66 @@ fn gpus_sharing_two_nics_use_one_each() {
 }
 
 #[test]
+fn gpus_with_several_nics_drive_all_of_them() {
+    // NCCL's netsPerGpu (NCCL_FACTS 5.4): each GPU of a PCIe switch owns ceil(NICs / GPUs)
+    // of the switch's NICs and spreads its channels over them.
+    for (name, per) in [("oci-bm-gpu4-8", 2u32), ("aws-p5", 4)] {
+        let f = fabric(name, Some(2));
+        let router = Router::new(&f, 0);
+        for g in 0..8 {
+            let owned = router.owned_rails(g);
+            assert_eq!(owned, (g * per..(g + 1) * per).collect::<Vec<_>>(), "{name} GPU {g}");
+            let used: Vec<u32> = (0..per).map(|c| router.rail_of(g, c).unwrap()).collect();
+            assert_eq!(used, owned, "{name} GPU {g}: one NIC per channel");
+        }
+        let comm = fabricsim::collective::Comm::from_fabric(&f, &router);
+        assert_eq!(comm.nics_per_node, 8 * per, "{name}");
+        assert_eq!(comm.nic_heads(0), (0..8).collect::<Vec<_>>(), "{name}: one head per GPU");
+        // Channel c enters each node through NIC c (its owner heads the ring).
+        for c in 0..8 * per {
+            assert_eq!(comm.node_order(1, c)[0], 8 + c / per, "{name} channel {c}");
+        }
+    }
+    // The graphs NCCL's search finds (NCCL_MODEL_BASELINE.md, "Graph-search inputs"):
+    // 8x200G A100 Ring 8x24/24, Tree 8x30/24, 16 channels; 16x100G A100 Ring 16x12/12,
+    // Tree 16x15/12 (16 tree channels fit in the NVLink bandwidth at 15, not 30), 32 channels.
+    use fabricsim::collective::{tuner::TunerInput, Algo};
+    for (name, ring, tree, channels) in
+        [("dgx-a100", (8, 24.0), (8, 30.0, 24.0), 16), ("oci-bm-gpu4-8", (16, 12.0), (16, 15.0, 12.0), 32)]
+    {
+        let f = fabric(name, Some(2));
+        let t =
+            TunerInput::from_comm(&fabricsim::collective::Comm::from_fabric(&f, &Router::new(&f, 0)), false);
+        let r = t.graphs[Algo::Ring as usize].unwrap();
+        let tr = t.graphs[Algo::Tree as usize].unwrap();
+        assert_eq!((r.nchannels, r.bw_intra, r.bw_inter), (ring.0, ring.1, ring.1), "{name} ring");
+        assert_eq!((tr.nchannels, tr.bw_intra, tr.bw_inter), tree, "{name} tree");
+        assert_eq!(t.comm_channels, channels, "{name}");
+    }
+}
+
+#[test]
+fn network_routing_is_read_checked_and_shown() {
+    assert_eq!(load("aws-p5").cluster.network.unwrap().routing.key(), "adaptive");
+    assert_eq!(load("dgx-h100").cluster.network.unwrap().routing.key(), "ecmp");
+    let path = topo("dgx-h100");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let bad = text.replacen(
+        "topology = \"rail_optimized\"",
+        "topology = \"rail_optimized\"\nrouting = \"spray\"",
+        1,
+    );
+    assert_ne!(bad, text);
+    let e = parse_topology(&bad, &path).unwrap_err().to_string();
+    assert!(
+        e.contains("dgx-h100.toml:") && e.contains("\"spray\"") && e.contains("\"ecmp\", \"adaptive\""),
+        "{e}"
+    );
+    let (ok, out, err) = fabricsim(&["topo", "topologies/aws-p5.toml", "--nodes", "2"]);
+    assert!(ok && out.contains("routing       adaptive"), "{out}{err}");
+}
+
+#[test]
 fn path_0_200_on_superpod_h100_is_net_over_one_leaf() {
     let (ok, out, err) = fabricsim(&["topo", "topologies/superpod-h100.toml", "--path", "0", "200"]);
     assert!(ok, "{err}");
