@@ -124,6 +124,30 @@ pub fn nccl_settings(
     nccl_settings_from(!a.no_nccl_env, &a.nccl, environment)
 }
 
+/// The NCCL policy of a training step or a plan search from `settings`; a bad value's
+/// error lists every variable and where it came from; the notes go to stderr.
+pub fn training_policy_from(
+    settings: &[(String, String, &'static str)],
+) -> Result<fabricsim::collective::NcclPolicy> {
+    let pairs: Vec<(String, String)> = settings.iter().map(|(k, v, _)| (k.clone(), v.clone())).collect();
+    let (policy, notes) = fabricsim::scenario::nccl_env::training_policy(&pairs)
+        .map_err(|e| anyhow::anyhow!("{e} (NCCL variables: {})", settings_list(settings)))?;
+    for n in notes {
+        eprintln!("note: {n}");
+    }
+    Ok(policy)
+}
+
+/// The header line naming the NCCL variables a run applies and where each came from.
+pub fn settings_header(settings: &[(String, String, &'static str)]) -> String {
+    format!("# NCCL variables: {}", settings_list(settings))
+}
+
+fn settings_list(settings: &[(String, String, &'static str)]) -> String {
+    let list: Vec<String> = settings.iter().map(|(k, v, f)| format!("{k}={v} ({f})")).collect();
+    list.join(", ")
+}
+
 /// The known NCCL variables of `environment` (when `use_env`; sorted by name), then the
 /// `--nccl KEY=VALUE` flags, each with where it came from.
 pub fn nccl_settings_from(

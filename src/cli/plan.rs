@@ -78,6 +78,14 @@ pub struct PlanArgs {
     /// Folder for results.csv, results.json and frontier.png/svg.
     #[arg(short = 'o', long = "out")]
     pub out: Option<PathBuf>,
+    /// NCCL environment variable for every plan's collectives, e.g. --nccl NCCL_ALGO=Ring
+    /// (repeatable; as `train --nccl`). The known ones are also read from the environment,
+    /// as NCCL reads them (--nccl wins).
+    #[arg(long = "nccl", value_name = "KEY=VALUE")]
+    pub nccl: Vec<String>,
+    /// Ignore the NCCL_* variables of the environment (only --nccl).
+    #[arg(long)]
+    pub no_nccl_env: bool,
 }
 
 /// The search request from the flags.
@@ -122,6 +130,12 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
     for c in &a.fix {
         constraints.push(parse_constraint(c, "--fix", true)?);
     }
+    // NCCL's environment: the known variables of the process environment, then --nccl.
+    let settings = super::bench::nccl_settings_from(!a.no_nccl_env, &a.nccl, std::env::vars())?;
+    let nccl = super::bench::training_policy_from(&settings)?;
+    if a.format == "table" && !settings.is_empty() {
+        println!("{}", super::bench::settings_header(&settings));
+    }
     Ok(SearchSpec {
         gpus: a.gpus,
         gbs: a.gbs,
@@ -134,6 +148,7 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
         objective,
         price_per_gpu_hour: price,
         tdp_watts: a.tdp,
+        nccl,
     })
 }
 

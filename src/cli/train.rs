@@ -446,14 +446,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         nccl.into_iter().map(|(k, v)| (k, v, "the scenario's [nccl]")).collect();
     let use_env = a.scenario.is_none() && !a.no_nccl_env;
     settings.extend(super::bench::nccl_settings_from(use_env, &a.nccl, std::env::vars())?);
-    let pairs: Vec<(String, String)> = settings.iter().map(|(k, v, _)| (k.clone(), v.clone())).collect();
-    let (policy, notes) = fabricsim::scenario::nccl_env::training_policy(&pairs).map_err(|e| {
-        let from: Vec<String> = settings.iter().map(|(k, v, f)| format!("{k}={v} ({f})")).collect();
-        anyhow::anyhow!("{e} (NCCL variables: {})", from.join(", "))
-    })?;
-    for n in notes {
-        eprintln!("note: {n}");
-    }
+    let policy = super::bench::training_policy_from(&settings)?;
     if a.trace.is_some() && mode != Mode::Event {
         bail!("--trace needs --fidelity event (the analytical mode has no timeline)");
     }
@@ -487,8 +480,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let placement = Placement::new(&plan);
     let layers = plan.stage_layers(model.layers);
     if a.format != "json" && !settings.is_empty() {
-        let list: Vec<String> = settings.iter().map(|(k, v, f)| format!("{k}={v} ({f})")).collect();
-        println!("# NCCL variables: {}", list.join(", "));
+        println!("{}", super::bench::settings_header(&settings));
     }
     match a.format.as_str() {
         "json" => print_json(&model.name, &plan_summary(&plan), &placement, &layers, est, hbm, &how)?,

@@ -382,6 +382,8 @@ pub struct SearchSpec {
     pub price_per_gpu_hour: f64,
     /// GPU power in watts (energy objective; None: [`gpu_tdp_watts`]).
     pub tdp_watts: Option<f64>,
+    /// NCCL's environment for every plan's collectives (NCCL_ALGO, NCCL_PROTO, ...).
+    pub nccl: NcclPolicy,
 }
 
 impl SearchSpec {
@@ -399,6 +401,7 @@ impl SearchSpec {
             objective: Objective::TokensPerS,
             price_per_gpu_hour: DEFAULT_PRICE_PER_GPU_HOUR,
             tdp_watts: None,
+            nccl: NcclPolicy::default(),
         }
     }
     fn allows(&self, dim: Dimension, v: u64) -> bool {
@@ -1310,7 +1313,7 @@ pub fn search_on_fabric(
             spec.gpus
         )));
     }
-    let pricer = FabricPricer::new(f);
+    let pricer = FabricPricer::with_policy(f, &spec.nccl);
     let mut tp_cache: BTreeMap<u64, bool> = BTreeMap::new();
     for tp in divisors(gcd(model.heads, model.kv_heads).max(1)) {
         tp_cache.insert(tp, tp_in_domain(f, tp));

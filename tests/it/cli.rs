@@ -648,6 +648,74 @@ fn train_takes_nccl_variables() {
     assert!(err.contains("unknown NCCL_ALGO value \"Rnig\"") && err.contains("(--nccl)"), "{err}");
 }
 
+#[test]
+fn plan_takes_nccl_variables() {
+    // The search prices every plan's collectives with NCCL's pick under the variables given:
+    // two DGX H100 nodes, TP 8 held, so the TP group is one node's NVSwitch (NVLS by default).
+    let base = [
+        "plan",
+        "--model",
+        "models/llama3-8b.toml",
+        "--topology",
+        H100,
+        "--gpus",
+        "16",
+        "--gbs",
+        "32",
+        "--seq",
+        "4096",
+        "--fix",
+        "tp=8",
+        "--fix",
+        "pp=1",
+        "--fix",
+        "zero=0",
+        "--top",
+        "1",
+        "--retime",
+        "0",
+    ];
+    let best = |env: &[(&str, &str)], extra: &[&str]| -> (Option<i32>, f64, String, String) {
+        let mut c = command();
+        c.args(base).args(extra);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        let (stdout, err) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        // "- winner tp8 ...: 1.043 s per step, ..."
+        let t = stdout
+            .lines()
+            .find(|l| l.starts_with("- winner"))
+            .and_then(|l| l.split(": ").nth(1))
+            .and_then(|x| x.split_whitespace().next())
+            .and_then(|x| x.parse::<f64>().ok())
+            .unwrap_or(f64::NAN);
+        (out.status.code(), t, stdout, err)
+    };
+    let (code, default, out, err) = best(&[], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains("# NCCL variables"), "{out}");
+    let (_, ring, out, _) = best(&[], &["--nccl", "NCCL_ALGO=Ring"]);
+    assert!(out.starts_with("# NCCL variables: NCCL_ALGO=Ring (--nccl)"), "{out}");
+    assert!(ring.is_finite() && ring != default, "{default} {ring}");
+    let (_, from_env, out, _) = best(&[("NCCL_ALGO", "Ring")], &[]);
+    assert_eq!(from_env, ring);
+    assert!(out.contains("NCCL_ALGO=Ring (the environment)"), "{out}");
+    let (_, dropped, _, _) = best(&[("NCCL_ALGO", "Ring")], &["--no-nccl-env"]);
+    assert_eq!(dropped, default);
+    // Tree cannot all-gather: NCCL fails the call, and so does the search.
+    let (code, _, _, err) = best(&[], &["--nccl", "NCCL_ALGO=Tree"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no algorithm can run it"), "{err}");
+    let (code, _, _, err) = best(&[], &["--nccl", "NCCL_PROTO=LL129"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("LL129") && err.contains("(--nccl)"), "{err}");
+}
+
 /// `train`: a step on a real model and plan, its JSON fields, and bad plans that exit 2
 /// naming the flag, and a plan that does not fit in HBM.
 #[test]
