@@ -1,7 +1,8 @@
 //! NCCL's environment as it constrains NCCL's own choice of algorithm, protocol and channels
 //! for a collective whose caller lets NCCL pick (the training layer's collectives):
 //! `NCCL_ALGO` and `NCCL_PROTO` per collective, `NCCL_NVLS_ENABLE`, `NCCL_COLLNET_ENABLE`,
-//! `NCCL_MIN_NCHANNELS` and `NCCL_MAX_NCHANNELS`. Parsing the variables is the scenario
+//! `NCCL_MIN_NCHANNELS` and `NCCL_MAX_NCHANNELS`; and `NCCL_IB_ADAPTIVE_ROUTING`, which the
+//! router of whoever prices under the policy reads. Parsing the variables is the scenario
 //! layer's (`scenario::nccl_env`); this is what the pick reads.
 
 use super::{Algo, Collective, Comm};
@@ -24,6 +25,9 @@ pub struct NcclPolicy {
     pub min_channels: Option<u32>,
     /// `NCCL_MAX_NCHANNELS`.
     pub max_channels: Option<u32>,
+    /// `NCCL_IB_ADAPTIVE_ROUTING` (default on): off, connections take hashed static paths
+    /// where the fabric would route adaptively.
+    pub adaptive_routing: bool,
 }
 
 impl Default for NcclPolicy {
@@ -35,6 +39,7 @@ impl Default for NcclPolicy {
             collnet: None,
             min_channels: None,
             max_channels: None,
+            adaptive_routing: true,
         }
     }
 }

@@ -66,8 +66,8 @@ pub fn no_effect_note(key: &str) -> Option<&'static str> {
 const TRAINING_COLLECTIVES: [Collective; 3] =
     [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter];
 
-/// The variables that change how a training step's collectives are picked.
-const TRAINING_PICK: [&str; 8] = [
+/// The variables that change how a training step's collectives are picked or routed.
+const TRAINING_PICK: [&str; 9] = [
     "NCCL_ALGO",
     "NCCL_PROTO",
     "NCCL_NVLS_ENABLE",
@@ -76,6 +76,7 @@ const TRAINING_PICK: [&str; 8] = [
     "NCCL_MAX_NCHANNELS",
     "NCCL_MIN_CTAS",
     "NCCL_MAX_CTAS",
+    "NCCL_IB_ADAPTIVE_ROUTING",
 ];
 
 /// NCCL's environment for a training step from `(variable, value)` settings, in order: the
@@ -100,6 +101,7 @@ pub fn training_policy(settings: &[(String, String)]) -> Result<(NcclPolicy, Vec
     policy.collnet = settings.iter().any(|(k, _)| k == "NCCL_COLLNET_ENABLE").then_some(global.collnet);
     policy.min_channels = global.min_channels;
     policy.max_channels = global.max_channels;
+    policy.adaptive_routing = global.adaptive_routing;
     for (k, _) in settings {
         if let Some(n) = no_effect_note(k) {
             notes.push(format!("{k} is accepted but has no effect in the model: {n}"));
@@ -346,6 +348,10 @@ mod tests {
         e.set("NCCL_IB_ADAPTIVE_ROUTING", "0", c).unwrap();
         assert!(!e.adaptive_routing && no_effect_note("NCCL_IB_ADAPTIVE_ROUTING").is_none());
         assert!(e.set("NCCL_IB_ADAPTIVE_ROUTING", "2", c).unwrap_err().contains("0..=1"));
+        // A training step routes its collectives by it too (no note).
+        let (policy, notes) = training_policy(&[("NCCL_IB_ADAPTIVE_ROUTING".into(), "0".into())]).unwrap();
+        assert!(!policy.adaptive_routing && notes.is_empty(), "{notes:?}");
+        assert!(training_policy(&[]).unwrap().0.adaptive_routing);
         assert!(e.set("NCCL_IB_QPS_PER_CONNECTION", "0", c).unwrap_err().contains("1..=128"));
         assert!(e.set("NCCL_CROSS_NIC", "3", c).unwrap_err().contains("0..=2"));
         assert!(e.set("NCCL_NET_GDR_LEVEL", "FAR", c).unwrap_err().contains("path type"));

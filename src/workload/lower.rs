@@ -656,7 +656,7 @@ pub fn step_event_with(
     }
     let params = GpuParams::for_generation(f.gpu.generation)?;
     let r = Roofline::new(&f.gpu, plan.dtype, params)?;
-    let router = Router::new(f, 0);
+    let router = Router::new(f, 0).with_adaptive_routing(pricer.policy().adaptive_routing);
     let pl = Placement::new(plan);
     let m = plan.microbatches();
     let sched = PipelineSchedule::build(plan.schedule(), plan.pp as u32, plan.vpp as u32, m as u32)?;
