@@ -272,6 +272,12 @@ fn print_table(r: &SearchResult, spec: &SearchSpec) {
          (event mode); {} distinct collectives priced, {} simulated",
         c.considered, c.oom, c.pruned, c.timed, c.retimed, c.collectives_analytic, c.collectives_event
     );
+    if c.unrunnable > 0 {
+        println!(
+            "# {} of the timed plans need a collective NCCL cannot run with the NCCL variables given (left out)",
+            c.unrunnable
+        );
+    }
     match r.objective {
         Objective::Cost => {
             println!("# objective: cost at ${:.2} per GPU-hour (--price)", r.price_per_gpu_hour)

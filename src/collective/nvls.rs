@@ -470,17 +470,20 @@ pub fn closed_form(
     let total = per_ch_bytes * nch;
     match (choice.algo, nodes) {
         (Algo::Nvls, 1) => {
-            // Per GPU and direction S(1 + 1/n) of multimem traffic.
-            let bw = nvl * eff;
-            let piece = chunk.min(per_ch_bytes / heads).max(1.0);
-            let op = 2.0 * (2.0 * nvl_lat + piece / (bw / nch)) + p.nvls_step.as_us();
-            let data = match args.coll {
-                Collective::AllReduce => total * (1.0 + 1.0 / ppn),
-                _ => total,
+            // A channel's share of the buffer (all-gather and reduce-scatter count per rank:
+            // their buffer is n times that) and the multimem traffic per GPU and direction
+            // per buffer byte: all-reduce reduces and multicasts all of it, S(1 + 1/n); an
+            // all-gather receives the n - 1 other pieces, a reduce-scatter supplies them.
+            let (buf, per_byte) = match args.coll {
+                Collective::AllReduce => (per_ch_bytes, 1.0 + 1.0 / ppn),
+                _ => (per_ch_bytes * ppn, (ppn - 1.0) / ppn),
             };
-            let loops = (per_ch_bytes / (piece * heads)).ceil().max(1.0);
-            let stream = data / bw;
-            op + stream.max(op * loops / 4.0) - piece * heads * (1.0 + 1.0 / ppn) / (bw / nch)
+            let bw = nvl * eff;
+            let piece = chunk.min(buf / heads).max(1.0);
+            let op = 2.0 * (2.0 * nvl_lat + piece / (bw / nch)) + p.nvls_step.as_us();
+            let loops = (buf / (piece * heads)).ceil().max(1.0);
+            let stream = buf * nch * per_byte / bw;
+            op + stream.max(op * loops / 4.0) - piece * heads * per_byte / (bw / nch)
         }
         _ => {
             // Intra-node reduce and multicast at NVLS rate, inter-node at NIC rate per head.

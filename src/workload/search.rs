@@ -589,6 +589,9 @@ pub struct FabricPricer<'f> {
     analytic: RefCell<BTreeMap<PriceKey, f64>>,
     event: RefCell<BTreeMap<PriceKey, f64>>,
     failure: RefCell<Option<String>>,
+    /// The first collective NCCL's environment leaves no algorithm for (its plans are
+    /// priced at infinity: they cannot run).
+    unrunnable: RefCell<Option<String>>,
     /// NCCL's environment for every pick.
     policy: NcclPolicy,
 }
@@ -625,6 +628,7 @@ impl<'f> FabricPricer<'f> {
             analytic: RefCell::new(BTreeMap::new()),
             event: RefCell::new(BTreeMap::new()),
             failure: RefCell::new(None),
+            unrunnable: RefCell::new(None),
             policy: policy.clone(),
         }
     }
@@ -658,6 +662,11 @@ impl<'f> FabricPricer<'f> {
     /// Takes the first failure (a collective that could not be priced), if any.
     pub fn take_failure(&self) -> Option<String> {
         self.failure.borrow_mut().take()
+    }
+
+    /// The first collective that no algorithm NCCL's environment allows can run, if any.
+    pub fn unrunnable(&self) -> Option<String> {
+        self.unrunnable.borrow().clone()
     }
 
     /// Closed-form time in seconds (exec's analytical model, NCCL's pick for the group).
@@ -700,8 +709,11 @@ impl<'f> FabricPricer<'f> {
                 }
             }
             None => {
-                self.fail(format!("{kind:?} of {bytes} B on {} ranks: no algorithm can run it", ranks.len()));
-                0.0
+                // NCCL fails such a call: a plan that needs it cannot run (infinite time).
+                self.unrunnable.borrow_mut().get_or_insert_with(|| {
+                    format!("{kind:?} of {bytes} B on {} ranks: no algorithm can run it", ranks.len())
+                });
+                f64::INFINITY
             }
         };
         self.analytic.borrow_mut().insert(key, t);
@@ -1004,6 +1016,8 @@ pub struct Counts {
     pub timed: u64,
     /// Plans re-timed with the event-mode step.
     pub retimed: u64,
+    /// Timed plans that need a collective no algorithm NCCL's environment allows can run.
+    pub unrunnable: u64,
     /// Distinct collectives priced in closed form.
     pub collectives_analytic: u64,
     /// Distinct collectives simulated in the event mode.
@@ -1213,6 +1227,11 @@ pub fn search(
         let p = &fit[i];
         let est = estimate(model, p, gpu, params, rank_price).map_err(SearchError::Estimate)?;
         counts.timed += 1;
+        done += 1;
+        if !est.step_time_s.is_finite() {
+            counts.unrunnable += 1;
+            continue;
+        }
         points.push(Point {
             label: plan_label(p),
             tokens_per_s: est.tokens_per_s,
@@ -1223,12 +1242,18 @@ pub fn search(
             best.insert(at, (est.step_time_s, i, est));
             best.truncate(k);
         }
-        done += 1;
         if done.is_multiple_of(64) {
             progress(Progress { done, total });
         }
     }
     progress(Progress { done: total, total });
+    if best.is_empty() {
+        return Err(SearchError::NoValidPlan(format!(
+            "every plan that fits in memory needs a collective that no algorithm NCCL's environment \
+             allows can run ({} plans)",
+            counts.unrunnable
+        )));
+    }
 
     let winner_time = best[0].0;
     let faster_but_oom = oom_plans.iter().filter(|p| bounder.bound(p) < winner_time).count() as u64;
@@ -1323,7 +1348,15 @@ pub fn search_on_fabric(
     // Re-timing: the whole step in the event mode, its collectives memoized in the same pricer
     // (the DP groups of every stage replayed from one simulation per shape).
     let event = |p: &Plan| step_event_with(f, model, p, &EventOpts::default(), &pricer).map(|e| e.estimate);
-    let mut res = search(model, &f.gpu, &f.name, spec, &tp_ok, &rank, Some(&event), progress)?;
+    let mut res =
+        search(model, &f.gpu, &f.name, spec, &tp_ok, &rank, Some(&event), progress).map_err(|e| {
+            match (e, pricer.unrunnable()) {
+                (SearchError::NoValidPlan(m), Some(first)) => {
+                    SearchError::NoValidPlan(format!("{m}; the first: {first}"))
+                }
+                (e, _) => e,
+            }
+        })?;
     if let Some(e) = pricer.take_failure() {
         return Err(SearchError::Estimate(format!("a collective could not be priced: {e}")));
     }

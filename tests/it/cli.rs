@@ -707,10 +707,24 @@ fn plan_takes_nccl_variables() {
     assert!(out.contains("NCCL_ALGO=Ring (the environment)"), "{out}");
     let (_, dropped, _, _) = best(&[("NCCL_ALGO", "Ring")], &["--no-nccl-env"]);
     assert_eq!(dropped, default);
-    // Tree cannot all-gather: NCCL fails the call, and so does the search.
-    let (code, _, _, err) = best(&[], &["--nccl", "NCCL_ALGO=Tree"]);
+    // Tree cannot all-gather: NCCL fails that call, so the plans with sequence parallelism
+    // (whose TP group all-gathers) cannot run; they are left out and counted.
+    let (code, tree, out, err) = best(&[], &["--nccl", "NCCL_ALGO=Tree"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("of the timed plans need a collective NCCL cannot run") && out.contains(" nosp:"),
+        "{out}"
+    );
+    assert!(tree.is_finite() && tree > default, "{default} {tree}");
+    // With sequence parallelism required, no plan can run: the error names the collective.
+    let (code, _, _, err) = best(&[], &["--nccl", "NCCL_ALGO=Tree", "--fix", "sp=1"]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("no algorithm can run it"), "{err}");
+    assert!(
+        err.contains("every plan that fits")
+            && err.contains("AllGather")
+            && err.contains("no algorithm can run it"),
+        "{err}"
+    );
     let (code, _, _, err) = best(&[], &["--nccl", "NCCL_PROTO=LL129"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("LL129") && err.contains("(--nccl)"), "{err}");
