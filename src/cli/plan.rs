@@ -88,7 +88,7 @@ pub struct PlanArgs {
     pub no_nccl_env: bool,
 }
 
-/// The search request from the flags.
+/// The search request from the flags (NCCL's environment apart).
 fn spec(a: &PlanArgs) -> Result<SearchSpec> {
     if a.gpus == 0 {
         bail!("--gpus 0: give at least one GPU");
@@ -130,12 +130,6 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
     for c in &a.fix {
         constraints.push(parse_constraint(c, "--fix", true)?);
     }
-    // NCCL's environment: the known variables of the process environment, then --nccl.
-    let settings = super::bench::nccl_settings_from(!a.no_nccl_env, &a.nccl, std::env::vars())?;
-    let nccl = super::bench::training_policy_from(&settings)?;
-    if a.format == "table" && !settings.is_empty() {
-        println!("{}", super::bench::settings_header(&settings));
-    }
     Ok(SearchSpec {
         gpus: a.gpus,
         gbs: a.gbs,
@@ -148,7 +142,7 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
         objective,
         price_per_gpu_hour: price,
         tdp_watts: a.tdp,
-        nccl,
+        ..SearchSpec::new(a.gpus, a.gbs)
     })
 }
 
@@ -174,7 +168,13 @@ pub fn run(a: PlanArgs) -> Result<()> {
     if !matches!(a.format.as_str(), "table" | "csv" | "json") {
         bail!("--format {}: valid: table, csv, json", a.format);
     }
-    let spec = spec(&a)?;
+    let mut spec = spec(&a)?;
+    // NCCL's environment: the known variables of the process environment, then --nccl.
+    let settings = super::bench::nccl_settings_from(!a.no_nccl_env, &a.nccl, std::env::vars())?;
+    spec.nccl = super::bench::training_policy_from(&settings)?;
+    if a.format == "table" && !settings.is_empty() {
+        println!("{}", super::bench::settings_header(&settings));
+    }
     if let Some(dir) = &a.out {
         super::check_out_dir("-o", dir)?;
     }

@@ -149,15 +149,18 @@ impl<'f> Router<'f> {
             let top = best.first().map(|b| (b.0, b.1));
             gpu_rails.push(best.iter().filter(|b| Some((b.0, b.1)) == top).map(|b| b.2).collect::<Vec<_>>());
         }
+        // Each GPU's position among the GPUs with the same closest NICs.
+        let rail_offset: Vec<u32> = (0..gpu_rails.len())
+            .map(|g| gpu_rails[..g].iter().filter(|r| **r == gpu_rails[g]).count() as u32)
+            .collect();
         let mut rail_owner = vec![None; nics.len()];
         // GPUs that share the same N closest NICs split them as NCCL does (`netsPerGpu`,
         // NCCL_FACTS 5.4): each of the G GPUs owns ceil(N / G) consecutive NICs (two on a
         // 16-NIC A100 node, four on a 32-NIC p5), or one NIC while NICs last when N < G.
         for (gi, rails) in gpu_rails.iter().enumerate() {
-            let peers: Vec<usize> = (0..gpu_rails.len()).filter(|&g| gpu_rails[g] == *rails).collect();
-            let pos = peers.iter().position(|&g| g == gi).unwrap_or(0);
-            let per = rails.len().div_ceil(peers.len().max(1));
-            for &r in rails.iter().skip(pos * per).take(per) {
+            let peers = gpu_rails.iter().filter(|r| *r == rails).count();
+            let per = rails.len().div_ceil(peers.max(1));
+            for &r in rails.iter().skip(rail_offset[gi] as usize * per).take(per) {
                 if rail_owner[r as usize].is_none() {
                     rail_owner[r as usize] = Some(gi as u32);
                 }
@@ -168,9 +171,6 @@ impl<'f> Router<'f> {
                 *owner = gpu_rails.iter().position(|rs| rs.contains(&(r as u32))).map(|g| g as u32);
             }
         }
-        let rail_offset = (0..gpu_rails.len())
-            .map(|g| gpu_rails[..g].iter().filter(|r| **r == gpu_rails[g]).count() as u32)
-            .collect();
         let adaptive = fabric.network.as_ref().is_some_and(|n| n.routing == super::NetRouting::Adaptive);
         Router {
             fabric,

@@ -656,7 +656,7 @@ pub fn step_event_with(
     }
     let params = GpuParams::for_generation(f.gpu.generation)?;
     let r = Roofline::new(&f.gpu, plan.dtype, params)?;
-    let router = Router::new(f, 0).with_adaptive_routing(pricer.policy().adaptive_routing);
+    let router = pricer.router();
     let pl = Placement::new(plan);
     let m = plan.microbatches();
     let sched = PipelineSchedule::build(plan.schedule(), plan.pp as u32, plan.vpp as u32, m as u32)?;
@@ -693,7 +693,7 @@ pub fn step_event_with(
     // its ranks, or replayed on the stage's proxy rank for its memoized time, with its NIC
     // shadows at the representative. Returns the job, whether it was replayed, and the
     // shadows.
-    let shadows_memo = ShadowMemo::new(f, &router);
+    let shadows_memo = ShadowMemo::new(f, router);
     let coll_job =
         |w: &mut Concurrent, s: usize, name: &str, kind: CollectiveKind, bytes: u64, ranks: &[u32]| {
             let args = coll_args(kind, bytes, ranks.len() as u64)?;
@@ -842,7 +842,7 @@ pub fn step_event_with(
 
     let build = |extra: &[Vec<f64>]| -> Result<(Concurrent, Built), String> {
         let e = |x: WorkloadError| x.to_string();
-        let mut w = Concurrent::new(f, &router).with_policy(pricer.policy());
+        let mut w = Concurrent::new(f, router).with_policy(pricer.policy());
         let mut b = Built {
             ops: Vec::new(),
             opt: Vec::new(),

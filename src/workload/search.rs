@@ -664,6 +664,11 @@ impl<'f> FabricPricer<'f> {
         self.failure.borrow_mut().take()
     }
 
+    /// The router the pricer routes with (NCCL_IB_ADAPTIVE_ROUTING of its policy applied).
+    pub fn router(&self) -> &Router<'f> {
+        &self.router
+    }
+
     /// The first collective that no algorithm NCCL's environment allows can run, if any.
     pub fn unrunnable(&self) -> Option<String> {
         self.unrunnable.borrow().clone()
