@@ -13,6 +13,10 @@ pub struct Hop {
     pub bw: f64,
     /// Protocol step latency, µs.
     pub step: f64,
+    /// µs per byte of the store stage before the hop (a network send: the GPU fills the
+    /// connection's FIFO slot with the whole message before the proxy posts it); 0 where the
+    /// sender writes straight into the receiver's buffer.
+    pub fill: f64,
 }
 
 impl Hop {
@@ -20,9 +24,9 @@ impl Hop {
     pub fn t(&self, bytes: f64) -> f64 {
         bytes / self.bw
     }
-    /// One message end to end.
+    /// One message end to end: its store stage, then its transfer.
     pub fn msg(&self, bytes: f64) -> f64 {
-        self.lat + self.step + self.t(bytes)
+        self.lat + self.step + self.t(bytes) + self.fill * bytes
     }
 }
 

@@ -395,6 +395,9 @@ pub fn closed_form(
     let mut total_t = 0.0;
     let window = ch.window as f64;
     let mut first = true;
+    // The store stage of the first message is not hidden behind any transfer: the ring
+    // starts one network fill late.
+    let mut startup = 0.0f64;
     while left > 0.0 {
         let rc = chunk.min((left / block).ceil().max(e));
         let nsl = (rc / ch.min_slice_bytes.max(1) as f64).ceil().clamp(1.0, ch.slices as f64);
@@ -402,14 +405,15 @@ pub fn closed_form(
         let m = wire(sl, payload);
         let reduces = coll.reduces();
         let t_of = |h: &Hop| h.t(m).max(if reduces { sl / reduce_bw } else { 0.0 });
+        // The chain of one message across a hop: its store stage (network sends), transfer,
+        // route and step latency.
+        let hop_chain = |h: &Hop| t_of(h) + h.fill * m + h.lat + h.step;
         // A step's slices stream at the slowest hop's pace, unless the window (messages in
         // flight per connection) throttles them; the dependency chain that carries a slice
         // around the ring crosses every kind of hop in proportion to its share.
-        let stream = hops
-            .iter()
-            .map(|(h, _)| (nsl * t_of(h)).max((t_of(h) + h.lat + h.step) * nsl / window))
-            .fold(0.0, f64::max);
-        let chain_lat: f64 = hops.iter().map(|(h, w)| w * (t_of(h) + h.lat + h.step)).sum();
+        let stream =
+            hops.iter().map(|(h, _)| (nsl * t_of(h)).max(hop_chain(h) * nsl / window)).fold(0.0, f64::max);
+        let chain_lat: f64 = hops.iter().map(|(h, w)| w * hop_chain(h)).sum();
         let step_time = stream.max(chain_lat);
         if chain {
             // Pipelined chain: the first message crosses n-1 hops, the rest follow at the
@@ -420,11 +424,14 @@ pub fn closed_form(
             total_t += if first { steps as f64 * msg + (nsl - 1.0) * tau } else { nsl * tau };
         } else {
             total_t += steps as f64 * step_time;
+            if first {
+                startup = hops.iter().map(|(h, _)| h.fill * m).fold(0.0, f64::max);
+            }
         }
         first = false;
         left -= rc * block;
     }
-    total_t
+    total_t + startup
 }
 
 #[cfg(test)]

@@ -69,7 +69,10 @@ fn hop_of(
         let granule = if link.kind == crate::fabric::LinkKind::Net { 4096.0 } else { 256.0 };
         lat += link.latency.as_us() + granule / b;
     }
-    Hop { lat, bw, step: pr.step(ty.class()).as_us() }
+    // A network send is stored, then forwarded: the proxy posts a message once the GPU has
+    // written all of it (at the channel's rate) into the connection's FIFO.
+    let fill = if ty.class() == LinkClass::Net { 1e6 / pr.channel_bw.0 as f64 } else { 0.0 };
+    Hop { lat, bw, step: pr.step(ty.class()).as_us(), fill }
 }
 
 /// NCCL's all-reduce, all-gather and reduce-scatter rings advance in lockstep: when a ring
@@ -100,7 +103,10 @@ fn weighted(hops: impl Iterator<Item = Hop>) -> Vec<(Hop, f64)> {
     let mut total = 0.0f64;
     for h in hops {
         total += 1.0;
-        match v.iter_mut().find(|(x, _)| x.bw == h.bw && x.lat == h.lat && x.step == h.step) {
+        match v
+            .iter_mut()
+            .find(|(x, _)| x.bw == h.bw && x.lat == h.lat && x.step == h.step && x.fill == h.fill)
+        {
             Some((_, c)) => *c += 1.0,
             None => v.push((h, 1.0)),
         }
@@ -267,7 +273,7 @@ impl<'a> Model<'a> {
                             while let Some(px) = parent[x as usize] {
                                 if let Some(h) = up.get(&(c as u32, x, px)) {
                                     fixed += h.lat + h.step;
-                                    per_byte += 1.0 / h.bw;
+                                    per_byte += 1.0 / h.bw + h.fill;
                                 }
                                 x = px;
                             }
@@ -316,7 +322,7 @@ impl<'a> Model<'a> {
                                 }
                             }
                             let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
-                            let mut slow = Hop { lat: 0.0, bw: f64::INFINITY, step: 0.0 };
+                            let mut slow = Hop { lat: 0.0, bw: f64::INFINITY, step: 0.0, fill: 0.0 };
                             let mut alone = f64::INFINITY;
                             for (l, ty) in &routes {
                                 let mut h = hop_of(f, p, proto, l, *ty, &load, 1.0);

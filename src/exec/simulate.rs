@@ -1038,6 +1038,18 @@ impl<'a> Sim<'a> {
                     (vec![eng], vec![red, eng])
                 }
             };
+            // A network send is stored, then forwarded: the proxy posts a message only once
+            // the GPU has written all of it into the connection's FIFO slot (NCCL_FACTS 4.4:
+            // one `isend` per slice, "as soon as the GPU has filled it"). The connection has
+            // a store stage of its own, at the channel's rate, that passes a message on whole
+            // (a granule larger than any message), so the wire starts after the fill.
+            if class == LinkClass::Net {
+                let pr = &p.proto[s.parts[conn_part[ci] as usize].proto as usize];
+                let r = engine.add_resource(pr.channel_bw, SimTime::ZERO, u32::MAX);
+                roles.push(ResourceRole::Channel(c.sender));
+                servers.push(r);
+                rservers.push(r);
+            }
             // A part whose channels drive less than the NIC over the network: the connection
             // has a server of its own at that rate.
             if let (LinkClass::Net, Some(bw)) = (class, s.parts[conn_part[ci] as usize].net_conn_bw) {

@@ -108,6 +108,26 @@ fn every_nic_of_a_multi_nic_gpu_carries_the_ring() {
 }
 
 #[test]
+fn a_network_message_is_stored_before_it_is_sent() {
+    // NCCL's proxy posts a network send once the GPU has filled the whole slice into the
+    // FIFO (NCCL_FACTS 4.4); an NVLink write streams into the peer's buffer. A one-message
+    // broadcast between two GPUs therefore grows, per byte, by one more pass at the
+    // channel's rate across the network than inside a node (same root copy, same engine).
+    let slope = |f: &Fabric| {
+        let t = |bytes: u64| {
+            run(f, Collective::Broadcast, bytes, ch(Algo::Ring, Proto::Simple, 1), &unfolded()).time.as_us()
+        };
+        (t(512 << 10) - t(256 << 10)) / (256 << 10) as f64
+    };
+    let across = fabric("dgx-h100.toml", Some(2), Some(1));
+    let inside = fabric("dgx-h100.toml", Some(1), Some(2));
+    let fill = 1e6 / across.params.resolve().proto[Proto::Simple as usize].channel_bw.0 as f64;
+    let (a, i) = (slope(&across), slope(&inside));
+    assert!(a - i >= 0.95 * fill, "per byte: across {a:.3e} us, inside {i:.3e} us, fill {fill:.3e} us");
+    assert!(a - i <= 1.5 * fill, "per byte: across {a:.3e} us, inside {i:.3e} us, fill {fill:.3e} us");
+}
+
+#[test]
 fn rank_folding_matches_the_full_simulation() {
     let f = fabric("superpod-h100.toml", Some(4), None);
     for coll in [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter] {
