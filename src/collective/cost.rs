@@ -13,9 +13,11 @@ pub struct Hop {
     pub bw: f64,
     /// Protocol step latency, µs.
     pub step: f64,
-    /// µs per byte of the store stage before the hop (a network send: the GPU fills the
-    /// connection's FIFO slot with the whole message before the proxy posts it); 0 where the
-    /// sender writes straight into the receiver's buffer.
+    /// µs per byte a message spends beyond its transfer before the next hop can use it: the
+    /// store stage of a network send (the GPU fills the connection's FIFO slot with the
+    /// whole message before the proxy posts it), or, on a lockstep ring, the wait for the
+    /// ring's network message; 0 where the sender writes straight into the receiver's
+    /// buffer at its own pace.
     pub fill: f64,
 }
 

@@ -395,8 +395,8 @@ pub fn closed_form(
     let mut total_t = 0.0;
     let window = ch.window as f64;
     let mut first = true;
-    // The store stage of the first message is not hidden behind any transfer: the ring
-    // starts one network fill late.
+    // The first message's store stage (or lockstep wait) is not hidden behind any
+    // transfer: the ring starts that much late.
     let mut startup = 0.0f64;
     while left > 0.0 {
         let rc = chunk.min((left / block).ceil().max(e));

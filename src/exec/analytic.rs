@@ -77,24 +77,33 @@ fn hop_of(
 
 /// NCCL's all-reduce, all-gather and reduce-scatter rings advance in lockstep: when a ring
 /// crosses the network, each of its steps lasts at least as long as its slowest network
-/// step (route latency plus the protocol's network step latency), as in the event
-/// simulator (`Part::ring_lockstep`). Returns that floor in µs (0: single node).
+/// step, as in the event simulator (`Part::ring_lockstep`). Returns that floor: its fixed
+/// µs (route latency plus the protocol's network step latency; 0: single node) and its µs
+/// per byte (the store stage at the channel's rate, then the route's slowest link).
 fn lockstep_floor(
     f: &Fabric,
     p: &Resolved,
     proto: usize,
     coll: Collective,
     routes: &[(Vec<LinkId>, PathType)],
-) -> f64 {
+) -> (f64, f64) {
     if !ring::moves_in_lockstep(coll) {
-        return 0.0;
+        return (0.0, 0.0);
     }
-    let net = p.proto[proto].step(LinkClass::Net).as_us();
-    routes
-        .iter()
-        .filter(|(_, ty)| ty.class() == LinkClass::Net)
-        .map(|(l, _)| f.route_latency(l).as_us() + net)
-        .fold(0.0, f64::max)
+    let pr = &p.proto[proto];
+    let net = pr.step(LinkClass::Net).as_us();
+    routes.iter().filter(|(_, ty)| ty.class() == LinkClass::Net).fold((0.0, 0.0), |(t, q), (l, _)| {
+        let fill = 1e6 / pr.channel_bw.0 as f64;
+        (t.max(f.route_latency(l).as_us() + net), q.max(fill + unshared_per_byte(f, p, l)))
+    })
+}
+
+/// µs per byte of a route's slowest link, unshared.
+fn unshared_per_byte(f: &Fabric, p: &Resolved, links: &[LinkId]) -> f64 {
+    links.iter().fold(0.0, |q, l| {
+        let link = f.link(*l);
+        f64::max(q, 1e6 / (link.bw.0 as f64 * p.link_eff[kind_index(link.kind)]))
+    })
 }
 
 /// Distinct hops with their shares of the routes (shares sum to 1).
@@ -219,11 +228,18 @@ impl<'a> Model<'a> {
                         }
                     }
                     let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
-                    let floor = lockstep_floor(f, p, proto, args.coll, &routes);
+                    let (floor, floor_q) = lockstep_floor(f, p, proto, args.coll, &routes);
+                    let chan = 1e6 / p.proto[proto].channel_bw.0 as f64;
                     (
                         weighted(routes.iter().map(|(l, ty)| {
                             let mut h = hop_of(f, p, proto, l, *ty, &load, 1.0);
-                            h.step = h.step.max(floor - f.route_latency(l).as_us());
+                            if floor > 0.0 {
+                                h.step = h.step.max(floor - f.route_latency(l).as_us());
+                                if ty.class() != LinkClass::Net {
+                                    // It waits, per byte, for the ring's network message.
+                                    h.fill = (floor_q - chan.max(unshared_per_byte(f, p, l))).max(0.0);
+                                }
+                            }
                             h
                         })),
                         TreeShape::default(),

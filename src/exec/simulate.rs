@@ -365,6 +365,9 @@ struct ConnState {
     path: PathRef,
     reduce_path: PathRef,
     step_latency: SimTime,
+    /// Under a lockstep ring, picoseconds per byte (32.32) the connection waits beyond its
+    /// own transfer for the ring's network step.
+    wait_q: u64,
 }
 
 impl ConnState {
@@ -374,6 +377,7 @@ impl ConnState {
             path: PathRef::EMPTY,
             reduce_path: PathRef::EMPTY,
             step_latency: SimTime::ZERO,
+            wait_q: 0,
             queue: Fifo::default(),
             inflight: 0,
             window,
@@ -997,25 +1001,40 @@ impl<'a> Sim<'a> {
         // Connection paths: sender's engine, then the links.
         let mut image_engines: BTreeMap<u32, (ResourceId, ResourceId)> = BTreeMap::new();
         // A lockstep ring that crosses the network: every connection's step lasts at least as
-        // long as the part's slowest network step (route latency plus the protocol's network
-        // step latency), per part.
-        let mut net_step = vec![SimTime::ZERO; s.parts.len()];
+        // long as the part's slowest network step, per part. That step has a fixed cost
+        // (route latency plus the protocol's network step latency) and a cost per byte (the
+        // store stage that fills the FIFO slot at the channel's rate, then the wire at the
+        // route's slowest link): a connection that moves its message faster than that waits
+        // the difference after its transfer.
+        let link_q = |l: LinkId| {
+            let link = f.link(l);
+            link.bw.scaled(p.link_eff[kind_index(link.kind)]).ps_per_byte_q32()
+        };
+        let mut net_step = vec![(SimTime::ZERO, 0u64); s.parts.len()];
         for (ci, (links, ty)) in conn_routes.iter().enumerate() {
             let part = &s.parts[conn_part[ci] as usize];
-            if part.ring_lockstep && matches!(ty, PathType::Net | PathType::Pxn) {
-                let t = f.route_latency(links) + p.proto[part.proto as usize].step(LinkClass::Net);
+            if part.ring_lockstep && ty.class() == LinkClass::Net {
+                let pr = &p.proto[part.proto as usize];
+                let t = f.route_latency(links) + pr.step(LinkClass::Net);
+                let q = pr.channel_bw.ps_per_byte_q32() + links.iter().map(|&l| link_q(l)).max().unwrap_or(0);
                 let m = &mut net_step[conn_part[ci] as usize];
-                *m = (*m).max(t);
+                *m = (m.0.max(t), m.1.max(q));
             }
         }
         for (ci, c) in conns.iter_mut().enumerate() {
             let (links, ty) = &conn_routes[ci];
             let class = ty.class();
-            c.step_latency = p.proto[s.parts[conn_part[ci] as usize].proto as usize].step(class);
-            let floor = net_step[conn_part[ci] as usize];
+            let pr = &p.proto[s.parts[conn_part[ci] as usize].proto as usize];
+            c.step_latency = pr.step(class);
+            let (floor, floor_q) = net_step[conn_part[ci] as usize];
             if floor > SimTime::ZERO {
                 let own = f.route_latency(links);
                 c.step_latency = c.step_latency.max(SimTime(floor.0.saturating_sub(own.0)));
+                if class != LinkClass::Net {
+                    let own_q =
+                        links.iter().map(|&l| link_q(l)).fold(pr.channel_bw.ps_per_byte_q32(), u64::max);
+                    c.wait_q = floor_q.saturating_sub(own_q);
+                }
             }
             if c.sender == u32::MAX || stream_index[c.sender as usize] == u32::MAX {
                 continue;
@@ -1276,8 +1295,8 @@ impl<'a> Sim<'a> {
                         self.conns[sc].inflight += 1;
                         let c = &self.conns[sc];
                         let path = if step.reduce { c.reduce_path } else { c.path };
-                        let extra = c.step_latency;
                         let wire = Self::wire(payload, bytes);
+                        let extra = c.step_latency + Bandwidth::time_q32(c.wait_q, wire);
                         let tag = self.new_flow(FlowRec {
                             part,
                             stream: k,

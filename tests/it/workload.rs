@@ -78,7 +78,9 @@ fn groups_that_share_links_contend_and_disjoint_ones_do_not() {
     // Two 2-node rings on a 4-node SuperPOD: on different nodes they share no link and run
     // as fast as alone; on the same 16 GPUs (two communicators over the same ranks, as a DP
     // and a CP group of one plan may be) they share every NVLink and NIC, and a bandwidth-
-    // bound call takes about twice as long. (GPUs 0-3 and 4-7 of the same nodes would not
+    // bound call (16 channels, two per NIC as NCCL runs them; with one channel per NIC the
+    // ring's lockstep wait on its network messages, not the NICs, bounds it) takes about
+    // twice as long. (GPUs 0-3 and 4-7 of the same nodes would not
     // contend: each GPU has its own rail NIC.)
     let f = fabric("superpod-h100.toml", Some(4));
     let size = 256 << 20;
@@ -89,7 +91,7 @@ fn groups_that_share_links_contend_and_disjoint_ones_do_not() {
         name: name.into(),
         ranks,
         args: allreduce(size, DType::BF16),
-        choice: ring(8),
+        choice: ring(16),
         knobs: Knobs::default(),
     };
     let alone = run(&f, &[mk("a", on([0, 1], 0..8))])[0].end;
