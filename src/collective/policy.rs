@@ -28,6 +28,9 @@ pub struct NcclPolicy {
     /// `NCCL_IB_ADAPTIVE_ROUTING` (default on): off, connections take hashed static paths
     /// where the fabric would route adaptively.
     pub adaptive_routing: bool,
+    /// `NCCL_IB_QPS_PER_CONNECTION` (default 1): under static ECMP each queue pair of a
+    /// network connection is hashed onto a path of its own.
+    pub qps_per_connection: u32,
 }
 
 impl Default for NcclPolicy {
@@ -40,6 +43,7 @@ impl Default for NcclPolicy {
             min_channels: None,
             max_channels: None,
             adaptive_routing: true,
+            qps_per_connection: 1,
         }
     }
 }

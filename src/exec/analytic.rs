@@ -27,9 +27,10 @@ use crate::fabric::{Fabric, LinkClass, LinkId, PathType, RouteOpts, Router};
 use crate::schedule::Proto;
 use crate::units::SimTime;
 
-/// Link loads of a set of connections: how many connections cross each link.
-/// Link loads and the routes themselves.
-type Loads = (BTreeMap<LinkId, u32>, Vec<(Vec<LinkId>, PathType)>);
+/// Link loads of a set of connections (how many connections cross each link; a connection
+/// whose messages take its queue pairs' paths in turn counts its share on each) and the
+/// routes themselves.
+type Loads = (BTreeMap<LinkId, f64>, Vec<(Vec<LinkId>, PathType)>);
 
 /// `edges` hold communicator ranks; `ranks` maps them to the fabric's (a sub-communicator's
 /// rank 1 is not GPU 1: routing the indices put a DP group strided across nodes on NVLink).
@@ -38,36 +39,54 @@ fn loads(router: &Router, ranks: &[u32], edges: &[(u32, u32, u32)]) -> Loads {
     let mut routes = Vec::new();
     let fabric = |r: u32| ranks.get(r as usize).copied().unwrap_or(r);
     for &(a, b, c) in edges {
-        let r = router.route(fabric(a), fabric(b), &RouteOpts { rail: None, pxn: true, flow: c as u64 });
+        let r = router.route(fabric(a), fabric(b), &RouteOpts { flow: c as u64, ..RouteOpts::default() });
         let (links, ty) = r.map(|r| (r.links, r.path_type)).unwrap_or((Vec::new(), PathType::Loc));
-        for l in &links {
-            *load.entry(*l).or_insert(0u32) += 1;
+        let qps = if ty.class() == LinkClass::Net { router.paths_per_connection() } else { 1 };
+        for qp in 0..qps {
+            for l in router.qp_route(&links, qp) {
+                *load.entry(l).or_insert(0.0) += 1.0 / qps as f64;
+            }
         }
         routes.push((links, ty));
     }
     (load, routes)
 }
 
+/// One connection's hop at the shares `load` (times `scale`) gives it. A network connection
+/// whose messages take its queue pairs' paths in turn drains at the pace of the most loaded
+/// link of any of them; its latency is its first path's.
+#[allow(clippy::too_many_arguments)]
 fn hop_of(
     f: &Fabric,
     p: &Resolved,
+    router: &Router,
     proto: usize,
     links: &[LinkId],
     ty: PathType,
-    load: &BTreeMap<LinkId, u32>,
+    load: &BTreeMap<LinkId, f64>,
     scale: f64,
 ) -> Hop {
     let pr = &p.proto[proto];
     let mut bw = pr.channel_bw.0 as f64 / 1e6;
     let mut lat = 0.0;
-    for l in links {
+    let rate = |l: &LinkId| {
         let link = f.link(*l);
-        let eff = p.link_eff[kind_index(link.kind)];
-        let share = (*load.get(l).unwrap_or(&1) as f64 * scale).max(1.0);
-        let b = link.bw.0 as f64 * eff / 1e6;
+        let share = (load.get(l).copied().unwrap_or(1.0) * scale).max(1.0);
+        (link.bw.0 as f64 * p.link_eff[kind_index(link.kind)] / 1e6, share)
+    };
+    for l in links {
+        let (b, share) = rate(l);
         bw = bw.min(b / share);
-        let granule = if link.kind == crate::fabric::LinkKind::Net { 4096.0 } else { 256.0 };
-        lat += link.latency.as_us() + granule / b;
+        let granule = if f.link(*l).kind == crate::fabric::LinkKind::Net { 4096.0 } else { 256.0 };
+        lat += f.link(*l).latency.as_us() + granule / b;
+    }
+    if ty.class() == LinkClass::Net {
+        for qp in 1..router.paths_per_connection() {
+            for l in router.qp_route(links, qp) {
+                let (b, share) = rate(&l);
+                bw = bw.min(b / share);
+            }
+        }
     }
     // A network send is stored, then forwarded: the proxy posts a message once the GPU has
     // written all of it (at the channel's rate) into the connection's FIFO.
@@ -232,7 +251,7 @@ impl<'a> Model<'a> {
                     let chan = 1e6 / p.proto[proto].channel_bw.0 as f64;
                     (
                         weighted(routes.iter().map(|(l, ty)| {
-                            let mut h = hop_of(f, p, proto, l, *ty, &load, 1.0);
+                            let mut h = hop_of(f, p, router, proto, l, *ty, &load, 1.0);
                             if floor > 0.0 {
                                 h.step = h.step.max(floor - f.route_latency(l).as_us());
                                 if ty.class() != LinkClass::Net {
@@ -266,8 +285,10 @@ impl<'a> Model<'a> {
                     }
                     let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
                     let none = BTreeMap::new();
-                    let unshared: Vec<Hop> =
-                        routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &none, 1.0)).collect();
+                    let unshared: Vec<Hop> = routes
+                        .iter()
+                        .map(|(l, ty)| hop_of(f, p, router, proto, l, *ty, &none, 1.0))
+                        .collect();
                     let mut shape = TreeShape::default();
                     for h in &unshared {
                         shape.tau = shape.tau.max(1.0 / h.bw);
@@ -276,7 +297,7 @@ impl<'a> Model<'a> {
                     for (l, n) in &load {
                         let link = f.link(*l);
                         let b = link.bw.0 as f64 * p.link_eff[kind_index(link.kind)] / 1e6;
-                        shape.per_byte = shape.per_byte.max(*n as f64 / b);
+                        shape.per_byte = shape.per_byte.max(*n / b);
                     }
                     // Leaf-to-root paths, by the up connections' unshared hops.
                     let mut up = BTreeMap::new();
@@ -301,7 +322,12 @@ impl<'a> Model<'a> {
                             }
                         }
                     }
-                    (weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, 1.0))), shape)
+                    (
+                        weighted(
+                            routes.iter().map(|(l, ty)| hop_of(f, p, router, proto, l, *ty, &load, 1.0)),
+                        ),
+                        shape,
+                    )
                 });
                 let shape = built.1;
                 let mut ch = chunking(args.coll, Algo::Tree, choice.proto, knobs);
@@ -341,9 +367,9 @@ impl<'a> Model<'a> {
                             let mut slow = Hop { lat: 0.0, bw: f64::INFINITY, step: 0.0, fill: 0.0 };
                             let mut alone = f64::INFINITY;
                             for (l, ty) in &routes {
-                                let mut h = hop_of(f, p, proto, l, *ty, &load, 1.0);
+                                let mut h = hop_of(f, p, router, proto, l, *ty, &load, 1.0);
                                 cap(&mut h, *ty);
-                                let mut u = hop_of(f, p, proto, l, *ty, &none, 1.0);
+                                let mut u = hop_of(f, p, router, proto, l, *ty, &none, 1.0);
                                 cap(&mut u, *ty);
                                 if h.lat + h.step > slow.lat + slow.step {
                                     (slow.lat, slow.step) = (h.lat, h.step);
@@ -380,7 +406,9 @@ impl<'a> Model<'a> {
                     let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
                     let scale = used as f64 / rounds as f64;
                     (
-                        weighted(routes.iter().map(|(l, ty)| hop_of(f, p, proto, l, *ty, &load, scale))),
+                        weighted(
+                            routes.iter().map(|(l, ty)| hop_of(f, p, router, proto, l, *ty, &load, scale)),
+                        ),
                         TreeShape::default(),
                     )
                 });

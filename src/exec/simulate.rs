@@ -368,6 +368,13 @@ struct ConnState {
     /// Under a lockstep ring, picoseconds per byte (32.32) the connection waits beyond its
     /// own transfer for the ring's network step.
     wait_q: u64,
+    /// Queue pairs of a network connection whose messages take paths in turn
+    /// (`NCCL_IB_QPS_PER_CONNECTION` under static ECMP): the first of them in
+    /// `Sim::qp_paths` (each a path and a reduce path), their count (0: one path, `path`),
+    /// and the next one a message takes.
+    qp_base: u32,
+    nqp: u8,
+    next_qp: u8,
 }
 
 impl ConnState {
@@ -378,6 +385,9 @@ impl ConnState {
             reduce_path: PathRef::EMPTY,
             step_latency: SimTime::ZERO,
             wait_q: 0,
+            qp_base: 0,
+            nqp: 0,
+            next_qp: 0,
             queue: Fifo::default(),
             inflight: 0,
             window,
@@ -505,6 +515,8 @@ struct Sim<'a> {
     conns: Vec<ConnState>,
     groups: Vec<GroupState>,
     flows: Vec<FlowRec>,
+    /// The paths of network connections' further queue pairs (`ConnState::qp_base`).
+    qp_paths: Vec<(PathRef, PathRef)>,
     free: Vec<u32>,
     nflows: u64,
     /// First issue and last completion of each part.
@@ -616,7 +628,7 @@ impl<'a> Sim<'a> {
             if let Some(r) = route_cache.get(&(a, b, ch)) {
                 return Ok(r.clone());
             }
-            let ro = RouteOpts { rail: None, pxn: opts.pxn, flow: ch as u64 };
+            let ro = RouteOpts { pxn: opts.pxn, flow: ch as u64, ..RouteOpts::default() };
             let r = router.route(a, b, &ro).ok_or(SimError::NoRoute { a, b })?;
             let v = (r.links, r.path_type);
             if sim_rank(a) {
@@ -624,11 +636,17 @@ impl<'a> Sim<'a> {
             }
             Ok(v)
         };
+        // Queue pairs a network connection's messages take in turn.
+        let qps = router.paths_per_connection().clamp(1, u8::MAX as u32);
         let mut uses_all = vec![0u32; f.links.len()];
         let mut uses_rep = vec![0u32; f.links.len()];
         let mut conn_keys: BTreeMap<(u32, u32, u32, u8), u32> = BTreeMap::new();
         let mut conns: Vec<ConnState> = Vec::new();
         let mut conn_routes: Vec<(Vec<LinkId>, PathType)> = Vec::new();
+        // Per connection whose route is spliced from two (under folding, with several queue
+        // pairs): the route it goes up and the route it comes down, so that each queue pair
+        // is spliced alike.
+        let mut conn_halves: Vec<Option<(Vec<LinkId>, Vec<LinkId>)>> = Vec::new();
         let mut conn_part: Vec<u32> = Vec::new();
         // Per connection: the real sender it stands for when its messages leave from an
         // image's own engine (class folding), else u32::MAX.
@@ -672,11 +690,18 @@ impl<'a> Sim<'a> {
                     Binding::Peer { rank, port } => {
                         let sends_here = sends[st.program as usize].get(slot).copied().unwrap_or(false);
                         if sends_here {
-                            let (links, _) = route(st.rank, rank, local_channel(st))?;
-                            for l in &links {
-                                uses_all[l.idx()] += 1;
+                            // In units of 1/qps: a network connection counts 1/qps on each of
+                            // its queue pairs' paths.
+                            let (links, ty) = route(st.rank, rank, local_channel(st))?;
+                            let (paths, unit) = if ty.class() == LinkClass::Net && qps > 1 {
+                                ((0..qps).map(|qp| router.qp_route(&links, qp)).collect(), 1)
+                            } else {
+                                (vec![links], qps)
+                            };
+                            for l in paths.iter().flatten() {
+                                uses_all[l.idx()] += unit;
                                 if simulated {
-                                    uses_rep[l.idx()] += 1;
+                                    uses_rep[l.idx()] += unit;
                                 }
                             }
                         }
@@ -710,6 +735,7 @@ impl<'a> Sim<'a> {
                                 i as u32,
                             ));
                             conn_routes.push((Vec::new(), PathType::Net));
+                            conn_halves.push(None);
                             conn_part.push(st.part);
                             conn_image.push(u32::MAX);
                             if let (Some(ps), true) = (peer_slot, fed) {
@@ -739,12 +765,14 @@ impl<'a> Sim<'a> {
                             let (to, ch) = ((fa + delta) % n, local_channel(st));
                             let real = route(fa, to, ch)?;
                             let r = if fold(to) == to {
+                                conn_halves.push(None);
                                 real
                             } else {
                                 let img = (fold(to) + n - delta) % n;
                                 let (down, _) = route(img, fold(to), ch)?;
                                 let mut links = real.0[..apex(f, &real.0)].to_vec();
                                 links.extend_from_slice(&down[apex(f, &down)..]);
+                                conn_halves.push((qps > 1).then(|| (real.0.clone(), down.clone())));
                                 (links, real.1)
                             };
                             conn_routes.push(r);
@@ -795,6 +823,7 @@ impl<'a> Sim<'a> {
                             ..ConnState::new(s.part_of(st).window, i, u32::MAX)
                         });
                         conn_routes.push(own);
+                        conn_halves.push(None);
                         conn_part.push(st.part);
                         conn_image.push(u32::MAX);
                         stream_conns[k][slot].0 = id;
@@ -803,11 +832,13 @@ impl<'a> Sim<'a> {
                     for (e, &(_, _, image, c, q)) in class_in[first..j].iter().enumerate() {
                         let y = s.streams[conns[c as usize].receiver as usize].rank;
                         let real = route(q, y, ch)?;
+                        conn_halves[c as usize] = None;
                         conn_routes[c as usize] = if image == 0 {
                             real
                         } else if e == 0 {
                             let mut links = own.0[..apex(f, &own.0)].to_vec();
                             links.extend_from_slice(&real.0[apex(f, &real.0)..]);
+                            conn_halves[c as usize] = (qps > 1).then(|| (own.0.clone(), real.0.clone()));
                             (links, own.1)
                         } else {
                             conn_image[c as usize] = by_lane.get(&(st.lane, q)).copied().unwrap_or(u32::MAX);
@@ -851,16 +882,29 @@ impl<'a> Sim<'a> {
             .collect();
         for (gi, (ups, downs)) in &group_paths {
             for l in ups.iter().chain(downs.iter()).flatten() {
-                uses_all[l.idx()] += 1;
+                uses_all[l.idx()] += qps;
                 if group_used_by_rep[*gi as usize] {
-                    uses_rep[l.idx()] += 1;
+                    uses_rep[l.idx()] += qps;
                 }
             }
         }
 
         // Static shares: how many connections that carry messages (from a send slot of a
         // simulated stream, with the fan-out copies of class folding) and switch groups
-        // cross each link.
+        // cross each link, in units of 1/`qps` (a network connection whose messages take its
+        // `qps` queue pairs' paths in turn counts 1/`qps` on each).
+        // The route of queue pair `qp` of connection `ci` (spliced as the connection is).
+        let qp_variant = |ci: usize, qp: u32| -> Vec<LinkId> {
+            match &conn_halves[ci] {
+                None => router.qp_route(&conn_routes[ci].0, qp),
+                Some((up, down)) => {
+                    let (up, down) = (router.qp_route(up, qp), router.qp_route(down, qp));
+                    let mut links = up[..apex(f, &up)].to_vec();
+                    links.extend_from_slice(&down[apex(f, &down)..]);
+                    links
+                }
+            }
+        };
         let mut static_load = vec![0u32; if opts.static_shares { f.links.len() } else { 0 }];
         if opts.static_shares {
             let mut carries = vec![false; conns.len()];
@@ -877,9 +921,19 @@ impl<'a> Sim<'a> {
                 }
             }
             for (ci, &yes) in carries.iter().enumerate() {
-                if yes {
-                    for l in &conn_routes[ci].0 {
-                        static_load[l.idx()] += 1;
+                if !yes {
+                    continue;
+                }
+                let (links, ty) = &conn_routes[ci];
+                if ty.class() == LinkClass::Net && qps > 1 {
+                    for qp in 0..qps {
+                        for l in qp_variant(ci, qp) {
+                            static_load[l.idx()] += 1;
+                        }
+                    }
+                } else {
+                    for l in links {
+                        static_load[l.idx()] += qps;
                     }
                 }
             }
@@ -889,7 +943,7 @@ impl<'a> Sim<'a> {
                     ls.sort_unstable();
                     ls.dedup();
                     for l in ls {
-                        static_load[l.idx()] += 1;
+                        static_load[l.idx()] += qps;
                     }
                 }
             }
@@ -924,7 +978,7 @@ impl<'a> Sim<'a> {
             *private.entry((owner, l)).or_insert_with(|| {
                 let link = f.link(l);
                 let eff = p.link_eff[kind_index(link.kind)];
-                let n = static_load[l.idx()].max(1) as f64;
+                let n = (static_load[l.idx()] as f64 / qps as f64).max(1.0);
                 let k = opts.link_concurrency.as_ref().and_then(|c| c.get(l.idx()).copied()).unwrap_or(n);
                 let share = 1.0 / k.clamp(1.0, n);
                 roles.push(ResourceRole::Link(l));
@@ -1021,6 +1075,7 @@ impl<'a> Sim<'a> {
                 *m = (m.0.max(t), m.1.max(q));
             }
         }
+        let mut qp_paths = Vec::new();
         for (ci, c) in conns.iter_mut().enumerate() {
             let (links, ty) = &conn_routes[ci];
             let class = ty.class();
@@ -1077,6 +1132,7 @@ impl<'a> Sim<'a> {
                 servers.push(r);
                 rservers.push(r);
             }
+            let (own, rown) = (servers.len(), rservers.len());
             for &l in links {
                 let r = server_of(l, ci as u32, &mut engine, &mut roles);
                 servers.push(r);
@@ -1084,6 +1140,24 @@ impl<'a> Sim<'a> {
             }
             c.path = engine.add_path(&servers);
             c.reduce_path = engine.add_path(&rservers);
+            // Further queue pairs: the same servers up to the NIC, each its own hashed path
+            // through the network; messages take the connection's paths in turn.
+            let nqp = qps;
+            if class == LinkClass::Net && nqp > 1 {
+                c.qp_base = qp_paths.len() as u32;
+                c.nqp = nqp as u8;
+                qp_paths.push((c.path, c.reduce_path));
+                for qp in 1..nqp {
+                    servers.truncate(own);
+                    rservers.truncate(rown);
+                    for l in qp_variant(ci, qp) {
+                        let r = server_of(l, ci as u32, &mut engine, &mut roles);
+                        servers.push(r);
+                        rservers.push(r);
+                    }
+                    qp_paths.push((engine.add_path(&servers), engine.add_path(&rservers)));
+                }
+            }
         }
         // Groups.
         let mut groups = Vec::new();
@@ -1149,6 +1223,7 @@ impl<'a> Sim<'a> {
             conns,
             groups,
             flows: Vec::new(),
+            qp_paths,
             free: Vec::new(),
             nflows: 0,
             part_times: vec![PartTime { start: SimTime::MAX, end: SimTime::ZERO }; s.parts.len()],
@@ -1293,8 +1368,15 @@ impl<'a> Sim<'a> {
                         let sc = next as usize;
                         next = self.conns[sc].next;
                         self.conns[sc].inflight += 1;
-                        let c = &self.conns[sc];
-                        let path = if step.reduce { c.reduce_path } else { c.path };
+                        let c = &mut self.conns[sc];
+                        let (fwd, red) = if c.nqp > 1 {
+                            let q = self.qp_paths[(c.qp_base + c.next_qp as u32) as usize];
+                            c.next_qp = (c.next_qp + 1) % c.nqp;
+                            q
+                        } else {
+                            (c.path, c.reduce_path)
+                        };
+                        let path = if step.reduce { red } else { fwd };
                         let wire = Self::wire(payload, bytes);
                         let extra = c.step_latency + Bandwidth::time_q32(c.wait_q, wire);
                         let tag = self.new_flow(FlowRec {

@@ -119,6 +119,8 @@ pub struct Router<'f> {
     /// Spread connections over equal-cost paths (the network's adaptive routing) instead
     /// of hashing them.
     adaptive: bool,
+    /// Queue pairs per network connection, each hashed onto its own path.
+    qps: u32,
     leaf_dist: RefCell<BTreeMap<u32, Rc<Vec<u16>>>>,
 }
 
@@ -179,6 +181,7 @@ impl<'f> Router<'f> {
             rail_offset,
             rail_owner,
             adaptive,
+            qps: 1,
             leaf_dist: RefCell::new(BTreeMap::new()),
         }
     }
@@ -194,6 +197,25 @@ impl<'f> Router<'f> {
     /// Whether connections are spread over equal-cost paths (adaptive routing).
     pub fn adaptive(&self) -> bool {
         self.adaptive
+    }
+
+    /// The same router with `qps` queue pairs per network connection
+    /// (`NCCL_IB_QPS_PER_CONNECTION`, at least 1): under static ECMP each queue pair is
+    /// hashed onto a path of its own, and a connection's messages take them in turn.
+    pub fn with_qps_per_connection(mut self, qps: u32) -> Self {
+        self.qps = qps.max(1);
+        self
+    }
+
+    /// Distinct paths a network connection's messages take in turn: its queue pairs under
+    /// static ECMP, one where the network routes adaptively (the switches spread every
+    /// queue pair alike).
+    pub fn paths_per_connection(&self) -> u32 {
+        if self.adaptive {
+            1
+        } else {
+            self.qps
+        }
     }
 
     /// The fabric routed on.
@@ -477,6 +499,29 @@ impl<'f> Router<'f> {
             .filter(|&v| !matches!(f.devices[v.idx()].kind, DeviceKind::NetSwitch { .. }))
             .position(|v| v == nic)
             .unwrap_or(0) as u64
+    }
+
+    /// The route of queue pair `qp` of the connection routed as `links`: the same hops,
+    /// with the network part between the two NICs hashed again for that queue pair (the
+    /// connection's own route for qp 0 or where nothing crosses a network switch).
+    pub fn qp_route(&self, links: &[LinkId], qp: u32) -> Vec<LinkId> {
+        let f = self.fabric;
+        let is_nic = |d: DeviceId| matches!(f.device(d).kind, DeviceKind::Nic { .. });
+        let (Some(i), Some(j)) = (
+            links.iter().position(|l| is_nic(f.links[l.idx()].src)),
+            links.iter().rposition(|l| is_nic(f.links[l.idx()].dst)),
+        ) else {
+            return links.to_vec();
+        };
+        if qp == 0 || j <= i {
+            return links.to_vec();
+        }
+        let (src, dst) = (f.links[links[i].idx()].src, f.links[links[j].idx()].dst);
+        let flow = mix(links[i + 1].0 as u64) ^ mix(0x5150 ^ qp as u64);
+        match self.nic_to_nic(src, dst, flow) {
+            Some(net) => [&links[..i], &net[..], &links[j + 1..]].concat(),
+            None => links.to_vec(),
+        }
     }
 
     /// Shortest up/down path between two NICs: ECMP by hash, or spread by ports under

@@ -66,6 +66,9 @@ pub struct NcclEnv {
     /// NCCL_IB_ADAPTIVE_ROUTING (default on): off, connections take hashed static paths
     /// even where the fabric routes adaptively.
     pub adaptive_routing: bool,
+    /// NCCL_IB_QPS_PER_CONNECTION (default 1): under static ECMP each queue pair of a
+    /// network connection is hashed onto a path of its own.
+    pub qps_per_connection: u32,
     /// Buffer sizes and chunk knobs.
     pub knobs: Knobs,
 }
@@ -80,6 +83,7 @@ impl Default for NcclEnv {
             min_channels: None,
             max_channels: None,
             adaptive_routing: true,
+            qps_per_connection: 1,
             knobs: Knobs::default(),
         }
     }
@@ -312,7 +316,9 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
             )));
         }
     }
-    let router = Router::new(f, cfg.seed).with_adaptive_routing(cfg.env.adaptive_routing);
+    let router = Router::new(f, cfg.seed)
+        .with_adaptive_routing(cfg.env.adaptive_routing)
+        .with_qps_per_connection(cfg.env.qps_per_connection);
     let mut comm = Comm::from_fabric(f, &router);
     comm.nvls &= cfg.env.nvls;
     let comm = comm;

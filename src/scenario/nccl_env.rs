@@ -36,13 +36,9 @@ pub const KNOWN: &[&str] = &[
 /// note where a run sets one).
 pub const NO_EFFECT: &[(&str, &str)] = &[
     (
-        "NCCL_IB_QPS_PER_CONNECTION",
-        "fabricsim carries each connection as one flow on one ECMP path; the extra queue pairs \
-         that spread a connection over more uplinks are not modelled",
-    ),
-    (
         "NCCL_IB_SPLIT_DATA_ON_QPS",
-        "queue pairs are not modelled (one flow per connection), so how data is split over them has no effect",
+        "a connection's messages take its queue pairs' paths in turn (NCCL's default, 0); splitting \
+         every message over all of them (1) is not modelled apart",
     ),
     (
         "NCCL_NET_GDR_LEVEL",
@@ -67,7 +63,7 @@ const TRAINING_COLLECTIVES: [Collective; 3] =
     [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter];
 
 /// The variables that change how a training step's collectives are picked or routed.
-const TRAINING_PICK: [&str; 9] = [
+const TRAINING_PICK: [&str; 10] = [
     "NCCL_ALGO",
     "NCCL_PROTO",
     "NCCL_NVLS_ENABLE",
@@ -77,6 +73,7 @@ const TRAINING_PICK: [&str; 9] = [
     "NCCL_MIN_CTAS",
     "NCCL_MAX_CTAS",
     "NCCL_IB_ADAPTIVE_ROUTING",
+    "NCCL_IB_QPS_PER_CONNECTION",
 ];
 
 /// NCCL's environment for a training step from `(variable, value)` settings, in order: the
@@ -102,6 +99,7 @@ pub fn training_policy(settings: &[(String, String)]) -> Result<(NcclPolicy, Vec
     policy.min_channels = global.min_channels;
     policy.max_channels = global.max_channels;
     policy.adaptive_routing = global.adaptive_routing;
+    policy.qps_per_connection = global.qps_per_connection;
     for (k, _) in settings {
         if let Some(n) = no_effect_note(k) {
             notes.push(format!("{k} is accepted but has no effect in the model: {n}"));
@@ -255,7 +253,7 @@ impl NcclEnv {
                 self.knobs.net_channels_per_peer = Some(channels(key, value)?);
             }
             "NCCL_IB_QPS_PER_CONNECTION" => {
-                integer(key, value, 1..=128)?;
+                self.qps_per_connection = integer(key, value, 1..=128)? as u32;
             }
             "NCCL_IB_SPLIT_DATA_ON_QPS" => {
                 integer(key, value, 0..=1)?;
@@ -331,7 +329,6 @@ mod tests {
         e.set("NCCL_P2P_NET_CHUNKSIZE", "512K", c).unwrap();
         assert_eq!(e.knobs.p2p_net_chunksize, 512 << 10);
         for (k, v) in [
-            ("NCCL_IB_QPS_PER_CONNECTION", "4"),
             ("NCCL_IB_SPLIT_DATA_ON_QPS", "0"),
             ("NCCL_NET_GDR_LEVEL", "PHB"),
             ("NCCL_NET_GDR_LEVEL", "3"),
@@ -353,6 +350,11 @@ mod tests {
         assert!(!policy.adaptive_routing && notes.is_empty(), "{notes:?}");
         assert!(training_policy(&[]).unwrap().0.adaptive_routing);
         assert!(e.set("NCCL_IB_QPS_PER_CONNECTION", "0", c).unwrap_err().contains("1..=128"));
+        // Queue pairs per connection spread it over hashed paths, in bench and training.
+        e.set("NCCL_IB_QPS_PER_CONNECTION", "4", c).unwrap();
+        assert!(e.qps_per_connection == 4 && no_effect_note("NCCL_IB_QPS_PER_CONNECTION").is_none());
+        let (policy, notes) = training_policy(&[("NCCL_IB_QPS_PER_CONNECTION".into(), "4".into())]).unwrap();
+        assert!(policy.qps_per_connection == 4 && notes.is_empty(), "{notes:?}");
         assert!(e.set("NCCL_CROSS_NIC", "3", c).unwrap_err().contains("0..=2"));
         assert!(e.set("NCCL_NET_GDR_LEVEL", "FAR", c).unwrap_err().contains("path type"));
         assert!(e.set("NCCL_NCHANNELS_PER_NET_PEER", "0", c).unwrap_err().contains("1..=64"));
