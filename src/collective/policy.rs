@@ -6,6 +6,7 @@
 //! layer's (`scenario::nccl_env`); this is what the pick reads.
 
 use super::{Algo, Collective, Comm};
+use crate::fabric::NetSettings;
 use crate::schedule::Proto;
 
 /// What NCCL's environment allows the pick of one collective.
@@ -25,12 +26,9 @@ pub struct NcclPolicy {
     pub min_channels: Option<u32>,
     /// `NCCL_MAX_NCHANNELS`.
     pub max_channels: Option<u32>,
-    /// `NCCL_IB_ADAPTIVE_ROUTING` (default on): off, connections take hashed static paths
-    /// where the fabric would route adaptively.
-    pub adaptive_routing: bool,
-    /// `NCCL_IB_QPS_PER_CONNECTION` (default 1): under static ECMP each queue pair of a
-    /// network connection is hashed onto a path of its own.
-    pub qps_per_connection: u32,
+    /// How the network transport uses the fabric (`NCCL_IB_ADAPTIVE_ROUTING`,
+    /// `NCCL_IB_QPS_PER_CONNECTION`, `NCCL_NET_GDR_LEVEL`).
+    pub net: NetSettings,
 }
 
 impl Default for NcclPolicy {
@@ -42,8 +40,7 @@ impl Default for NcclPolicy {
             collnet: None,
             min_channels: None,
             max_channels: None,
-            adaptive_routing: true,
-            qps_per_connection: 1,
+            net: NetSettings::default(),
         }
     }
 }

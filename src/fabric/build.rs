@@ -42,7 +42,8 @@ pub struct BuildOpts {
 pub struct TemplateRoutes {
     /// Devices per node.
     pub ndev: u32,
-    /// `paths[a * ndev + b]`: local directed-link indices from a to b (GPU/NIC endpoints only).
+    /// `paths[a * ndev + b]`: local directed-link indices from a to b (between GPUs, NICs and
+    /// CPUs only).
     pub paths: Vec<Option<(Vec<u32>, PathType)>>,
 }
 
@@ -315,12 +316,15 @@ fn template_routes(t: &NodeTemplate) -> Result<TemplateRoutes, TopologyError> {
         g.add_edge(NodeIndex::new(l.b as usize), NodeIndex::new(l.a as usize), (2 * j as u32 + 1, c));
     }
     let endpoint = |i: usize| matches!(t.devices[i].kind, DeviceKind::Gpu | DeviceKind::Nic { .. });
+    // Routes start and end at GPUs and NICs, and at CPUs (where a transfer without
+    // GPUDirect RDMA is staged); only other devices and CPUs are crossed on the way.
+    let terminal = |i: usize| endpoint(i) || matches!(t.devices[i].kind, DeviceKind::Cpu { .. });
     let mut paths = vec![None; ndev * ndev];
-    for src in (0..ndev).filter(|&i| endpoint(i)) {
+    for src in (0..ndev).filter(|&i| terminal(i)) {
         let transit = |u: usize| u == src || !endpoint(u);
         let allowed = EdgeFiltered::from_fn(&g, |e| transit(e.source().index()));
         let dist = dijkstra(&allowed, NodeIndex::new(src), None, |e| e.weight().1);
-        for dst in (0..ndev).filter(|&d| d != src && endpoint(d)) {
+        for dst in (0..ndev).filter(|&d| d != src && terminal(d)) {
             let Some(&dd) = dist.get(&NodeIndex::new(dst)) else { continue };
             let mut p = Vec::new();
             let (mut cur, mut dcur) = (dst, dd);

@@ -28,7 +28,7 @@ use crate::units::{Bandwidth, SimTime};
 
 pub use file::{load_topology, TopologyError};
 pub use params::ModelParams;
-pub use routing::{PathType, Route, RouteOpts, Router};
+pub use routing::{NetSettings, PathType, Route, RouteOpts, Router};
 pub use spec::{Generation, GpuSpec, NetRouting, TopologySpec};
 
 /// Index of a device in [`Fabric::devices`].

@@ -105,6 +105,27 @@ impl Default for RouteOpts {
     }
 }
 
+/// How NCCL's network transport uses the fabric, from its variables: the settings a router
+/// takes besides the fabric itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetSettings {
+    /// `NCCL_IB_ADAPTIVE_ROUTING` (default on): off, connections take hashed static paths
+    /// where the fabric would route adaptively.
+    pub adaptive_routing: bool,
+    /// `NCCL_IB_QPS_PER_CONNECTION` (default 1): under static ECMP each queue pair of a
+    /// network connection is hashed onto a path of its own.
+    pub qps_per_connection: u32,
+    /// `NCCL_NET_GDR_LEVEL` (default P2C): the farthest GPU-NIC path type with GPUDirect
+    /// RDMA; farther, a network transfer is staged in host memory.
+    pub gdr_level: PathType,
+}
+
+impl Default for NetSettings {
+    fn default() -> Self {
+        NetSettings { adaptive_routing: true, qps_per_connection: 1, gdr_level: PathType::P2c }
+    }
+}
+
 /// Computes routes on a fabric; caches per-destination network distances.
 pub struct Router<'f> {
     fabric: &'f Fabric,
@@ -121,6 +142,11 @@ pub struct Router<'f> {
     adaptive: bool,
     /// Queue pairs per network connection, each hashed onto its own path.
     qps: u32,
+    /// Farthest GPU-NIC path type with GPUDirect RDMA (`NCCL_NET_GDR_LEVEL`).
+    gdr_level: PathType,
+    /// For each rail, the local device index of the CPU closest to its NIC (where a
+    /// transfer without GPUDirect RDMA is staged in host memory).
+    nic_cpu: Vec<Option<u32>>,
     leaf_dist: RefCell<BTreeMap<u32, Rc<Vec<u16>>>>,
 }
 
@@ -174,6 +200,18 @@ impl<'f> Router<'f> {
             }
         }
         let adaptive = fabric.network.as_ref().is_some_and(|n| n.routing == super::NetRouting::Adaptive);
+        let cpus: Vec<u32> = node0
+            .devices
+            .clone()
+            .filter(|&d| matches!(fabric.devices[d as usize].kind, DeviceKind::Cpu { .. }))
+            .map(|d| d - node0.devices.start)
+            .collect();
+        let nic_cpu = nics
+            .iter()
+            .map(|&n| {
+                cpus.iter().copied().filter_map(|c| t.get(n, c).map(|(p, _)| (p.len(), c))).min().map(|x| x.1)
+            })
+            .collect();
         Router {
             fabric,
             seed,
@@ -182,6 +220,8 @@ impl<'f> Router<'f> {
             rail_owner,
             adaptive,
             qps: 1,
+            gdr_level: PathType::P2c,
+            nic_cpu,
             leaf_dist: RefCell::new(BTreeMap::new()),
         }
     }
@@ -205,6 +245,41 @@ impl<'f> Router<'f> {
     pub fn with_qps_per_connection(mut self, qps: u32) -> Self {
         self.qps = qps.max(1);
         self
+    }
+
+    /// The same router under NCCL's network `settings`.
+    pub fn with_net(self, settings: &NetSettings) -> Self {
+        self.with_adaptive_routing(settings.adaptive_routing)
+            .with_qps_per_connection(settings.qps_per_connection)
+            .with_gdr_level(settings.gdr_level)
+    }
+
+    /// The same router with GPUDirect RDMA up to GPU-NIC paths of type `level`
+    /// (`NCCL_NET_GDR_LEVEL`; NCCL's default is P2C). Farther, or to a NIC without GDR, a
+    /// network transfer is staged in host memory: its route goes through the NIC's CPU.
+    pub fn with_gdr_level(mut self, level: PathType) -> Self {
+        self.gdr_level = level;
+        self
+    }
+
+    /// The GPU-NIC leg between local device `gpu` and the NIC of `rail` (towards the NIC
+    /// when `to_nic`): direct with GPUDirect RDMA, else through the NIC's CPU and host
+    /// memory (NCCL reroutes a GPU-NIC path via the CPU where GDR is impossible).
+    fn nic_leg(&self, node: u32, gpu: u32, rail: u32, to_nic: bool) -> Option<(Vec<LinkId>, PathType)> {
+        let hn = &self.fabric.nodes[node as usize];
+        let nic_dev = *hn.nics.get(rail as usize)?;
+        let nic = nic_dev.0 - hn.devices.start;
+        let (from, to) = if to_nic { (gpu, nic) } else { (nic, gpu) };
+        let direct = self.local(node, from, to)?;
+        let gdr = matches!(self.fabric.device(nic_dev).kind, DeviceKind::Nic { gdr: true, .. });
+        if gdr && direct.1 <= self.gdr_level {
+            return Some(direct);
+        }
+        let Some(cpu) = self.nic_cpu.get(rail as usize).copied().flatten() else { return Some(direct) };
+        let (mut links, t1) = self.local(node, from, cpu)?;
+        let (rest, t2) = self.local(node, cpu, to)?;
+        links.extend(rest);
+        Some((links, t1.max(t2).max(PathType::Phb)))
     }
 
     /// Distinct paths a network connection's messages take in turn: its queue pairs under
@@ -332,14 +407,14 @@ impl<'f> Router<'f> {
         // Source side: to the rail NIC, directly or through the rail owner (PXN).
         let mut src_rail = if own_rail == dst_rail || !opts.pxn { own_rail } else { dst_rail };
         let mut src_nic = *hna.nics.get(src_rail as usize)?;
-        let mut direct = self.local(na, la, src_nic.0 - hna.devices.start);
+        let mut direct = self.nic_leg(na, la, src_rail, true);
         if direct.is_none() && src_rail != own_rail && opts.rail.is_none() {
             // The receiver's rail NIC is out of this GPU's reach inside the node (a NIC on
             // the other Grace of a GB200 tray): leave on our own rail and cross rails in the
             // network instead.
             src_rail = own_rail;
             src_nic = *hna.nics.get(src_rail as usize)?;
-            direct = self.local(na, la, src_nic.0 - hna.devices.start);
+            direct = self.nic_leg(na, la, src_rail, true);
         }
         let direct = direct?;
         if src_rail != own_rail && direct.1 > PathType::Pxb {
@@ -348,7 +423,7 @@ impl<'f> Router<'f> {
             let owner_dev = f.gpus[(hna.ranks.start + owner) as usize].0 - hna.devices.start;
             match self.local(na, la, owner_dev) {
                 Some((l1, PathType::Nvl)) => {
-                    let (l2, _) = self.local(na, owner_dev, src_nic.0 - hna.devices.start)?;
+                    let (l2, _) = self.nic_leg(na, owner_dev, src_rail, true)?;
                     links.extend(l1);
                     links.extend(l2);
                     relay = Some(hna.ranks.start + owner);
@@ -361,7 +436,7 @@ impl<'f> Router<'f> {
         }
         let dst_nic = *hnb.nics.get(dst_rail as usize)?;
         links.extend(self.nic_to_nic(src_nic, dst_nic, opts.flow ^ ((a as u64) << 32) ^ b as u64)?);
-        let (l3, _) = self.local(nb, dst_nic.0 - hnb.devices.start, lb)?;
+        let (l3, _) = self.nic_leg(nb, lb, dst_rail, false)?;
         links.extend(l3);
         Some(Route { links, path_type: ty, rail: Some(dst_rail), relay })
     }

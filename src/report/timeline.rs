@@ -556,9 +556,7 @@ pub fn trace_bench_row(
     row: &BenchRow,
     opts: &TimelineOpts,
 ) -> Result<TimelineStats, TimelineError> {
-    let router = Router::new(f, cfg.seed)
-        .with_adaptive_routing(cfg.env.adaptive_routing)
-        .with_qps_per_connection(cfg.env.qps_per_connection);
+    let router = Router::new(f, cfg.seed).with_net(&cfg.env.net);
     let mut comm = Comm::from_fabric(f, &router);
     comm.nvls &= cfg.env.nvls;
     let args =

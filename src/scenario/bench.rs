@@ -10,7 +10,7 @@ use crate::engine::Granularity;
 use crate::exec::analytic;
 use crate::exec::simulate::SimOpts;
 use crate::exec::steady;
-use crate::fabric::{Fabric, Router};
+use crate::fabric::{Fabric, NetSettings, Router};
 use crate::schedule::{DType, Proto, RedOp};
 
 /// How finely to model.
@@ -63,12 +63,9 @@ pub struct NcclEnv {
     pub min_channels: Option<u32>,
     /// NCCL_MAX_NCHANNELS.
     pub max_channels: Option<u32>,
-    /// NCCL_IB_ADAPTIVE_ROUTING (default on): off, connections take hashed static paths
-    /// even where the fabric routes adaptively.
-    pub adaptive_routing: bool,
-    /// NCCL_IB_QPS_PER_CONNECTION (default 1): under static ECMP each queue pair of a
-    /// network connection is hashed onto a path of its own.
-    pub qps_per_connection: u32,
+    /// How the network transport uses the fabric (NCCL_IB_ADAPTIVE_ROUTING,
+    /// NCCL_IB_QPS_PER_CONNECTION, NCCL_NET_GDR_LEVEL).
+    pub net: NetSettings,
     /// Buffer sizes and chunk knobs.
     pub knobs: Knobs,
 }
@@ -82,8 +79,7 @@ impl Default for NcclEnv {
             nvls: true,
             min_channels: None,
             max_channels: None,
-            adaptive_routing: true,
-            qps_per_connection: 1,
+            net: NetSettings::default(),
             knobs: Knobs::default(),
         }
     }
@@ -316,9 +312,7 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
             )));
         }
     }
-    let router = Router::new(f, cfg.seed)
-        .with_adaptive_routing(cfg.env.adaptive_routing)
-        .with_qps_per_connection(cfg.env.qps_per_connection);
+    let router = Router::new(f, cfg.seed).with_net(&cfg.env.net);
     let mut comm = Comm::from_fabric(f, &router);
     comm.nvls &= cfg.env.nvls;
     let comm = comm;

@@ -41,10 +41,6 @@ pub const NO_EFFECT: &[(&str, &str)] = &[
          every message over all of them (1) is not modelled apart",
     ),
     (
-        "NCCL_NET_GDR_LEVEL",
-        "every GPU reaches its NIC by GPUDirect RDMA in the model; staging through host memory is not modelled",
-    ),
-    (
         "NCCL_CROSS_NIC",
         "the modelled rings and trees stay on their rail (NCCL's choice on rail-optimized fabrics); \
          cross-rail graphs are not searched",
@@ -63,7 +59,7 @@ const TRAINING_COLLECTIVES: [Collective; 3] =
     [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter];
 
 /// The variables that change how a training step's collectives are picked or routed.
-const TRAINING_PICK: [&str; 10] = [
+const TRAINING_PICK: [&str; 11] = [
     "NCCL_ALGO",
     "NCCL_PROTO",
     "NCCL_NVLS_ENABLE",
@@ -74,6 +70,7 @@ const TRAINING_PICK: [&str; 10] = [
     "NCCL_MAX_CTAS",
     "NCCL_IB_ADAPTIVE_ROUTING",
     "NCCL_IB_QPS_PER_CONNECTION",
+    "NCCL_NET_GDR_LEVEL",
 ];
 
 /// NCCL's environment for a training step from `(variable, value)` settings, in order: the
@@ -98,8 +95,7 @@ pub fn training_policy(settings: &[(String, String)]) -> Result<(NcclPolicy, Vec
     policy.collnet = settings.iter().any(|(k, _)| k == "NCCL_COLLNET_ENABLE").then_some(global.collnet);
     policy.min_channels = global.min_channels;
     policy.max_channels = global.max_channels;
-    policy.adaptive_routing = global.adaptive_routing;
-    policy.qps_per_connection = global.qps_per_connection;
+    policy.net = global.net;
     for (k, _) in settings {
         if let Some(n) = no_effect_note(k) {
             notes.push(format!("{k} is accepted but has no effect in the model: {n}"));
@@ -253,27 +249,32 @@ impl NcclEnv {
                 self.knobs.net_channels_per_peer = Some(channels(key, value)?);
             }
             "NCCL_IB_QPS_PER_CONNECTION" => {
-                self.qps_per_connection = integer(key, value, 1..=128)? as u32;
+                self.net.qps_per_connection = integer(key, value, 1..=128)? as u32;
             }
             "NCCL_IB_SPLIT_DATA_ON_QPS" => {
                 integer(key, value, 0..=1)?;
             }
             "NCCL_IB_ADAPTIVE_ROUTING" => {
-                self.adaptive_routing = integer(key, value, 0..=1)? == 1;
+                self.net.adaptive_routing = integer(key, value, 0..=1)? == 1;
             }
             "NCCL_CROSS_NIC" => {
                 integer(key, value, 0..=2)?;
             }
             "NCCL_NET_GDR_LEVEL" => {
-                let v = value.trim();
-                let named = ["LOC", "PIX", "PXB", "PHB", "SYS", "P2C", "NVL", "C2C", "PXN"];
-                if !named.contains(&v.to_ascii_uppercase().as_str())
-                    && v.parse::<u32>().ok().is_none_or(|x| x > 7)
-                {
-                    return Err(format!(
-                        "NCCL_NET_GDR_LEVEL={value:?}: expected a path type (LOC, NVL, PIX, PXB, PXN, P2C, PHB, SYS) or 0..=7"
-                    ));
-                }
+                // NCCL's path types by name or number (NCCL_FACTS 5.3).
+                use crate::fabric::PathType::*;
+                let types = [Loc, Nvl, Nvb, C2c, Pix, Pxb, P2c, Pxn, Phb, Sys];
+                let names = ["LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS"];
+                let v = value.trim().to_ascii_uppercase();
+                let level = match v.parse::<usize>() {
+                    Ok(i) => types.get(i).copied(),
+                    Err(_) => names.iter().position(|n| *n == v).map(|i| types[i]),
+                };
+                self.net.gdr_level = level.ok_or_else(|| {
+                    format!(
+                        "NCCL_NET_GDR_LEVEL={value:?}: expected a path type (LOC, NVL, NVB, C2C, PIX, PXB, P2C, PXN, PHB, SYS) or 0..=9"
+                    )
+                })?;
             }
             other => {
                 let near = crate::suggest::nearest(other, KNOWN.iter().copied())
@@ -328,12 +329,7 @@ mod tests {
         assert_eq!(e.knobs.net_channels_per_peer, Some(2));
         e.set("NCCL_P2P_NET_CHUNKSIZE", "512K", c).unwrap();
         assert_eq!(e.knobs.p2p_net_chunksize, 512 << 10);
-        for (k, v) in [
-            ("NCCL_IB_SPLIT_DATA_ON_QPS", "0"),
-            ("NCCL_NET_GDR_LEVEL", "PHB"),
-            ("NCCL_NET_GDR_LEVEL", "3"),
-            ("NCCL_CROSS_NIC", "1"),
-        ] {
+        for (k, v) in [("NCCL_IB_SPLIT_DATA_ON_QPS", "0"), ("NCCL_CROSS_NIC", "1")] {
             let before = e.clone();
             e.set(k, v, c).unwrap();
             assert_eq!(e, before, "{k} has no modelled effect");
@@ -341,22 +337,29 @@ mod tests {
         }
         assert!(no_effect_note("NCCL_MAX_CTAS").is_none());
         // Adaptive routing is on by default (as NCCL's on InfiniBand); 0 turns it off.
-        assert!(e.adaptive_routing);
+        assert!(e.net.adaptive_routing);
         e.set("NCCL_IB_ADAPTIVE_ROUTING", "0", c).unwrap();
-        assert!(!e.adaptive_routing && no_effect_note("NCCL_IB_ADAPTIVE_ROUTING").is_none());
+        assert!(!e.net.adaptive_routing && no_effect_note("NCCL_IB_ADAPTIVE_ROUTING").is_none());
         assert!(e.set("NCCL_IB_ADAPTIVE_ROUTING", "2", c).unwrap_err().contains("0..=1"));
         // A training step routes its collectives by it too (no note).
         let (policy, notes) = training_policy(&[("NCCL_IB_ADAPTIVE_ROUTING".into(), "0".into())]).unwrap();
-        assert!(!policy.adaptive_routing && notes.is_empty(), "{notes:?}");
-        assert!(training_policy(&[]).unwrap().0.adaptive_routing);
+        assert!(!policy.net.adaptive_routing && notes.is_empty(), "{notes:?}");
+        assert!(training_policy(&[]).unwrap().0.net.adaptive_routing);
         assert!(e.set("NCCL_IB_QPS_PER_CONNECTION", "0", c).unwrap_err().contains("1..=128"));
         // Queue pairs per connection spread it over hashed paths, in bench and training.
         e.set("NCCL_IB_QPS_PER_CONNECTION", "4", c).unwrap();
-        assert!(e.qps_per_connection == 4 && no_effect_note("NCCL_IB_QPS_PER_CONNECTION").is_none());
+        assert!(e.net.qps_per_connection == 4 && no_effect_note("NCCL_IB_QPS_PER_CONNECTION").is_none());
         let (policy, notes) = training_policy(&[("NCCL_IB_QPS_PER_CONNECTION".into(), "4".into())]).unwrap();
-        assert!(policy.qps_per_connection == 4 && notes.is_empty(), "{notes:?}");
+        assert!(policy.net.qps_per_connection == 4 && notes.is_empty(), "{notes:?}");
         assert!(e.set("NCCL_CROSS_NIC", "3", c).unwrap_err().contains("0..=2"));
         assert!(e.set("NCCL_NET_GDR_LEVEL", "FAR", c).unwrap_err().contains("path type"));
+        assert!(e.set("NCCL_NET_GDR_LEVEL", "10", c).unwrap_err().contains("0..=9"));
+        // The GDR level is a path type, by name or number.
+        e.set("NCCL_NET_GDR_LEVEL", "loc", c).unwrap();
+        assert_eq!(e.net.gdr_level, crate::fabric::PathType::Loc);
+        e.set("NCCL_NET_GDR_LEVEL", "5", c).unwrap();
+        assert_eq!(e.net.gdr_level, crate::fabric::PathType::Pxb);
+        assert!(no_effect_note("NCCL_NET_GDR_LEVEL").is_none());
         assert!(e.set("NCCL_NCHANNELS_PER_NET_PEER", "0", c).unwrap_err().contains("1..=64"));
     }
 }

@@ -623,9 +623,7 @@ impl<'f> FabricPricer<'f> {
     pub fn with_policy(f: &'f Fabric, policy: &NcclPolicy) -> FabricPricer<'f> {
         FabricPricer {
             fabric: f,
-            router: Router::new(f, 0)
-                .with_adaptive_routing(policy.adaptive_routing)
-                .with_qps_per_connection(policy.qps_per_connection),
+            router: Router::new(f, 0).with_net(&policy.net),
             comms: RefCell::new(BTreeMap::new()),
             analytic: RefCell::new(BTreeMap::new()),
             event: RefCell::new(BTreeMap::new()),

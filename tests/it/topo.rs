@@ -670,3 +670,45 @@ proptest! {
         load_and_build(&mutated, path);
     }
 }
+
+/// Without GPUDirect RDMA (`NCCL_NET_GDR_LEVEL` below the GPU-NIC path type, or a NIC with
+/// `gdr = false`) NCCL stages a network transfer in host memory: the GPU-NIC leg goes
+/// through the NIC's CPU on both ends, and the PCIe link to the CPU carries the traffic of
+/// every GPU behind it twice.
+#[test]
+fn without_gpudirect_a_network_route_is_staged_through_the_cpu() {
+    let f = fabric("dgx-h100", Some(2));
+    let through_cpu = |router: &Router| {
+        let r = router.route(0, 8, &RouteOpts::default()).unwrap();
+        r.links.iter().any(|l| matches!(f.device(f.links[l.idx()].dst).kind, DeviceKind::Cpu { .. }))
+    };
+    let gdr = Router::new(&f, 0);
+    assert!(!through_cpu(&gdr), "GPU and NIC share a PCIe switch: GPUDirect RDMA");
+    assert!(!through_cpu(&Router::new(&f, 0).with_gdr_level(PathType::Pxb)));
+    let staged = Router::new(&f, 0).with_gdr_level(PathType::Loc);
+    assert!(through_cpu(&staged));
+    let r = staged.route(0, 8, &RouteOpts::default()).unwrap();
+    assert_eq!(r.path_type, PathType::Net);
+    // Ring all-reduce across the two nodes: staged, the CPU links bound it.
+    let busbw = |router: &Router| {
+        let comm = fabricsim::collective::Comm::from_fabric(&f, router);
+        let bytes = 1u64 << 30;
+        let args = fabricsim::collective::CollArgs {
+            coll: fabricsim::collective::Collective::AllReduce,
+            count: bytes / 4,
+            dtype: fabricsim::schedule::DType::F32,
+            redop: fabricsim::schedule::RedOp::Sum,
+            root: 0,
+        };
+        let choice = fabricsim::collective::Choice {
+            algo: fabricsim::collective::Algo::Ring,
+            proto: fabricsim::schedule::Proto::Simple,
+            nchannels: 16,
+        };
+        let s = fabricsim::collective::build_schedule(&comm, &args, &choice, &Default::default()).unwrap();
+        let t = fabricsim::exec::simulate::simulate(&f, router, &s, &Default::default()).unwrap().time;
+        bytes as f64 / t.as_us() / 1e3 * 2.0 * 15.0 / 16.0
+    };
+    let (direct, via_cpu) = (busbw(&gdr), busbw(&staged));
+    assert!(via_cpu < 0.8 * direct, "staged {via_cpu:.1} GB/s vs GPUDirect {direct:.1} GB/s");
+}
