@@ -889,10 +889,6 @@ impl<'a> Sim<'a> {
             }
         }
 
-        // Static shares: how many connections that carry messages (from a send slot of a
-        // simulated stream, with the fan-out copies of class folding) and switch groups
-        // cross each link, in units of 1/`qps` (a network connection whose messages take its
-        // `qps` queue pairs' paths in turn counts 1/`qps` on each).
         // The route of queue pair `qp` of connection `ci` (spliced as the connection is).
         let qp_variant = |ci: usize, qp: u32| -> Vec<LinkId> {
             match &conn_halves[ci] {
@@ -905,6 +901,10 @@ impl<'a> Sim<'a> {
                 }
             }
         };
+        // Static shares: how many connections that carry messages (from a send slot of a
+        // simulated stream, with the fan-out copies of class folding) and switch groups
+        // cross each link, in units of 1/`qps` (a network connection whose messages take its
+        // `qps` queue pairs' paths in turn counts 1/`qps` on each).
         let mut static_load = vec![0u32; if opts.static_shares { f.links.len() } else { 0 }];
         if opts.static_shares {
             let mut carries = vec![false; conns.len()];

@@ -152,6 +152,8 @@ struct DeviceFile {
     vendor: Option<Spanned<String>>,
     // nic
     rate: Option<Spanned<String>>,
+    /// GPUDirect RDMA capable (default true); without it NCCL stages network transfers
+    /// through the NIC's CPU, and so does the router.
     gdr: Option<bool>,
     // free text
     model: Option<String>,

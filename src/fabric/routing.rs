@@ -220,7 +220,7 @@ impl<'f> Router<'f> {
             rail_owner,
             adaptive,
             qps: 1,
-            gdr_level: PathType::P2c,
+            gdr_level: NetSettings::default().gdr_level,
             nic_cpu,
             leaf_dist: RefCell::new(BTreeMap::new()),
         }

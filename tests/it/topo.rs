@@ -711,4 +711,17 @@ fn without_gpudirect_a_network_route_is_staged_through_the_cpu() {
     };
     let (direct, via_cpu) = (busbw(&gdr), busbw(&staged));
     assert!(via_cpu < 0.8 * direct, "staged {via_cpu:.1} GB/s vs GPUDirect {direct:.1} GB/s");
+    // A topology whose NICs have no GPUDirect RDMA stages at NCCL's default level too.
+    let path = root().join("topologies/dgx-h100.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("model = \"ConnectX-7\"", "model = \"ConnectX-7\"\ngdr = false");
+    assert!(text.contains("gdr = false"));
+    let spec = parse_topology(&text, &path).unwrap();
+    let no_gdr = build(&spec, &BuildOpts { nodes: Some(2), ..Default::default() }).unwrap();
+    let r = Router::new(&no_gdr, 0).route(0, 8, &RouteOpts::default()).unwrap();
+    assert!(r
+        .links
+        .iter()
+        .any(|l| matches!(no_gdr.device(no_gdr.links[l.idx()].dst).kind, DeviceKind::Cpu { .. })));
 }
