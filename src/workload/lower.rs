@@ -1164,7 +1164,7 @@ pub fn step_event_with(
     let star = (0..pp).fold(0, |a, b| if busy[b] > busy[a] { b } else { a });
     let pipe_end = built.ops.iter().flatten().map(|id| secs(out.jobs[id.0 as usize].end)).fold(0.0, f64::max);
     let mut sum = OpParts::default();
-    let (mut slow_pp, mut slow_dp) = (0.0, 0.0);
+    let (mut slow_pp, mut slow_dp, mut wait_dp) = (0.0, 0.0, 0.0);
     for (i, p) in parts[star].iter().enumerate() {
         sum.compute += p.compute;
         sum.tp += p.tp;
@@ -1183,6 +1183,9 @@ pub fn step_event_with(
             sum.cp += extra.max(0.0);
         } else if tp_shadow[star][i].is_some() {
             sum.tp += extra.max(0.0);
+        } else if plan.sharding.shards_params() {
+            // Inside an op without shadows only the layer-by-layer weight gathers wait.
+            wait_dp += extra.max(0.0);
         }
     }
     let ideal = sched.time(|s, o| dur(s as usize, at(s, o)), |_, _| 0.0)?;
@@ -1219,7 +1222,7 @@ pub fn step_event_with(
         cp: sum.cp,
         ep: sum.ep,
         pp: gap_pp + slow_pp,
-        dp: (step - pipe_end - opt).max(0.0) + gap_dp + slow_dp,
+        dp: (step - pipe_end - opt).max(0.0) + gap_dp + slow_dp + wait_dp,
         bubble,
         optimizer: opt,
     };
