@@ -261,18 +261,20 @@ impl NcclEnv {
                 integer(key, value, 0..=2)?;
             }
             "NCCL_NET_GDR_LEVEL" => {
-                // NCCL's path types by name or number (NCCL_FACTS 5.3).
+                // NCCL's path types by name (NCCL_FACTS 5.3), or NCCL's legacy numbers 0..=5
+                // (`ncclGetLevel`: LOC, PIX, PXB, PHB, SYS, SYS).
                 use crate::fabric::PathType::*;
                 let types = [Loc, Nvl, Nvb, C2c, Pix, Pxb, P2c, Pxn, Phb, Sys];
                 let names = ["LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS"];
+                let legacy = [Loc, Pix, Pxb, Phb, Sys, Sys];
                 let v = value.trim().to_ascii_uppercase();
                 let level = match v.parse::<usize>() {
-                    Ok(i) => types.get(i).copied(),
+                    Ok(i) => legacy.get(i).copied(),
                     Err(_) => names.iter().position(|n| *n == v).map(|i| types[i]),
                 };
                 self.net.gdr_level = level.ok_or_else(|| {
                     format!(
-                        "NCCL_NET_GDR_LEVEL={value:?}: expected a path type (LOC, NVL, NVB, C2C, PIX, PXB, P2C, PXN, PHB, SYS) or 0..=9"
+                        "NCCL_NET_GDR_LEVEL={value:?}: expected a path type (LOC, NVL, NVB, C2C, PIX, PXB, P2C, PXN, PHB, SYS) or a legacy level 0..=5"
                     )
                 })?;
             }
@@ -353,12 +355,14 @@ mod tests {
         assert!(policy.net.qps_per_connection == 4 && notes.is_empty(), "{notes:?}");
         assert!(e.set("NCCL_CROSS_NIC", "3", c).unwrap_err().contains("0..=2"));
         assert!(e.set("NCCL_NET_GDR_LEVEL", "FAR", c).unwrap_err().contains("path type"));
-        assert!(e.set("NCCL_NET_GDR_LEVEL", "10", c).unwrap_err().contains("0..=9"));
-        // The GDR level is a path type, by name or number.
+        assert!(e.set("NCCL_NET_GDR_LEVEL", "6", c).unwrap_err().contains("0..=5"));
+        // The GDR level is a path type by name, or one of NCCL's legacy numbers.
         e.set("NCCL_NET_GDR_LEVEL", "loc", c).unwrap();
         assert_eq!(e.net.gdr_level, crate::fabric::PathType::Loc);
-        e.set("NCCL_NET_GDR_LEVEL", "5", c).unwrap();
+        e.set("NCCL_NET_GDR_LEVEL", "2", c).unwrap();
         assert_eq!(e.net.gdr_level, crate::fabric::PathType::Pxb);
+        e.set("NCCL_NET_GDR_LEVEL", "3", c).unwrap();
+        assert_eq!(e.net.gdr_level, crate::fabric::PathType::Phb);
         assert!(no_effect_note("NCCL_NET_GDR_LEVEL").is_none());
         assert!(e.set("NCCL_NCHANNELS_PER_NET_PEER", "0", c).unwrap_err().contains("1..=64"));
     }
