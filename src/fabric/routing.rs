@@ -275,11 +275,14 @@ impl<'f> Router<'f> {
         if gdr && direct.1 <= self.gdr_level {
             return Some(direct);
         }
-        let Some(cpu) = self.nic_cpu.get(rail as usize).copied().flatten() else { return Some(direct) };
-        let (mut links, t1) = self.local(node, from, cpu)?;
-        let (rest, t2) = self.local(node, cpu, to)?;
-        links.extend(rest);
-        Some((links, t1.max(t2).max(PathType::Phb)))
+        // Staged through the NIC's CPU; where the node has no such route, as it is.
+        let staged = self.nic_cpu.get(rail as usize).copied().flatten().and_then(|cpu| {
+            let (mut links, t1) = self.local(node, from, cpu)?;
+            let (rest, t2) = self.local(node, cpu, to)?;
+            links.extend(rest);
+            Some((links, t1.max(t2).max(PathType::Phb)))
+        });
+        Some(staged.unwrap_or(direct))
     }
 
     /// Distinct paths a network connection's messages take in turn: its queue pairs under
