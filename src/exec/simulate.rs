@@ -693,16 +693,18 @@ impl<'a> Sim<'a> {
                             // In units of 1/qps: a network connection counts 1/qps on each of
                             // its queue pairs' paths.
                             let (links, ty) = route(st.rank, rank, local_channel(st))?;
-                            let (paths, unit) = if ty.class() == LinkClass::Net && qps > 1 {
-                                ((0..qps).map(|qp| router.qp_route(&links, qp)).collect(), 1)
-                            } else {
-                                (vec![links], qps)
-                            };
-                            for l in paths.iter().flatten() {
+                            let mut count = |l: LinkId, unit: u32| {
                                 uses_all[l.idx()] += unit;
                                 if simulated {
                                     uses_rep[l.idx()] += unit;
                                 }
+                            };
+                            if ty.class() == LinkClass::Net && qps > 1 {
+                                for qp in 0..qps {
+                                    router.qp_route(&links, qp).into_iter().for_each(|l| count(l, 1));
+                                }
+                            } else {
+                                links.iter().for_each(|&l| count(l, qps));
                             }
                         }
                         if !simulated {

@@ -393,20 +393,9 @@ pub fn nccl_choice_with(comm: &Comm, args: &CollArgs, policy: &NcclPolicy) -> Op
 /// follows nccl-tests' size convention (the whole buffer; for all-gather, reduce-scatter and
 /// all-to-all the buffer of all ranks together). This is how the training layer prices its
 /// collectives on the real placement: a TP group inside one NVLink domain, a DP group across
-/// rails, a PP pair across nodes.
+/// rails, a PP pair across nodes. NCCL picks under `policy` (`NcclPolicy::default()`: as
+/// NCCL does with no variables set).
 pub fn collective_time(
-    f: &Fabric,
-    router: &Router,
-    kind: super::comm::CollectiveKind,
-    bytes: u64,
-    ranks: &[u32],
-    dtype: DType,
-) -> Result<f64, WorkloadError> {
-    collective_time_with(f, router, kind, bytes, ranks, dtype, &NcclPolicy::default())
-}
-
-/// [`collective_time`] with NCCL's pick under `policy`.
-pub fn collective_time_with(
     f: &Fabric,
     router: &Router,
     kind: super::comm::CollectiveKind,

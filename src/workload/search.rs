@@ -35,7 +35,7 @@ use serde::Serialize;
 use super::analytic::{estimate, Breakdown, StepEstimate};
 use super::comm::CollectiveKind;
 use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
-use super::concurrent::{collective_time_with, nccl_choice_with};
+use super::concurrent::{collective_time, nccl_choice_with};
 use super::lower::{step_event_with, EventOpts};
 use super::memory::{memory_by_stage_with, stage_params, Oom};
 use super::model::Model;
@@ -725,7 +725,7 @@ impl<'f> FabricPricer<'f> {
         t
     }
 
-    /// Event-mode time in seconds ([`collective_time_with`]: the collective simulated on its
+    /// Event-mode time in seconds ([`collective_time`]: the collective simulated on its
     /// group of fabric ranks).
     pub fn event(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
         if ranks.len() < 2 {
@@ -736,7 +736,7 @@ impl<'f> FabricPricer<'f> {
             return t;
         }
         let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
-        let t = collective_time_with(self.fabric, &self.router, kind, bytes, &r, DType::BF16, &self.policy)
+        let t = collective_time(self.fabric, &self.router, kind, bytes, &r, DType::BF16, &self.policy)
             .unwrap_or_else(|e| {
                 self.fail(format!("{kind:?} of {bytes} B on {} ranks: {e}", ranks.len()));
                 0.0

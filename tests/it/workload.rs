@@ -462,7 +462,16 @@ fn a_group_that_is_a_prefix_of_a_larger_fabric_runs_as_on_its_own() {
     let ranks: Vec<u32> = (0..16).collect();
     let time = |f: &Fabric| {
         let router = Router::new(f, 0);
-        collective_time(f, &router, CollectiveKind::ReduceScatter, 77_824_000, &ranks, DType::BF16).unwrap()
+        collective_time(
+            f,
+            &router,
+            CollectiveKind::ReduceScatter,
+            77_824_000,
+            &ranks,
+            DType::BF16,
+            &Default::default(),
+        )
+        .unwrap()
     };
     let (a, b) = (time(&small), time(&big));
     assert!((b / a - 1.0).abs() < 0.01, "2 nodes {a} s, the same ranks of 8 nodes {b} s");
