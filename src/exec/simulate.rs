@@ -476,9 +476,22 @@ struct StreamState {
 
 #[derive(Clone, Copy)]
 enum FlowKind {
-    Send { conn: u32 },
+    /// A message on a connection, or (`msg` not `u32::MAX`) one queue pair's share of a
+    /// message split over all of them (`Sim::split_left`).
+    Send {
+        conn: u32,
+        msg: u32,
+    },
+    /// The fill of a message that is then split over all the connection's queue pairs.
+    Fill {
+        conn: u32,
+    },
     Local,
-    Switch { group: u32, inst: u32, phase: u8 },
+    Switch {
+        group: u32,
+        inst: u32,
+        phase: u8,
+    },
     Compute,
 }
 
@@ -517,6 +530,12 @@ struct Sim<'a> {
     flows: Vec<FlowRec>,
     /// The paths of network connections' further queue pairs (`ConnState::qp_base`).
     qp_paths: Vec<(PathRef, PathRef)>,
+    /// Whether a message is split over all its connection's queue pairs
+    /// (`NCCL_IB_SPLIT_DATA_ON_QPS=1`) instead of taking them in turn.
+    split_qps: bool,
+    /// Per split message in flight, its shares not yet arrived; and the free entries.
+    split_left: Vec<u8>,
+    split_free: Vec<u32>,
     free: Vec<u32>,
     nflows: u64,
     /// First issue and last completion of each part.
@@ -1119,12 +1138,14 @@ impl<'a> Sim<'a> {
             // one `isend` per slice, "as soon as the GPU has filled it"). The connection has
             // a store stage of its own, at the channel's rate, that passes a message on whole
             // (a granule larger than any message), so the wire starts after the fill.
+            let mut fill_end = (0, 0);
             if class == LinkClass::Net {
                 let pr = &p.proto[s.parts[conn_part[ci] as usize].proto as usize];
                 let r = engine.add_resource(pr.channel_bw, SimTime::ZERO, u32::MAX);
                 roles.push(ResourceRole::Channel(c.sender));
                 servers.push(r);
                 rservers.push(r);
+                fill_end = (servers.len(), rservers.len());
             }
             // A part whose channels drive less than the NIC over the network: the connection
             // has a server of its own at that rate.
@@ -1145,7 +1166,26 @@ impl<'a> Sim<'a> {
             // Further queue pairs: the same servers up to the NIC, each its own hashed path
             // through the network; messages take the connection's paths in turn.
             let nqp = qps;
-            if class == LinkClass::Net && nqp > 1 {
+            if class == LinkClass::Net && nqp > 1 && router.splits_messages() {
+                // Every message split over all queue pairs: it is filled once (the
+                // connection's path ends at its store stage), then each queue pair's share
+                // crosses the network on that queue pair's path (`Sim::qp_paths`: the wire
+                // part only).
+                c.qp_base = qp_paths.len() as u32;
+                c.nqp = nqp as u8;
+                c.path = engine.add_path(&servers[..fill_end.0]);
+                c.reduce_path = engine.add_path(&rservers[..fill_end.1]);
+                for qp in 0..nqp {
+                    servers.truncate(own);
+                    let links = if qp == 0 { links.clone() } else { qp_variant(ci, qp) };
+                    for l in links {
+                        let r = server_of(l, ci as u32, &mut engine, &mut roles);
+                        servers.push(r);
+                    }
+                    let wire = engine.add_path(&servers[fill_end.0..]);
+                    qp_paths.push((wire, wire));
+                }
+            } else if class == LinkClass::Net && nqp > 1 {
                 c.qp_base = qp_paths.len() as u32;
                 c.nqp = nqp as u8;
                 qp_paths.push((c.path, c.reduce_path));
@@ -1226,6 +1266,9 @@ impl<'a> Sim<'a> {
             groups,
             flows: Vec::new(),
             qp_paths,
+            split_qps: router.splits_messages(),
+            split_left: Vec::new(),
+            split_free: Vec::new(),
             free: Vec::new(),
             nflows: 0,
             part_times: vec![PartTime { start: SimTime::MAX, end: SimTime::ZERO }; s.parts.len()],
@@ -1258,7 +1301,9 @@ impl<'a> Sim<'a> {
         let tag = (self.nflows << SLOT_BITS) | slot;
         if let Some(log) = &mut self.flow_log {
             let what = match rec.kind {
-                FlowKind::Send { conn } => FlowWhat::Send { to: self.conns[conn as usize].receiver },
+                FlowKind::Send { conn, .. } | FlowKind::Fill { conn } => {
+                    FlowWhat::Send { to: self.conns[conn as usize].receiver }
+                }
                 FlowKind::Local => FlowWhat::Local,
                 FlowKind::Switch { group, phase, .. } => {
                     FlowWhat::Switch { group: self.groups[group as usize].id, phase }
@@ -1279,6 +1324,32 @@ impl<'a> Sim<'a> {
             bytes
         } else {
             (bytes as f64 / payload).ceil() as u64
+        }
+    }
+
+    /// A filled message of connection `conn` split over all its queue pairs: one flow per
+    /// queue pair, each an even share, with the connection's step latency and lockstep
+    /// wait; the message arrives with its last share.
+    fn split_shares<E: EngineApi>(&mut self, api: &mut E, now: SimTime, conn: u32, rec: FlowRec) {
+        let c = &self.conns[conn as usize];
+        let (base, nqp) = (c.qp_base, c.nqp as u64);
+        let payload = self.streams[rec.stream as usize].payload;
+        let extra = c.step_latency + Bandwidth::time_q32(c.wait_q, Self::wire(payload, rec.bytes));
+        let msg = match self.split_free.pop() {
+            Some(m) => {
+                self.split_left[m as usize] = nqp as u8;
+                m
+            }
+            None => {
+                self.split_left.push(nqp as u8);
+                (self.split_left.len() - 1) as u32
+            }
+        };
+        for q in 0..nqp {
+            let share = rec.bytes / nqp + u64::from(q < rec.bytes % nqp);
+            let (path, _) = self.qp_paths[(base + q as u32) as usize];
+            let tag = self.new_flow(FlowRec { kind: FlowKind::Send { conn, msg }, ..rec });
+            api.flow(now, path, Self::wire(payload, share), extra, tag);
         }
     }
 
@@ -1371,6 +1442,21 @@ impl<'a> Sim<'a> {
                         next = self.conns[sc].next;
                         self.conns[sc].inflight += 1;
                         let c = &mut self.conns[sc];
+                        if self.split_qps && c.nqp > 1 {
+                            // Split over every queue pair: the message is filled once, then
+                            // each queue pair carries an even share (`Sim::split_shares`).
+                            let path = if step.reduce { c.reduce_path } else { c.path };
+                            let tag = self.new_flow(FlowRec {
+                                part,
+                                stream: k,
+                                op: i as u32,
+                                bytes,
+                                kind: FlowKind::Fill { conn: sc as u32 },
+                            });
+                            api.flow(now, path, Self::wire(payload, bytes), SimTime::ZERO, tag);
+                            n += 1;
+                            continue;
+                        }
                         let (fwd, red) = if c.nqp > 1 {
                             let q = self.qp_paths[(c.qp_base + c.next_qp as u32) as usize];
                             c.next_qp = (c.next_qp + 1) % c.nqp;
@@ -1386,7 +1472,7 @@ impl<'a> Sim<'a> {
                             stream: k,
                             op: i as u32,
                             bytes,
-                            kind: FlowKind::Send { conn: sc as u32 },
+                            kind: FlowKind::Send { conn: sc as u32, msg: u32::MAX },
                         });
                         api.flow(now, path, wire, extra, tag);
                         n += 1;
@@ -1729,7 +1815,15 @@ impl Handler for Sim<'_> {
                 let pt = &mut self.part_times[rec.part as usize];
                 pt.end = pt.end.max(now);
                 match rec.kind {
-                    FlowKind::Send { conn } => {
+                    FlowKind::Send { conn, msg } => {
+                        if msg != u32::MAX {
+                            let left = &mut self.split_left[msg as usize];
+                            *left -= 1;
+                            if *left > 0 {
+                                return;
+                            }
+                            self.split_free.push(msg);
+                        }
                         let c = &mut self.conns[conn as usize];
                         let recv = if c.absorbed {
                             // No simulated rank receives it: the credit comes back now.
@@ -1748,6 +1842,7 @@ impl Handler for Sim<'_> {
                             }
                         }
                     }
+                    FlowKind::Fill { conn } => self.split_shares(api, now, conn, rec),
                     FlowKind::Local | FlowKind::Compute => self.op_done(rec.stream, rec.op),
                     FlowKind::Switch { group, inst, phase } => {
                         let g = &self.groups[group as usize];

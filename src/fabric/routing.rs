@@ -115,6 +115,9 @@ pub struct NetSettings {
     /// `NCCL_IB_QPS_PER_CONNECTION` (default 1): under static ECMP each queue pair of a
     /// network connection is hashed onto a path of its own.
     pub qps_per_connection: u32,
+    /// `NCCL_IB_SPLIT_DATA_ON_QPS` (default off): on, every message of a connection is
+    /// split evenly over all its queue pairs; off, its messages take them in turn.
+    pub split_data_on_qps: bool,
     /// `NCCL_NET_GDR_LEVEL` (default P2C): the farthest GPU-NIC path type with GPUDirect
     /// RDMA; farther, a network transfer is staged in host memory.
     pub gdr_level: PathType,
@@ -122,7 +125,12 @@ pub struct NetSettings {
 
 impl Default for NetSettings {
     fn default() -> Self {
-        NetSettings { adaptive_routing: true, qps_per_connection: 1, gdr_level: PathType::P2c }
+        NetSettings {
+            adaptive_routing: true,
+            qps_per_connection: 1,
+            split_data_on_qps: false,
+            gdr_level: PathType::P2c,
+        }
     }
 }
 
@@ -142,6 +150,8 @@ pub struct Router<'f> {
     adaptive: bool,
     /// Queue pairs per network connection, each hashed onto its own path.
     qps: u32,
+    /// Every message split over all queue pairs (`NCCL_IB_SPLIT_DATA_ON_QPS=1`).
+    split: bool,
     /// Farthest GPU-NIC path type with GPUDirect RDMA (`NCCL_NET_GDR_LEVEL`).
     gdr_level: PathType,
     /// For each rail, the local device index of the CPU closest to its NIC (where a
@@ -220,6 +230,7 @@ impl<'f> Router<'f> {
             rail_owner,
             adaptive,
             qps: 1,
+            split: false,
             gdr_level: NetSettings::default().gdr_level,
             nic_cpu,
             leaf_dist: RefCell::new(BTreeMap::new()),
@@ -248,10 +259,17 @@ impl<'f> Router<'f> {
     }
 
     /// The same router under NCCL's network `settings`.
-    pub fn with_net(self, settings: &NetSettings) -> Self {
+    pub fn with_net(mut self, settings: &NetSettings) -> Self {
+        self.split = settings.split_data_on_qps;
         self.with_adaptive_routing(settings.adaptive_routing)
             .with_qps_per_connection(settings.qps_per_connection)
             .with_gdr_level(settings.gdr_level)
+    }
+
+    /// Whether every message of a connection is split over all its queue pairs
+    /// (`NCCL_IB_SPLIT_DATA_ON_QPS=1`) rather than its messages taking them in turn.
+    pub fn splits_messages(&self) -> bool {
+        self.split
     }
 
     /// The same router with GPUDirect RDMA up to GPU-NIC paths of type `level`

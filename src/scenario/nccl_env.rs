@@ -34,18 +34,11 @@ pub const KNOWN: &[&str] = &[
 
 /// Variables accepted and checked, but with no effect in the model, and why (printed as a
 /// note where a run sets one).
-pub const NO_EFFECT: &[(&str, &str)] = &[
-    (
-        "NCCL_IB_SPLIT_DATA_ON_QPS",
-        "a connection's messages take its queue pairs' paths in turn (NCCL's default, 0); splitting \
-         every message over all of them (1) is not modelled apart",
-    ),
-    (
-        "NCCL_CROSS_NIC",
-        "the modelled rings and trees stay on their rail (NCCL's choice on rail-optimized fabrics); \
+pub const NO_EFFECT: &[(&str, &str)] = &[(
+    "NCCL_CROSS_NIC",
+    "the modelled rings and trees stay on their rail (NCCL's choice on rail-optimized fabrics); \
          cross-rail graphs are not searched",
-    ),
-];
+)];
 
 /// The note for a variable that is accepted without effect in the model.
 pub fn no_effect_note(key: &str) -> Option<&'static str> {
@@ -252,7 +245,7 @@ impl NcclEnv {
                 self.net.qps_per_connection = integer(key, value, 1..=128)? as u32;
             }
             "NCCL_IB_SPLIT_DATA_ON_QPS" => {
-                integer(key, value, 0..=1)?;
+                self.net.split_data_on_qps = integer(key, value, 0..=1)? == 1;
             }
             "NCCL_IB_ADAPTIVE_ROUTING" => {
                 self.net.adaptive_routing = integer(key, value, 0..=1)? == 1;
@@ -331,7 +324,7 @@ mod tests {
         assert_eq!(e.knobs.net_channels_per_peer, Some(2));
         e.set("NCCL_P2P_NET_CHUNKSIZE", "512K", c).unwrap();
         assert_eq!(e.knobs.p2p_net_chunksize, 512 << 10);
-        for (k, v) in [("NCCL_IB_SPLIT_DATA_ON_QPS", "0"), ("NCCL_CROSS_NIC", "1")] {
+        for (k, v) in [("NCCL_CROSS_NIC", "1")] {
             let before = e.clone();
             e.set(k, v, c).unwrap();
             assert_eq!(e, before, "{k} has no modelled effect");
@@ -353,6 +346,11 @@ mod tests {
         assert!(e.net.qps_per_connection == 4 && no_effect_note("NCCL_IB_QPS_PER_CONNECTION").is_none());
         let (policy, notes) = training_policy(&[("NCCL_IB_QPS_PER_CONNECTION".into(), "4".into())]).unwrap();
         assert!(policy.net.qps_per_connection == 4 && notes.is_empty(), "{notes:?}");
+        // Split mode: every message over all of them (NCCL's default 0: in turn).
+        assert!(!e.net.split_data_on_qps);
+        e.set("NCCL_IB_SPLIT_DATA_ON_QPS", "1", c).unwrap();
+        assert!(e.net.split_data_on_qps && no_effect_note("NCCL_IB_SPLIT_DATA_ON_QPS").is_none());
+        assert!(e.set("NCCL_IB_SPLIT_DATA_ON_QPS", "2", c).unwrap_err().contains("0..=1"));
         assert!(e.set("NCCL_CROSS_NIC", "3", c).unwrap_err().contains("0..=2"));
         assert!(e.set("NCCL_NET_GDR_LEVEL", "FAR", c).unwrap_err().contains("path type"));
         assert!(e.set("NCCL_NET_GDR_LEVEL", "6", c).unwrap_err().contains("0..=5"));

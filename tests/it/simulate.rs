@@ -7,7 +7,7 @@ use fabricsim::collective::{build_schedule, Algo, Choice, CollArgs, Collective, 
 use fabricsim::exec::analytic;
 use fabricsim::exec::simulate::{simulate, SimOpts, SimResult};
 use fabricsim::fabric::build::{build, BuildOpts};
-use fabricsim::fabric::{load_topology, Fabric, Router};
+use fabricsim::fabric::{load_topology, Fabric, NetSettings, Router};
 use fabricsim::schedule::{DType, Proto, RedOp};
 use rayon::prelude::*;
 
@@ -147,6 +147,54 @@ fn queue_pairs_spread_a_connection_over_hashed_paths() {
     assert_eq!(qp[0], r.links);
     assert!(qp.iter().all(|l| l.first() == r.links.first() && l.last() == r.links.last()));
     assert!(qp[1..].iter().any(|l| *l != r.links), "queue pairs hash onto other paths");
+}
+
+#[test]
+fn split_data_on_qps_fills_a_message_once_then_sends_its_shares_on_every_queue_pair() {
+    // NCCL_IB_SPLIT_DATA_ON_QPS=1: every message is split evenly over the connection's queue
+    // pairs, each share on its queue pair's hashed path, once the GPU has filled the whole
+    // message. Two AWS p5 nodes under static ECMP with 4 queue pairs.
+    let f = fabric("aws-p5.toml", Some(2), None);
+    let net = |qps: u32, split: bool| NetSettings {
+        adaptive_routing: false,
+        qps_per_connection: qps,
+        split_data_on_qps: split,
+        ..NetSettings::default()
+    };
+    let time =
+        |f: &Fabric, settings: NetSettings, coll: Collective, bytes: u64, c: Choice, opts: &SimOpts| {
+            let router = Router::new(f, 0).with_net(&settings);
+            let comm = Comm::from_fabric(f, &router);
+            let s = build_schedule(&comm, &args(coll, bytes, comm.nranks), &c, &Knobs::default()).unwrap();
+            simulate(f, &router, &s, opts).unwrap().time.as_us()
+        };
+    // A ring spreads its many messages over the queue pairs either way: split or in turn,
+    // the 1 GiB all-reduce gains alike over one queue pair, folded or not.
+    let ring = ch(Algo::Ring, Proto::Simple, 64);
+    let ar = |s: NetSettings, o: &SimOpts| time(&f, s, Collective::AllReduce, 1 << 30, ring, o);
+    let (one, turns, split) = (
+        ar(net(1, false), &SimOpts::default()),
+        ar(net(4, false), &SimOpts::default()),
+        ar(net(4, true), &SimOpts::default()),
+    );
+    assert!(one > 1.15 * split, "1 QP {one:.0} us, 4 QPs split {split:.0} us");
+    assert!((split / turns - 1.0).abs() < 0.03, "4 QPs split {split:.0} us, in turn {turns:.0} us");
+    let split_unfolded = ar(net(4, true), &unfolded());
+    assert!(
+        (split / split_unfolded - 1.0).abs() < 0.05,
+        "split folded {split:.0} us, unfolded {split_unfolded:.0}"
+    );
+    // One message between two GPUs (one channel, one NIC each): the shares leave only once
+    // the whole message is filled, and share the NIC, so splitting it gains nothing; were
+    // the shares filled and sent one after the other, the split message would be faster.
+    let pair = fabric("aws-p5.toml", Some(2), Some(1));
+    let bc = ch(Algo::Ring, Proto::Simple, 1);
+    let one_msg = |s: NetSettings| time(&pair, s, Collective::Broadcast, 32 << 10, bc, &unfolded());
+    let (whole, shares) = (one_msg(net(1, false)), one_msg(net(4, true)));
+    assert!(
+        shares >= 0.999 * whole && shares <= 1.05 * whole,
+        "one message: whole {whole:.2} us, split {shares:.2} us"
+    );
 }
 
 #[test]
