@@ -405,6 +405,10 @@ pub fn build_schedule(
     }?;
     s.part0_mut().name = format!("{} {}/{}", args.coll, choice.algo, choice.proto);
     s.part0_mut().ring_lockstep = choice.algo == Algo::Ring && ring::moves_in_lockstep(args.coll);
+    if choice.algo == Algo::Ring && ring::moves_in_lockstep(args.coll) {
+        let used = s.part0().channels;
+        s.part0_mut().lockstep_share = ring::network_share(comm, used);
+    }
     Ok(s)
 }
 

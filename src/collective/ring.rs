@@ -15,6 +15,7 @@ use super::chunking::{chunking, slices_for, Chunking};
 use super::cost::{wire, Hop};
 use super::{channel_parts, Algo, Choice, CollArgs, CollError, Collective, Comm, Knobs};
 use crate::schedule::*;
+use crate::units::Bandwidth;
 
 const NEXT: u16 = 0;
 const PREV: u16 = 1;
@@ -366,6 +367,23 @@ fn chain(coll: Collective, role: ChainRole, loops: &[Loop], end: u64) -> Program
 /// (`Part::ring_lockstep`; the event simulator and the closed form both apply it).
 pub fn moves_in_lockstep(coll: Collective) -> bool {
     matches!(coll, Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter)
+}
+
+/// The rate at which a multi-node lockstep ring's network step moves its message: each
+/// channel's even share of its NIC (None: one node). NCCL's topology search gives the ring
+/// graph one search channel per NIC, at a speed the NIC can carry, and launches copies of
+/// each (NCCL_FACTS 5.6-5.7); the channels that share a NIC go through the same ring steps
+/// at the same time, so a step's message crosses at that share, not at the whole NIC's
+/// rate (NCCL's own model: bus bandwidth = channels x bandwidth per channel).
+/// `nchannels`: the channels launched.
+pub fn network_share(comm: &Comm, nchannels: u32) -> Option<Bandwidth> {
+    if comm.num_nodes() < 2 {
+        return None;
+    }
+    let t = super::tuner::TunerInput::from_comm(comm, false);
+    let g = t.graphs[Algo::Ring as usize]?;
+    let total = g.nchannels as f64 * g.bw_intra.min(g.bw_inter);
+    Some(Bandwidth::from_gbytes(total / nchannels.max(1) as f64))
 }
 
 /// The ring's closed form: `hops` are the ring connections' routed costs with their

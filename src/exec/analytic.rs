@@ -98,13 +98,15 @@ fn hop_of(
 /// crosses the network, each of its steps lasts at least as long as its slowest network
 /// step, as in the event simulator (`Part::ring_lockstep`). Returns that floor: its fixed
 /// µs (route latency plus the protocol's network step latency; 0: single node) and its µs
-/// per byte (the store stage at the channel's rate, then the route's slowest link).
+/// per byte (the store stage at the channel's rate, then the route's slowest link or the
+/// connection's share of its NIC, `share_q` µs per byte, whichever is slower).
 fn lockstep_floor(
     f: &Fabric,
     p: &Resolved,
     proto: usize,
     coll: Collective,
     routes: &[(Vec<LinkId>, PathType)],
+    share_q: f64,
 ) -> (f64, f64) {
     if !ring::moves_in_lockstep(coll) {
         return (0.0, 0.0);
@@ -113,7 +115,7 @@ fn lockstep_floor(
     let net = pr.step(LinkClass::Net).as_us();
     routes.iter().filter(|(_, ty)| ty.class() == LinkClass::Net).fold((0.0, 0.0), |(t, q), (l, _)| {
         let fill = 1e6 / pr.channel_bw.0 as f64;
-        (t.max(f.route_latency(l).as_us() + net), q.max(fill + unshared_per_byte(f, p, l)))
+        (t.max(f.route_latency(l).as_us() + net), q.max(fill + unshared_per_byte(f, p, l).max(share_q)))
     })
 }
 
@@ -237,6 +239,13 @@ impl<'a> Model<'a> {
         let reduce_bw = p.reduce_channel_bw.0 as f64 / 1e6;
         let body = match choice.algo {
             Algo::Ring => {
+                // A multi-node lockstep ring's network step moves its message at each
+                // channel's share of its NIC (`Part::lockstep_share`), µs per byte.
+                let share_q = if ring::moves_in_lockstep(args.coll) {
+                    ring::network_share(comm, used).map_or(0.0, |b| 1e6 / b.0 as f64)
+                } else {
+                    0.0
+                };
                 let hops = self.hops((Algo::Ring, choice.proto, used, args.coll), || {
                     // Connections of every channel's ring.
                     let mut edges = Vec::new();
@@ -247,16 +256,17 @@ impl<'a> Model<'a> {
                         }
                     }
                     let (load, routes) = loads(router, &comm.fabric_ranks, &edges);
-                    let (floor, floor_q) = lockstep_floor(f, p, proto, args.coll, &routes);
-                    let chan = 1e6 / p.proto[proto].channel_bw.0 as f64;
+                    let (floor, floor_q) = lockstep_floor(f, p, proto, args.coll, &routes, share_q);
                     (
                         weighted(routes.iter().map(|(l, ty)| {
                             let mut h = hop_of(f, p, router, proto, l, *ty, &load, 1.0);
                             if floor > 0.0 {
                                 h.step = h.step.max(floor - f.route_latency(l).as_us());
                                 if ty.class() != LinkClass::Net {
-                                    // It waits, per byte, for the ring's network message.
-                                    h.fill = (floor_q - chan.max(unshared_per_byte(f, p, l))).max(0.0);
+                                    // Its message completes no earlier than the ring's
+                                    // network step: per byte, it waits what its own transfer
+                                    // (at its static share) leaves of that step.
+                                    h.fill = (floor_q - 1.0 / h.bw).max(0.0);
                                 }
                             }
                             h

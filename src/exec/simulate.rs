@@ -365,9 +365,10 @@ struct ConnState {
     path: PathRef,
     reduce_path: PathRef,
     step_latency: SimTime,
-    /// Under a lockstep ring, picoseconds per byte (32.32) the connection waits beyond its
-    /// own transfer for the ring's network step.
-    wait_q: u64,
+    /// Under a lockstep ring, the ring's network step in picoseconds per byte (32.32): a
+    /// message of the connection completes no earlier than its step latency plus that much
+    /// per byte after it started, however fast its own transfer.
+    floor_q: u64,
     /// Queue pairs of a network connection whose messages take paths in turn
     /// (`NCCL_IB_QPS_PER_CONNECTION` under static ECMP): the first of them in
     /// `Sim::qp_paths` (each a path and a reduce path), their count (0: one path, `path`),
@@ -384,7 +385,7 @@ impl ConnState {
             path: PathRef::EMPTY,
             reduce_path: PathRef::EMPTY,
             step_latency: SimTime::ZERO,
-            wait_q: 0,
+            floor_q: 0,
             qp_base: 0,
             nqp: 0,
             next_qp: 0,
@@ -502,6 +503,8 @@ struct FlowRec {
     op: u32,
     bytes: u64,
     kind: FlowKind,
+    /// The flow completes no earlier than this (a lockstep ring's network step).
+    not_before: SimTime,
 }
 
 struct GroupState {
@@ -1079,8 +1082,9 @@ impl<'a> Sim<'a> {
         // long as the part's slowest network step, per part. That step has a fixed cost
         // (route latency plus the protocol's network step latency) and a cost per byte (the
         // store stage that fills the FIFO slot at the channel's rate, then the wire at the
-        // route's slowest link): a connection that moves its message faster than that waits
-        // the difference after its transfer.
+        // route's slowest link or the connection's share of its NIC, whichever is slower): a
+        // connection that moves its message faster than that waits the difference after its
+        // transfer.
         let link_q = |l: LinkId| {
             let link = f.link(l);
             link.bw.scaled(p.link_eff[kind_index(link.kind)]).ps_per_byte_q32()
@@ -1091,7 +1095,11 @@ impl<'a> Sim<'a> {
             if part.ring_lockstep && ty.class() == LinkClass::Net {
                 let pr = &p.proto[part.proto as usize];
                 let t = f.route_latency(links) + pr.step(LinkClass::Net);
-                let q = pr.channel_bw.ps_per_byte_q32() + links.iter().map(|&l| link_q(l)).max().unwrap_or(0);
+                // The wire at the route's slowest link, or at the connection's share of its
+                // NIC, which the ring's channels cross together (`Part::lockstep_share`).
+                let share_q = part.lockstep_share.map_or(0, |b| b.ps_per_byte_q32());
+                let q = pr.channel_bw.ps_per_byte_q32()
+                    + links.iter().map(|&l| link_q(l)).max().unwrap_or(0).max(share_q);
                 let m = &mut net_step[conn_part[ci] as usize];
                 *m = (m.0.max(t), m.1.max(q));
             }
@@ -1107,9 +1115,7 @@ impl<'a> Sim<'a> {
                 let own = f.route_latency(links);
                 c.step_latency = c.step_latency.max(SimTime(floor.0.saturating_sub(own.0)));
                 if class != LinkClass::Net {
-                    let own_q =
-                        links.iter().map(|&l| link_q(l)).fold(pr.channel_bw.ps_per_byte_q32(), u64::max);
-                    c.wait_q = floor_q.saturating_sub(own_q);
+                    c.floor_q = floor_q;
                 }
             }
             if c.sender == u32::MAX || stream_index[c.sender as usize] == u32::MAX {
@@ -1334,7 +1340,7 @@ impl<'a> Sim<'a> {
         let c = &self.conns[conn as usize];
         let (base, nqp) = (c.qp_base, c.nqp as u64);
         let payload = self.streams[rec.stream as usize].payload;
-        let extra = c.step_latency + Bandwidth::time_q32(c.wait_q, Self::wire(payload, rec.bytes));
+        let extra = c.step_latency;
         let msg = match self.split_free.pop() {
             Some(m) => {
                 self.split_left[m as usize] = nqp as u8;
@@ -1452,6 +1458,7 @@ impl<'a> Sim<'a> {
                                 op: i as u32,
                                 bytes,
                                 kind: FlowKind::Fill { conn: sc as u32 },
+                                not_before: SimTime::ZERO,
                             });
                             api.flow(now, path, Self::wire(payload, bytes), SimTime::ZERO, tag);
                             n += 1;
@@ -1466,13 +1473,19 @@ impl<'a> Sim<'a> {
                         };
                         let path = if step.reduce { red } else { fwd };
                         let wire = Self::wire(payload, bytes);
-                        let extra = c.step_latency + Bandwidth::time_q32(c.wait_q, wire);
+                        let extra = c.step_latency;
+                        let not_before = if c.floor_q > 0 {
+                            now + c.step_latency + Bandwidth::time_q32(c.floor_q, wire)
+                        } else {
+                            SimTime::ZERO
+                        };
                         let tag = self.new_flow(FlowRec {
                             part,
                             stream: k,
                             op: i as u32,
                             bytes,
                             kind: FlowKind::Send { conn: sc as u32, msg: u32::MAX },
+                            not_before,
                         });
                         api.flow(now, path, wire, extra, tag);
                         n += 1;
@@ -1489,6 +1502,7 @@ impl<'a> Sim<'a> {
                             op: i as u32,
                             bytes,
                             kind: FlowKind::Local,
+                            not_before: SimTime::ZERO,
                         });
                         api.flow(now, path, bytes, SimTime::ZERO, tag);
                         n = 1;
@@ -1518,6 +1532,7 @@ impl<'a> Sim<'a> {
                         op: i as u32,
                         bytes: 0,
                         kind: FlowKind::Compute,
+                        not_before: SimTime::ZERO,
                     });
                     api.flow(now, path, ps, SimTime::ZERO, tag);
                     self.issued(k, i as u32, 1, now);
@@ -1556,8 +1571,14 @@ impl<'a> Sim<'a> {
         };
         let wire = (bytes as f64 / eff).ceil() as u64;
         let now = api.now();
-        let rec =
-            FlowRec { part, stream: gk, op: inst, bytes, kind: FlowKind::Switch { group: gk, inst, phase } };
+        let rec = FlowRec {
+            part,
+            stream: gk,
+            op: inst,
+            bytes,
+            kind: FlowKind::Switch { group: gk, inst, phase },
+            not_before: SimTime::ZERO,
+        };
         let tag = self.new_flow(rec);
         let g = &self.groups[gk as usize];
         let (all_ups, all_downs) = (&g.ups[..], &g.downs[..]);
@@ -1811,6 +1832,13 @@ impl Handler for Sim<'_> {
             _ => {
                 let slot = id & ((1 << SLOT_BITS) - 1);
                 let rec = self.flows[slot as usize];
+                if rec.not_before > now {
+                    // A lockstep ring's message moved faster than the ring's network step: it
+                    // completes when that step does.
+                    self.flows[slot as usize].not_before = SimTime::ZERO;
+                    api.timer(rec.not_before, tag);
+                    return;
+                }
                 self.free.push(slot as u32);
                 let pt = &mut self.part_times[rec.part as usize];
                 pt.end = pt.end.max(now);

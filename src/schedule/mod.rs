@@ -557,6 +557,10 @@ pub struct Part {
     /// every connection lasts at least as long as a network step (NCCL's tuning model charges
     /// every step of a multi-node ring at least the network's per-step cost).
     pub ring_lockstep: bool,
+    /// Under `ring_lockstep`, the rate at which the ring's network step moves its message:
+    /// each channel's even share of its NIC, which the ring's channels cross together
+    /// (`collective::ring::network_share`); None: the route's slowest link, unshared.
+    pub lockstep_share: Option<crate::units::Bandwidth>,
 }
 
 impl Part {
@@ -576,6 +580,7 @@ impl Part {
             truncated: None,
             net_conn_bw: None,
             ring_lockstep: false,
+            lockstep_share: None,
         }
     }
 }

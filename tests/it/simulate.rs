@@ -198,6 +198,48 @@ fn split_data_on_qps_fills_a_message_once_then_sends_its_shares_on_every_queue_p
 }
 
 #[test]
+fn a_lockstep_rings_network_step_crosses_at_each_channels_share_of_its_nic() {
+    // NCCL's ring graph gives each NIC one search channel at a speed it can carry (48 GB/s
+    // for 400G, 24 for HDR) and launches two copies of each: the channels on a NIC cross
+    // it together, each at half. One DGX H100 node: no share.
+    let share = |topo: &str, nodes: u32, gpus: Option<u32>| {
+        let f = fabric(topo, Some(nodes), gpus);
+        let router = Router::new(&f, 0);
+        let comm = Comm::from_fabric(&f, &router);
+        let nch = fabricsim::collective::tuner::TunerInput::from_comm(&comm, false).comm_channels;
+        (fabricsim::collective::ring::network_share(&comm, nch).map(|b| b.0 as f64 / 1e9), nch)
+    };
+    assert_eq!(share("dgx-h100.toml", 4, None), (Some(24.0), 16));
+    assert_eq!(share("dgx-a100.toml", 2, None), (Some(12.0), 16));
+    assert_eq!(share("dgx-h100.toml", 1, None).0, None);
+    // A 256 MiB all-gather on 4 DGX H100 (one loop: 31 steps of two 256 KiB messages per
+    // channel, the second streaming behind the first) waits on each step's network message
+    // at that share (plus its fill at the channel's rate), not at the NIC's whole rate:
+    // about 31 x 256 KiB x (1/24 - 1/45 GB/s) = 0.16 ms more. The closed form agrees.
+    let f = fabric("dgx-h100.toml", Some(4), None);
+    let router = Router::new(&f, 0);
+    let comm = Comm::from_fabric(&f, &router);
+    let (a, c) = (args(Collective::AllGather, 256 << 20, 32), ch(Algo::Ring, Proto::Simple, 16));
+    let mut s = build_schedule(&comm, &a, &c, &Knobs::default()).unwrap();
+    assert_eq!(s.part0().lockstep_share.map(|b| b.0), Some(24_000_000_000));
+    let shared = simulate(&f, &router, &s, &SimOpts::default()).unwrap().time.as_us();
+    s.part0_mut().lockstep_share = None;
+    let whole = simulate(&f, &router, &s, &SimOpts::default()).unwrap().time.as_us();
+    let nic = 50.0 * f.params.resolve().link_eff[4];
+    let expect = 31.0 * (256u64 << 10) as f64 * (1.0 / 24e3 - 1.0 / (nic * 1e3));
+    assert!(
+        shared - whole >= 0.7 * expect,
+        "shared {shared:.0} us, whole NIC {whole:.0} us, expected +{expect:.0}"
+    );
+    assert!(
+        shared - whole <= 1.3 * expect,
+        "shared {shared:.0} us, whole NIC {whole:.0} us, expected +{expect:.0}"
+    );
+    let closed = analytic::time(&f, &router, &comm, &a, &c, &Knobs::default(), 1).unwrap().as_us();
+    assert!((closed / shared - 1.0).abs() < 0.05, "closed form {closed:.0} us, event {shared:.0} us");
+}
+
+#[test]
 fn a_network_message_is_stored_before_it_is_sent() {
     // NCCL's proxy posts a network send once the GPU has filled the whole slice into the
     // FIFO (NCCL_FACTS 4.4); an NVLink write streams into the peer's buffer. A one-message
