@@ -1083,8 +1083,8 @@ impl<'a> Sim<'a> {
         // (route latency plus the protocol's network step latency) and a cost per byte (the
         // store stage that fills the FIFO slot at the channel's rate, then the wire at the
         // route's slowest link or the connection's share of its NIC, whichever is slower): a
-        // connection that moves its message faster than that waits the difference after its
-        // transfer.
+        // connection's message completes no earlier than that step after it started, however
+        // fast its own transfer (`FlowRec::not_before`).
         let link_q = |l: LinkId| {
             let link = f.link(l);
             link.bw.scaled(p.link_eff[kind_index(link.kind)]).ps_per_byte_q32()
@@ -1334,8 +1334,8 @@ impl<'a> Sim<'a> {
     }
 
     /// A filled message of connection `conn` split over all its queue pairs: one flow per
-    /// queue pair, each an even share, with the connection's step latency and lockstep
-    /// wait; the message arrives with its last share.
+    /// queue pair, each an even share, with the connection's step latency; the message
+    /// arrives with its last share.
     fn split_shares<E: EngineApi>(&mut self, api: &mut E, now: SimTime, conn: u32, rec: FlowRec) {
         let c = &self.conns[conn as usize];
         let (base, nqp) = (c.qp_base, c.nqp as u64);
