@@ -657,7 +657,18 @@ impl<'f> Router<'f> {
                 if up {
                     self.port_index(src_leaf, src)
                 } else {
-                    self.port_index(dst_leaf, dst)
+                    // The leaf's k-th uplink goes to spine k mod S, so a spine reaches the
+                    // destination leaf by every S-th of that leaf's uplinks: the cable of
+                    // the destination's own port is the (port / S)-th of them.
+                    let uplinks = f
+                        .out_links(dst_leaf)
+                        .iter()
+                        .filter(|&&l| {
+                            matches!(f.device(f.links[l.idx()].dst).kind, DeviceKind::NetSwitch { .. })
+                        })
+                        .count();
+                    let spines = (uplinks / cands.len()).max(1) as u64;
+                    self.port_index(dst_leaf, dst) / spines
                 }
             } else {
                 mix(self.seed ^ mix(src.0 as u64) ^ mix((dst.0 as u64) << 20) ^ mix(flow) ^ hop)

@@ -108,6 +108,24 @@ fn every_nic_of_a_multi_nic_gpu_carries_the_ring() {
 }
 
 #[test]
+fn an_adaptive_fat_tree_carries_a_ring_at_the_nics_rate_at_any_node_count() {
+    // AWS p5 nodes on a two-tier Clos routed adaptively (SRD): a leaf's k-th uplink goes to
+    // spine k mod S, so coming down a spine must take the cable of the destination's own
+    // port, the (port / S)-th of its cables to that leaf. Picking the (port mod cables)-th
+    // put two of a ring's flows on one cable from 3 nodes on (179 GB/s at 4 nodes, 90 at 8).
+    let bw = |nodes: u32| {
+        let f = fabric("aws-p5.toml", Some(nodes), None);
+        let bytes = 4u64 << 30;
+        let r = run(&f, Collective::AllReduce, bytes, ch(Algo::Ring, Proto::Simple, 64), &SimOpts::default());
+        (busbw(Collective::AllReduce, bytes, 8 * nodes, &r), 32.0 * 12.5 * f.params.resolve().link_eff[4])
+    };
+    for nodes in [2, 4, 8] {
+        let (got, nics) = bw(nodes);
+        assert!((got / nics - 1.0).abs() < 0.03, "{nodes} nodes: busbw {got:.1} GB/s, NICs {nics:.1}");
+    }
+}
+
+#[test]
 fn queue_pairs_spread_a_connection_over_hashed_paths() {
     // Two AWS p5 nodes with static ECMP (NCCL_IB_ADAPTIVE_ROUTING=0): one queue pair per
     // connection collides on the spine uplinks (~143 GB/s against 357 routed adaptively).
