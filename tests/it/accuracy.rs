@@ -243,6 +243,11 @@ fn healthy_and_multi_node_tables_meet_the_issue_medians() {
         .map(|(_, s)| s)
         .collect();
     assert!(healthy.len() >= 10, "healthy multi-node tables: {}", healthy.len());
+    // Issue 10: no healthy table above 15% at >= 1 MiB (the 10-node reduce-scatter was the
+    // last, 16.1%, until a lockstep step crossed at each channel's share of its NIC).
+    for (d, s) in all_scores().iter().filter(|(d, _)| d.quality == "healthy") {
+        assert!(s.median_large <= 0.15, "{}: {:.1}% at >= 1 MiB", d.file, s.median_large * 100.0);
+    }
     let (large, every) = medians(&healthy);
     assert!(large <= 0.06, "healthy multi-node tables: median {:.1}% at >= 1 MiB", large * 100.0);
     assert!(every <= 0.10, "healthy multi-node tables: median {:.1}% over all sizes", every * 100.0);
