@@ -320,12 +320,11 @@ impl<O: Observer> Engine<O> {
     ) -> (SimTime, SimTime) {
         let res = &mut self.resources[r.0 as usize];
         let ser = Bandwidth::time_q32(res.q, bytes);
-        // The first packet crosses at the link's full rate (`pkt`), scaled down for a short flow.
-        let pkt = if bytes >= res.granule as u64 {
-            res.pkt
-        } else {
-            SimTime(res.pkt.0 * bytes / res.granule as u64)
-        };
+        // The first packet crosses at the link's full rate (`pkt`); a flow shorter than a
+        // packet is one packet of its own size (rounded as its serialisation, as the closed
+        // form `uncontended_time` has it: scaling the full packet's time down rounded 1 ps
+        // the other way).
+        let pkt = if bytes >= res.granule as u64 { res.pkt } else { ser };
         let start = head.max(res.free_at);
         res.free_at = start + ser;
         res.busy += ser;
