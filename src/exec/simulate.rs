@@ -1172,38 +1172,36 @@ impl<'a> Sim<'a> {
             // Further queue pairs: the same servers up to the NIC, each its own hashed path
             // through the network; messages take the connection's paths in turn.
             let nqp = qps;
-            if class == LinkClass::Net && nqp > 1 && router.splits_messages() {
-                // Every message split over all queue pairs: it is filled once (the
-                // connection's path ends at its store stage), then each queue pair's share
-                // crosses the network on that queue pair's path (`Sim::qp_paths`: the wire
-                // part only).
+            if class == LinkClass::Net && nqp > 1 {
+                // Split over every queue pair (`NCCL_IB_SPLIT_DATA_ON_QPS=1`), a message is
+                // filled once (the connection's path ends at its store stage), then each
+                // queue pair's share crosses on that queue pair's wire (`Sim::qp_paths`
+                // holds the wire part only); in turn, each queue pair's path is whole.
+                let split = router.splits_messages();
                 c.qp_base = qp_paths.len() as u32;
                 c.nqp = nqp as u8;
-                c.path = engine.add_path(&servers[..fill_end.0]);
-                c.reduce_path = engine.add_path(&rservers[..fill_end.1]);
-                for qp in 0..nqp {
-                    servers.truncate(own);
-                    let links = if qp == 0 { links.clone() } else { qp_variant(ci, qp) };
-                    for l in links {
-                        let r = server_of(l, ci as u32, &mut engine, &mut roles);
-                        servers.push(r);
-                    }
-                    let wire = engine.add_path(&servers[fill_end.0..]);
-                    qp_paths.push((wire, wire));
+                if split {
+                    c.path = engine.add_path(&servers[..fill_end.0]);
+                    c.reduce_path = engine.add_path(&rservers[..fill_end.1]);
                 }
-            } else if class == LinkClass::Net && nqp > 1 {
-                c.qp_base = qp_paths.len() as u32;
-                c.nqp = nqp as u8;
-                qp_paths.push((c.path, c.reduce_path));
-                for qp in 1..nqp {
-                    servers.truncate(own);
-                    rservers.truncate(rown);
-                    for l in qp_variant(ci, qp) {
-                        let r = server_of(l, ci as u32, &mut engine, &mut roles);
-                        servers.push(r);
-                        rservers.push(r);
+                for qp in 0..nqp {
+                    if qp > 0 {
+                        servers.truncate(own);
+                        rservers.truncate(rown);
+                        for l in qp_variant(ci, qp) {
+                            let r = server_of(l, ci as u32, &mut engine, &mut roles);
+                            servers.push(r);
+                            rservers.push(r);
+                        }
                     }
-                    qp_paths.push((engine.add_path(&servers), engine.add_path(&rservers)));
+                    qp_paths.push(if split {
+                        let wire = engine.add_path(&servers[fill_end.0..]);
+                        (wire, wire)
+                    } else if qp == 0 {
+                        (c.path, c.reduce_path)
+                    } else {
+                        (engine.add_path(&servers), engine.add_path(&rservers))
+                    });
                 }
             }
         }

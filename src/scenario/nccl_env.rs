@@ -52,7 +52,7 @@ const TRAINING_COLLECTIVES: [Collective; 3] =
     [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter];
 
 /// The variables that change how a training step's collectives are picked or routed.
-const TRAINING_PICK: [&str; 11] = [
+const TRAINING_PICK: [&str; 12] = [
     "NCCL_ALGO",
     "NCCL_PROTO",
     "NCCL_NVLS_ENABLE",
@@ -63,6 +63,7 @@ const TRAINING_PICK: [&str; 11] = [
     "NCCL_MAX_CTAS",
     "NCCL_IB_ADAPTIVE_ROUTING",
     "NCCL_IB_QPS_PER_CONNECTION",
+    "NCCL_IB_SPLIT_DATA_ON_QPS",
     "NCCL_NET_GDR_LEVEL",
 ];
 
@@ -258,12 +259,11 @@ impl NcclEnv {
                 // (`ncclGetLevel`: LOC, PIX, PXB, PHB, SYS, SYS).
                 use crate::fabric::PathType::*;
                 let types = [Loc, Nvl, Nvb, C2c, Pix, Pxb, P2c, Pxn, Phb, Sys];
-                let names = ["LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS"];
                 let legacy = [Loc, Pix, Pxb, Phb, Sys, Sys];
                 let v = value.trim().to_ascii_uppercase();
                 let level = match v.parse::<usize>() {
                     Ok(i) => legacy.get(i).copied(),
-                    Err(_) => names.iter().position(|n| *n == v).map(|i| types[i]),
+                    Err(_) => types.into_iter().find(|t| t.name() == v),
                 };
                 self.net.gdr_level = level.ok_or_else(|| {
                     format!(
