@@ -40,11 +40,19 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         });
     }
     let elem = args.dtype.size();
-    let ch = chunking(args.coll, choice.algo, Proto::Simple, knobs);
-    let parts = channel_parts(args.count, elem, choice.nchannels);
-    let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
     let heads: Vec<u32> =
         if comm.nic_owners[0].is_empty() { vec![0] } else { comm.nic_heads(0).into_iter().take(8).collect() };
+    let mut ch = chunking(args.coll, choice.algo, Proto::Simple, knobs);
+    ch.chunk_bytes = collnet_chunk(
+        comm,
+        choice.algo,
+        heads.len() as u32,
+        args.count * elem,
+        choice.nchannels,
+        ch.chunk_bytes,
+    );
+    let parts = channel_parts(args.count, elem, choice.nchannels);
+    let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
     let mut cache = BTreeMap::new();
     for (c, &(off, len)) in parts.iter().enumerate().take(used as usize) {
         let c = c as u32;
@@ -87,6 +95,35 @@ fn sharp_op(group: u16, a: Addr, len: u64) -> Op {
         len,
         postop: true,
     })
+}
+
+/// NCCL's CollNet chunk for a call of `nbytes` on `nch` channels (NCCL_FACTS 4.3): the chunk
+/// is halved until each channel (and, for CollNet Direct, each head) has enough chunks to
+/// fill its pipeline, `depth x 64` of them while above 128 KiB, then `depth x 8` (Direct) or
+/// `depth` (Chain) down to 32 KiB. Depth is the chain's length (the GPUs per node) for
+/// CollNet Chain, and 2 for CollNet Direct (scatter to the heads, then SHARP; 1 for a GPU
+/// alone in its node).
+pub(crate) fn collnet_chunk(
+    comm: &Comm,
+    algo: Algo,
+    nheads: u32,
+    nbytes: u64,
+    nch: u32,
+    mut chunk: u64,
+) -> u64 {
+    let ppn = comm.ppn().max(1) as u64;
+    let (ways, depth) = match algo {
+        Algo::CollNetChain => (1, ppn),
+        _ => (nheads.max(1) as u64, if ppn > 1 { 2 } else { 1 }),
+    };
+    let per = |c: u64| nbytes / (nch.max(1) as u64 * ways * c);
+    let (mid, last) = if algo == Algo::CollNetChain { (depth * 8, depth) } else { (depth * 8, depth * 8) };
+    for (below, floor) in [(depth * 64, 128 << 10), (mid, 64 << 10), (last, 32 << 10)] {
+        while per(chunk) < below && chunk > floor {
+            chunk /= 2;
+        }
+    }
+    chunk
 }
 
 /// Program cache: (algorithm role, position, part length) -> program.
@@ -293,5 +330,33 @@ fn direct(
             });
             s.add_stream_at(me, lane_b, c, pos as u32, bprog, &binds, off);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collnet_chunks_halve_until_each_channel_and_head_has_a_pipeline_of_them() {
+        // 4 nodes x 8 GPUs, 8 heads, 8 channels, NCCL's 512 KiB start (NCCL_FACTS 4.3): the
+        // per-channel-and-head chunk count must reach depth x 64 = 128 above 128 KiB, then
+        // depth x 8 = 16 down to 32 KiB.
+        let comm = Comm::synthetic(4, 8, false, true);
+        let direct = |mib: u64| collnet_chunk(&comm, Algo::CollNetDirect, 8, mib << 20, 8, 512 << 10) >> 10;
+        assert_eq!(direct(16), 32);
+        assert_eq!(direct(64), 64);
+        assert_eq!(direct(1024), 128);
+        assert_eq!(direct(8192), 512);
+        // Chain: one chunk stream per channel, depth = 8 GPUs per node (64 x 8 = 512 chunks
+        // above 128 KiB, then 64, then 8 down to 32 KiB), from NCCL's 256 KiB.
+        let chain = |mib: u64| collnet_chunk(&comm, Algo::CollNetChain, 8, mib << 20, 8, 256 << 10) >> 10;
+        assert_eq!(chain(1), 32);
+        assert_eq!(chain(16), 64);
+        assert_eq!(chain(512), 128);
+        assert_eq!(chain(1024), 256);
+        // One GPU per node: depth 1.
+        let alone = Comm::synthetic(4, 1, false, true);
+        assert_eq!(collnet_chunk(&alone, Algo::CollNetDirect, 1, 16 << 20, 2, 512 << 10) >> 10, 128);
     }
 }

@@ -455,7 +455,12 @@ pub fn closed_form(
     let nch = used as f64;
     let simple = &p.proto[2];
     let sigma = simple.step(LinkClass::NvLink).as_us();
-    let net_sigma = p.sharp_step.as_us();
+    // A network hop's fixed cost: the switches' aggregation for the algorithms that reduce
+    // in them (CollNet, NVLS across nodes), a Simple network step for NVLS-Tree's IB tree.
+    let net_sigma = match choice.algo {
+        Algo::NvlsTree => simple.step(LinkClass::Net).as_us(),
+        _ => p.sharp_step.as_us(),
+    };
     let net_lat = {
         // A representative cross-node route.
         let other = comm.nodes.get(1).map(|n| n[0]).unwrap_or(0);
@@ -509,7 +514,10 @@ pub fn closed_form(
             };
             let chain =
                 if choice.algo == Algo::CollNetChain { 2.0 * (ppn - 1.0) * (nvl_lat + sigma) } else { 0.0 };
-            intra.max(inter) + depth * (net_lat + net_sigma) + 2.0 * (nvl_lat + sigma) + chain
+            // NVLS-Tree pays a network step per tree level; an in-switch aggregation is one
+            // operation up to the switch and back down.
+            let steps = if choice.algo == Algo::NvlsTree { depth } else { 1.0 };
+            intra.max(inter) + depth * net_lat + steps * net_sigma + 2.0 * (nvl_lat + sigma) + chain
         }
     }
 }

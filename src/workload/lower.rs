@@ -63,9 +63,11 @@
 //!   `replay: false` simulates every DP/FSDP collective on all its ranks inside the step
 //!   (Llama 3 405B on 16,384 GPUs, TP8 PP16 VPP4 DP128: 155 M events and 30 s of CPU,
 //!   against 0.5 s and 1.4 M events replayed with shadows, the step +0.02% apart); `tests/it/training.rs`
-//!   holds the replay within 2% of the full simulation on plans of 64 to 128 GPUs
-//!   (measured +0.24%, +0.77%, +0.33%, +0.01%; without the shadows −6.4% where DP buckets
-//!   reduced during the backward share the representative's NIC with pipeline transfers).
+//!   holds the replay within 2.5% of the full simulation on plans of 64 to 128 GPUs
+//!   (measured +0.51%, +2.14%, +0.05%, +0.01%, the second on CollNet; without the shadows
+//!   −6.4% where DP buckets reduced during the backward share the representative's NIC
+//!   with pipeline transfers). A shadow moves NCCL's bus-bandwidth share of the buffer
+//!   through the NIC, or the buffer once each way for an all-reduce reduced in the switches.
 //!
 //! Symmetry, and what is approximated:
 //! - All data-parallel replicas (and CP and EP peers) run the same program, and the TP ranks
@@ -333,6 +335,21 @@ fn shadow_pair(
     };
     let local = ranks.iter().filter(|&&r| f.node_of_rank(r) == node).count().max(1);
     Some(([rep, next], (bytes as f64 * factor / local as f64) as u64, local))
+}
+
+/// The bytes an all-reduce that reduces in the switches (CollNet, NVLS across nodes) moves
+/// through each of its `local` ranks' NICs each way: the node sends its buffer up once and
+/// takes the result down once, shared among its rails (where a ring moves 2(n-1)/n of it,
+/// [`shadow_pair`]). None for any other collective or algorithm.
+fn in_switch_nic_bytes(
+    kind: CollectiveKind,
+    algo: collective::Algo,
+    bytes: u64,
+    local: usize,
+) -> Option<u64> {
+    use collective::Algo as A;
+    (kind == CollectiveKind::AllReduce && matches!(algo, A::CollNetDirect | A::CollNetChain | A::Nvls))
+        .then(|| bytes / local.max(1) as u64)
 }
 
 /// A NIC shadow's call, what runs it, the cap per network connection (if any) that
@@ -712,6 +729,7 @@ pub fn step_event_with(
                             .flatten()
                             .and_then(|(pair, x, local)| {
                                 let real = shadows_memo.pick(pricer, kind, bytes, ranks, local)?;
+                                let x = in_switch_nic_bytes(kind, real.algo, bytes, local).unwrap_or(x);
                                 Some((pair, shadows_memo.call(pair, kind, x, t, real)?))
                             });
                         if let Some((pair, (args, choice, cap, chunk))) = shadow {
