@@ -117,8 +117,8 @@ pub(crate) fn collnet_chunk(
         _ => (nheads.max(1) as u64, if ppn > 1 { 2 } else { 1 }),
     };
     let per = |c: u64| nbytes / (nch.max(1) as u64 * ways * c);
-    let (mid, last) = if algo == Algo::CollNetChain { (depth * 8, depth) } else { (depth * 8, depth * 8) };
-    for (below, floor) in [(depth * 64, 128 << 10), (mid, 64 << 10), (last, 32 << 10)] {
+    let last = if algo == Algo::CollNetChain { depth } else { depth * 8 };
+    for (below, floor) in [(depth * 64, 128 << 10), (depth * 8, 64 << 10), (last, 32 << 10)] {
         while per(chunk) < below && chunk > floor {
             chunk /= 2;
         }
