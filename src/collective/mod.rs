@@ -404,8 +404,9 @@ pub fn build_schedule(
         Algo::P2p => alltoall::build(comm, args, choice, knobs),
     }?;
     s.part0_mut().name = format!("{} {}/{}", args.coll, choice.algo, choice.proto);
-    s.part0_mut().ring_lockstep = choice.algo == Algo::Ring && ring::moves_in_lockstep(args.coll);
-    if choice.algo == Algo::Ring && ring::moves_in_lockstep(args.coll) {
+    let lockstep = choice.algo == Algo::Ring && ring::moves_in_lockstep(args.coll);
+    s.part0_mut().ring_lockstep = lockstep;
+    if lockstep {
         let used = s.part0().channels;
         s.part0_mut().lockstep_share = ring::network_share(comm, used);
     }

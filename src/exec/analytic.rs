@@ -241,12 +241,9 @@ impl<'a> Model<'a> {
             Algo::Ring => {
                 let hops = self.hops((Algo::Ring, choice.proto, used, args.coll), || {
                     // A multi-node lockstep ring's network step moves its message at each
-                    // channel's share of its NIC (`Part::lockstep_share`), µs per byte.
-                    let share_q = if ring::moves_in_lockstep(args.coll) {
-                        ring::network_share(comm, used).map_or(0.0, |b| 1e6 / b.0 as f64)
-                    } else {
-                        0.0
-                    };
+                    // channel's share of its NIC (`Part::lockstep_share`), µs per byte
+                    // (`lockstep_floor` ignores it for a ring that is not in lockstep).
+                    let share_q = ring::network_share(comm, used).map_or(0.0, |b| 1e6 / b.0 as f64);
                     // Connections of every channel's ring.
                     let mut edges = Vec::new();
                     for c in 0..used {

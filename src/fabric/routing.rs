@@ -587,6 +587,15 @@ impl<'f> Router<'f> {
     }
 
     /// Position of `nic` among the devices that are not switches on `leaf`'s ports.
+    /// How many of a switch's links lead to other switches (its uplinks, for a leaf).
+    fn uplinks(&self, leaf: DeviceId) -> usize {
+        let f = self.fabric;
+        f.out_links(leaf)
+            .iter()
+            .filter(|&&l| matches!(f.devices[f.links[l.idx()].dst.idx()].kind, DeviceKind::NetSwitch { .. }))
+            .count()
+    }
+
     fn port_index(&self, leaf: DeviceId, nic: DeviceId) -> u64 {
         let f = self.fabric;
         f.out_links(leaf)
@@ -660,14 +669,7 @@ impl<'f> Router<'f> {
                     // The leaf's k-th uplink goes to spine k mod S, so a spine reaches the
                     // destination leaf by every S-th of that leaf's uplinks: the cable of
                     // the destination's own port is the (port / S)-th of them.
-                    let uplinks = f
-                        .out_links(dst_leaf)
-                        .iter()
-                        .filter(|&&l| {
-                            matches!(f.device(f.links[l.idx()].dst).kind, DeviceKind::NetSwitch { .. })
-                        })
-                        .count();
-                    let spines = (uplinks / cands.len()).max(1) as u64;
+                    let spines = (self.uplinks(dst_leaf) / cands.len()).max(1) as u64;
                     self.port_index(dst_leaf, dst) / spines
                 }
             } else {
