@@ -101,6 +101,9 @@ pub struct TrainingRun {
     pub ep: u64,
     /// Sequence parallelism.
     pub sp: bool,
+    /// TP communication overlapped with the GEMMs (Transformer Engine's userbuffers), as
+    /// the run's recipe set it.
+    pub tp_comm_overlap: bool,
     /// ZeRO stage.
     pub zero: u8,
     /// Micro-batch size.
@@ -130,8 +133,8 @@ impl TrainingRun {
     /// The plan as a plan file's text.
     pub fn plan_text(&self) -> String {
         let mut t = format!(
-            "tp = {}\npp = {}\nvpp = {}\ncp = {}\ndp = {}\nep = {}\nsp = {}\nzero = {}\nmbs = {}\ngbs = {}\n\
-             recompute = {:?}\nattention = {:?}\ndtype = {:?}\n",
+            "tp = {}\npp = {}\nvpp = {}\ncp = {}\ndp = {}\nep = {}\nsp = {}\ntp_comm_overlap = {}\nzero = {}\n\
+             mbs = {}\ngbs = {}\nrecompute = {:?}\nattention = {:?}\ndtype = {:?}\n",
             self.tp,
             self.pp,
             self.vpp,
@@ -139,6 +142,7 @@ impl TrainingRun {
             self.dp,
             self.ep,
             self.sp,
+            self.tp_comm_overlap,
             self.zero,
             self.mbs,
             self.gbs,

@@ -6,7 +6,8 @@
 //! What is exposed and what is hidden:
 //! - TP: per layer two all-reduces in forward and two in backward, or with sequence
 //!   parallelism two all-gathers and two reduce-scatters each way (Narayanan et al. Sec.
-//!   3.2; Korthikanti et al.); exposed, unless `tp_comm` overlap hides it behind the GEMMs.
+//!   3.2; Korthikanti et al.); exposed, unless `tp_comm` overlap hides it behind the GEMMs,
+//!   which then slow by the generation's overlap share.
 //! - CP: ring attention passes the local K and V around the CP ring, `cp - 1` steps per layer
 //!   (twice that in backward), overlapped with the attention core; what exceeds it is
 //!   exposed, and the attention it runs beside slows by the generation's overlap share.
@@ -231,8 +232,8 @@ pub(crate) fn chunk_costs_and_comms(
             let (att_f, att_b) = (cost.attention_fwd, 2.5 * cost.attention_fwd);
             let [f, b] = sums;
             let mut cc = ChunkComm {
-                tp_fwd: f[0] + exposed(f[1], gemm_f, true),
-                tp_bwd: b[0] + exposed(b[1], gemm_b, true),
+                tp_fwd: f[0] + exposed(f[1], gemm_f, true) + share * f[1].min(gemm_f),
+                tp_bwd: b[0] + exposed(b[1], gemm_b, true) + share * b[1].min(gemm_b),
                 cp_fwd: f[4] + exposed(f[2], att_f, true) + share * f[2].min(att_f),
                 cp_bwd: b[4] + exposed(b[2], att_b, true) + share * b[2].min(att_b),
                 tp_wire_fwd: f[0] + f[1],
