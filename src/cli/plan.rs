@@ -47,6 +47,10 @@ pub struct PlanArgs {
     /// Attention kernel of the training software: flash, unfused (held for every plan).
     #[arg(long, default_value = "flash")]
     pub attention: String,
+    /// Overlap TP communication with the GEMMs (Transformer Engine userbuffers, Megatron's
+    /// --tp-comm-overlap) in every plan with TP > 1 and sequence parallelism.
+    #[arg(long)]
+    pub tp_comm_overlap: bool,
     /// Candidates to show (and keep while pruning).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -136,6 +140,7 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
         seq: a.seq,
         dtype,
         attention,
+        tp_comm_overlap: a.tp_comm_overlap,
         constraints,
         top: a.top,
         retime: a.retime.unwrap_or(3).min(a.top),

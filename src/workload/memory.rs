@@ -12,7 +12,9 @@
 //!   the attention output (the projection's input), the MLP input, its up-projection and
 //!   activation outputs, and 1-byte dropout masks where the model has dropout. For a GPT
 //!   layer this is their `34 sbh`; without sequence parallelism the norm inputs, block
-//!   inputs and dropout masks (`10 sbh`) are not split by TP. Under FlashAttention (the
+//!   inputs and dropout masks (`10 sbh`) are not split by TP. Under FP8 the inputs of the
+//!   GEMMs (QKV, attention projection, MLP up and down, experts) are kept as the FP8 copy
+//!   Transformer Engine saves for the weight gradient, 1 byte instead of 2. Under FlashAttention (the
 //!   default) attention scores are never stored, so the `5as/h` term does not appear and
 //!   selective recomputation stores what no recomputation stores; unfused attention keeps
 //!   it (softmax output 2 bytes, dropout mask 1 and output 2 per score, split by TP) unless
@@ -32,7 +34,7 @@ use std::fmt;
 use super::flops::{layer_gemms, Split};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
-use super::plan::{Attention, Plan, Recompute, Sharding};
+use super::plan::{Attention, Dtype, Plan, Recompute, Sharding};
 
 /// A memory category.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,17 +185,21 @@ pub fn layer_activation_bytes(model: &Model, plan: &Plan, layer: u64) -> u64 {
         return 2 * t * h / sp_div;
     }
     let mask = if model.dropout { t * h } else { 0 };
-    // Not split by TP unless SP: both norm inputs, the attention and MLP inputs, the masks.
-    let replicated = 4 * t * h + 2 * t * h + 2 * t * h + 2 * mask;
+    // Bytes of a saved GEMM input: under FP8 the GEMMs keep the FP8 copy of their input for
+    // the weight gradient (1 byte), the other saved tensors stay BF16.
+    let g = if plan.dtype == Dtype::Fp8 { 1 } else { 2 };
+    // Not split by TP unless SP: both norm inputs, the attention and MLP inputs (GEMM
+    // inputs), the masks.
+    let replicated = 4 * t * h + g * t * h + g * t * h + 2 * mask;
     let qkv = 2 * t * (model.q_dim() + model.kv_dim() + v_dim(model));
-    let attn_out = 2 * t * model.attn_out_dim();
+    let attn_out = g * t * model.attn_out_dim();
     let up_factor = if model.activation.gated() { 2 } else { 1 };
-    let mlp = |ffn: u64| 2 * t * up_factor * ffn + 2 * t * ffn;
+    let mlp = |ffn: u64| 2 * t * up_factor * ffn + g * t * ffn;
     let ffn_part = match &model.moe {
         Some(moe) if model.is_moe_layer(layer) => {
             let pairs = t * moe.top_k;
             // Routed tokens (permuted input) and expert intermediates, balanced over EP.
-            let routed = 2 * pairs * h + mlp(moe.expert_ffn_hidden) * moe.top_k;
+            let routed = g * pairs * h + mlp(moe.expert_ffn_hidden) * moe.top_k;
             let shared = mlp(moe.expert_ffn_hidden) * moe.shared_experts;
             routed + shared + 4 * t * moe.experts
         }

@@ -40,7 +40,7 @@ use super::lower::{step_event_with, EventOpts};
 use super::memory::{memory_by_stage_with, stage_params, Oom};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
-use super::plan::{Attention, Dtype, Plan, Recompute, Schedule, Sharding};
+use super::plan::{Attention, Dtype, Overlap, Plan, Recompute, Schedule, Sharding};
 use crate::collective::{CollArgs, Collective, Comm, Knobs, NcclPolicy};
 use crate::exec::analytic;
 use crate::fabric::{Fabric, GpuSpec, Router};
@@ -370,6 +370,10 @@ pub struct SearchSpec {
     pub dtype: Dtype,
     /// The attention kernel the training software has (held, not searched).
     pub attention: Attention,
+    /// TP communication overlapped with the GEMMs (Transformer Engine's userbuffers), held
+    /// for every plan that can use it (TP > 1 with sequence parallelism, as Megatron
+    /// requires), not searched.
+    pub tp_comm_overlap: bool,
     /// Rules every plan must follow (`--constraint` and `--fix`).
     pub constraints: Vec<Constraint>,
     /// How many candidates to keep (and the k of the bound).
@@ -395,6 +399,7 @@ impl SearchSpec {
             seq: None,
             dtype: Dtype::Bf16,
             attention: Attention::Flash,
+            tp_comm_overlap: false,
             constraints: Vec::new(),
             top: 10,
             retime: 3,
@@ -546,6 +551,10 @@ pub fn enumerate(model: &Model, spec: &SearchSpec, tp_ok: &dyn Fn(u64) -> bool) 
                                                 dtype: spec.dtype,
                                                 attention: spec.attention,
                                                 schedule,
+                                                overlap: Overlap {
+                                                    tp_comm: spec.tp_comm_overlap && sp && tp > 1,
+                                                    ..Overlap::default()
+                                                },
                                                 ..Plan::default()
                                             };
                                             if plan.check(model, gpus).is_ok() {

@@ -203,6 +203,43 @@ fn sp_hybrid_sharding_and_zb_are_searched() {
     assert!(peak_memory(&m, h).unwrap().total() > peak_memory(&m, &z3).unwrap().total());
 }
 
+/// `plan --tp-comm-overlap` holds Transformer Engine's TP overlap for every plan that can
+/// use it (TP > 1 with sequence parallelism, as Megatron requires), and since overlapped
+/// TP traffic never costs more than exposed traffic, the best plan is no slower with it.
+#[test]
+fn tp_comm_overlap_is_held_for_every_plan_that_can_use_it() {
+    let m = model("llama3-8b");
+    let f = fabric("dgx-h100", 2);
+    let on = SearchSpec { seq: Some(4096), tp_comm_overlap: true, retime: 0, ..SearchSpec::new(16, 32) };
+    let off = SearchSpec { tp_comm_overlap: false, ..on.clone() };
+    let plans = enumerate(&m, &on, &|tp| tp <= 8);
+    assert!(plans.iter().any(|p| p.overlap.tp_comm));
+    assert!(plans.iter().all(|p| p.overlap.tp_comm == (p.tp > 1 && p.sp)));
+    assert!(enumerate(&m, &off, &|tp| tp <= 8).iter().all(|p| !p.overlap.tp_comm));
+    let pricer = FabricPricer::new(&f);
+    let (a, b) = (run_search(&f, &m, &on, &pricer), run_search(&f, &m, &off, &pricer));
+    assert!(a.candidates[0].step_time_s <= b.candidates[0].step_time_s);
+    let (code, _, err) = cli(&[
+        "plan",
+        "--model",
+        "models/llama3-8b.toml",
+        "--topology",
+        "topologies/dgx-h100.toml",
+        "--gpus",
+        "8",
+        "--gbs",
+        "16",
+        "--seq",
+        "4096",
+        "--top",
+        "2",
+        "--retime",
+        "0",
+        "--tp-comm-overlap",
+    ]);
+    assert_eq!(code, 0, "{err}");
+}
+
 #[test]
 fn constraint_syntax_errors_are_located() {
     let ok = parse_constraint(" pp >= 2 ", "--constraint", false).unwrap();
