@@ -221,9 +221,13 @@ fn healthy_and_multi_node_tables_meet_the_issue_medians() {
     assert!(multi.len() >= 4, "expected at least 4 asserted multi-node tables, got {}", multi.len());
     // Issue 10's targets are 6% (>= 1 MiB) and 10% (all sizes), over all healthy tables and
     // over the multi-node ones alone; these bounds are what is achieved (3.8% / 4.1% and
-    // 5.3% / 5.9% when written), with a little room.
+    // 5.3% / 5.9% when written), with a little room. 4.5% -> 5% at >= 1 MiB (4.7% achieved)
+    // since Ampere's LL128 NVLink step is NCCL's 1.9 us instead of a fitted 6.71 us: the
+    // held-out A100 clusters gain (OCI 16.8% -> 7.4%, the held-out clusters' median 10.9% ->
+    // 7.1%) and the asserted Azure A100 table, whose mid sizes are slower than the other
+    // one-node A100 table's, loses (3.4% -> 6.6%; docs/PARAMETERS.md).
     let (large, every) = medians(&all);
-    assert!(large <= 0.045, "healthy tables: median {:.1}% at >= 1 MiB", large * 100.0);
+    assert!(large <= 0.05, "healthy tables: median {:.1}% at >= 1 MiB", large * 100.0);
     assert!(every <= 0.05, "healthy tables: median {:.1}% over all sizes", every * 100.0);
     let (large, every) = medians(&multi);
     assert!(large <= 0.06, "multi-node tables: median {:.1}% at >= 1 MiB", large * 100.0);
@@ -413,7 +417,13 @@ fn held_out_clusters_are_reported_apart_and_stay_close() {
     assert!(held.len() >= 4, "held-out clusters: {held:?}");
     assert!(cs.iter().filter(|c| c.tuned).count() >= 8, "{cs:?}");
     let m = median(held.iter().map(|c| c.median_large).collect());
-    assert!(m <= 0.20, "held-out clusters: median {:.1}%", m * 100.0);
+    // 20% -> 10% on 2026-12-02 (7.1% achieved, 10.9% before Ampere's LL128 NVLink step
+    // became NCCL's 1.9 us instead of a fitted 6.71 us).
+    assert!(m <= 0.10, "held-out clusters: median {:.1}%", m * 100.0);
+    // The OCI A100 pair's tree LL128 sizes paid the fitted step at each of the ~16 hops of
+    // their chains (16.8%); with NCCL's per-hop latency it is within 10%.
+    let oci = cs.iter().find(|c| c.cluster == "a100sxm40-oci").expect("OCI A100 cluster");
+    assert!(!oci.tuned && oci.median_large <= 0.10, "OCI A100: {:.1}%", oci.median_large * 100.0);
     // The two clusters added with issue 10, whose systems the shipped topologies describe.
     for name in ["h100sxm-xxrjun-cl01", "b200-dgxc"] {
         let c = cs.iter().find(|c| c.cluster == name).unwrap_or_else(|| panic!("{name} missing"));
