@@ -18,7 +18,8 @@ use fabricsim::scenario::file::{load_plan_with, Override};
 use fabricsim::scenario::training::{plan_summary, run_step_with, StepDetail};
 use fabricsim::workload::analytic::StepEstimate;
 use fabricsim::workload::lower::{EventOpts, EventStep, StepJobKind};
-use fabricsim::workload::plan::parse_plan;
+use fabricsim::workload::plan::{parse_plan, GroupKind};
+use fabricsim::workload::search::{straddling_groups, Straddle};
 use fabricsim::workload::{load_model, Model, Placement, Plan};
 
 use super::bench::{load_any_topology, load_profile};
@@ -482,9 +483,25 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if a.format != "json" && !settings.is_empty() {
         println!("{}", super::bench::settings_header(&settings));
     }
+    let notes: Vec<String> = straddling_groups(&f, &placement).iter().map(straddle_note).collect();
     match a.format.as_str() {
-        "json" => print_json(&model.name, &plan_summary(&plan), &placement, &layers, est, hbm, &how)?,
-        _ => print_table(&model.name, &f.name, &plan_summary(&plan), &placement, &layers, est, hbm, &how),
+        "json" => {
+            print_json(&model.name, &plan_summary(&plan), &placement, &layers, est, hbm, &how)?;
+            for n in &notes {
+                eprintln!("note: {n}");
+            }
+        }
+        _ => print_table(
+            &model.name,
+            &f.name,
+            &plan_summary(&plan),
+            &placement,
+            &notes,
+            &layers,
+            est,
+            hbm,
+            &how,
+        ),
     }
     if let Some(dir) = &a.plot {
         let title = format!("{} on {}", model.name, f.name);
@@ -586,6 +603,26 @@ fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
+/// What a straddling group kind costs, in a sentence.
+fn straddle_note(s: &Straddle) -> String {
+    let kind = match s.kind {
+        GroupKind::Tp => "TP",
+        GroupKind::Cp => "CP",
+        _ => "EP",
+    };
+    let (lo, hi) = (s.example.first().copied().unwrap_or(0), s.example.last().copied().unwrap_or(0));
+    let domains: Vec<String> = s.example_domains.iter().map(u32::to_string).collect();
+    format!(
+        "{} of {} {kind} groups ({} GPUs each) straddle NVLink domains (ranks {lo}-{hi} span domains {}): \
+         their collectives cross the network; a placement (--order) or topology whose domains hold \
+         whole groups keeps them on NVLink",
+        s.straddling,
+        s.groups,
+        s.size,
+        domains.join(" and ")
+    )
+}
+
 /// Layers per stage in runs: "7, 8 x 14, 7".
 fn describe_layers(layers: &[u64]) -> String {
     let mut runs: Vec<(u64, usize)> = Vec::new();
@@ -606,6 +643,7 @@ fn print_table(
     fabric: &str,
     plan: &str,
     placement: &Placement,
+    notes: &[String],
     layers: &[u64],
     e: &StepEstimate,
     hbm: u64,
@@ -613,6 +651,9 @@ fn print_table(
 ) {
     println!("# {model} on {fabric}: {plan}");
     println!("# placement (innermost first): {placement}");
+    for n in notes {
+        println!("# note: {n}");
+    }
     println!("# layers per pipeline stage: {}", describe_layers(layers));
     println!("# fidelity {}", how.describe());
     println!("step time          {:>10.3} s", e.step_time_s);

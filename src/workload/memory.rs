@@ -14,13 +14,13 @@
 //!   layer this is their `34 sbh`; without sequence parallelism the norm inputs, block
 //!   inputs and dropout masks (`10 sbh`) are not split by TP. Under FP8 the inputs of the
 //!   GEMMs (QKV, attention projection, MLP up and down, experts) are kept as the FP8 copy
-//!   Transformer Engine saves for the weight gradient, 1 byte instead of 2. Under FlashAttention (the
-//!   default) attention scores are never stored, so the `5as/h` term does not appear and
-//!   selective recomputation stores what no recomputation stores; unfused attention keeps
-//!   it (softmax output 2 bytes, dropout mask 1 and output 2 per score, split by TP) unless
-//!   recomputed. Full recomputation keeps
-//!   each layer's input (2sbh, split by TP under SP). The last stage also holds the FP32
-//!   logits of one micro-batch (`4sbv/t`).
+//!   Transformer Engine saves for the weight gradient, 1 byte instead of 2. Under
+//!   FlashAttention (the default) attention scores are never stored, so the `5as/h` term
+//!   does not appear and selective recomputation stores what no recomputation stores;
+//!   unfused attention keeps it (softmax output 2 bytes, dropout mask 1 and output 2 per
+//!   score, split by TP) unless recomputed. Full recomputation keeps each layer's input
+//!   (2sbh, split by TP under SP). The last stage also holds the FP32 logits of one
+//!   micro-batch (`4sbv/t`).
 //! - In flight: the chunks whose forward ran and backward has not, at the peak of each
 //!   stage's op order ([`super::pipeline::PipelineSchedule::max_in_flight`]): `p` on the
 //!   first stage of 1F1B, `m` for GPipe, Korthikanti's `(1 + (p-1)/(p v))` multiplier for

@@ -40,7 +40,7 @@ use super::lower::{step_event_with, EventOpts};
 use super::memory::{memory_by_stage_with, stage_params, Oom};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
-use super::plan::{Attention, Dtype, Overlap, Plan, Recompute, Schedule, Sharding};
+use super::plan::{Attention, Dtype, GroupKind, Overlap, Placement, Plan, Recompute, Schedule, Sharding};
 use crate::collective::{CollArgs, Collective, Comm, Knobs, NcclPolicy};
 use crate::exec::analytic;
 use crate::fabric::{Fabric, GpuSpec, Router};
@@ -578,6 +578,63 @@ pub fn enumerate(model: &Model, spec: &SearchSpec, tp_ok: &dyn Fn(u64) -> bool) 
 pub fn tp_in_domain(f: &Fabric, tp: u64) -> bool {
     let n = f.num_gpus() as u64;
     tp <= n && (0..n).all(|r| f.domain_of_rank(r as u32) == f.domain_of_rank((r - r % tp) as u32))
+}
+
+/// Groups of one kind that could each sit in one NVLink domain (none is larger than the
+/// largest domain) but some of which straddle two or more: their collectives cross the
+/// network where a placement aligned to the domains would keep them on NVLink.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Straddle {
+    /// The group kind (TP, CP or EP).
+    pub kind: GroupKind,
+    /// Ranks per group.
+    pub size: usize,
+    /// Groups of the kind.
+    pub groups: usize,
+    /// How many straddle.
+    pub straddling: usize,
+    /// The first that does.
+    pub example: Vec<u64>,
+    /// The NVLink domains it spans.
+    pub example_domains: Vec<u32>,
+}
+
+/// The TP, CP and EP groups of `pl` on `f` that straddle NVLink domains they could fit in
+/// ([`Straddle`]); empty when the fabric has fewer GPUs than the placement.
+pub fn straddling_groups(f: &Fabric, pl: &Placement) -> Vec<Straddle> {
+    let n = f.num_gpus() as u64;
+    if pl.world() > n {
+        return Vec::new();
+    }
+    let mut per_domain: BTreeMap<u32, usize> = BTreeMap::new();
+    for r in 0..n {
+        *per_domain.entry(f.domain_of_rank(r as u32)).or_default() += 1;
+    }
+    let domain_gpus = per_domain.values().copied().max().unwrap_or(0);
+    let mut out = Vec::new();
+    for kind in [GroupKind::Tp, GroupKind::Cp, GroupKind::Ep] {
+        let groups = pl.groups(kind);
+        let size = groups.first().map_or(0, Vec::len);
+        if size < 2 || size > domain_gpus {
+            continue;
+        }
+        let split =
+            |g: &&Vec<u64>| g.iter().any(|&r| f.domain_of_rank(r as u32) != f.domain_of_rank(g[0] as u32));
+        let bad: Vec<&Vec<u64>> = groups.iter().filter(split).collect();
+        if let Some(first) = bad.first() {
+            let mut example_domains: Vec<u32> = first.iter().map(|&r| f.domain_of_rank(r as u32)).collect();
+            example_domains.dedup();
+            out.push(Straddle {
+                kind,
+                size,
+                groups: groups.len(),
+                straddling: bad.len(),
+                example: first.to_vec(),
+                example_domains,
+            });
+        }
+    }
+    out
 }
 
 // ---------------------------------------------------------------- pricing

@@ -219,25 +219,27 @@ fn tp_comm_overlap_is_held_for_every_plan_that_can_use_it() {
     let pricer = FabricPricer::new(&f);
     let (a, b) = (run_search(&f, &m, &on, &pricer), run_search(&f, &m, &off, &pricer));
     assert!(a.candidates[0].step_time_s <= b.candidates[0].step_time_s);
-    let (code, _, err) = cli(&[
-        "plan",
-        "--model",
-        "models/llama3-8b.toml",
-        "--topology",
-        "topologies/dgx-h100.toml",
-        "--gpus",
-        "8",
-        "--gbs",
-        "16",
-        "--seq",
-        "4096",
-        "--top",
-        "2",
-        "--retime",
-        "0",
-        "--tp-comm-overlap",
-    ]);
+    let (code, _, err) =
+        cli(&[&LLAMA8_ON_ONE_H100[..], &["--top", "2", "--retime", "0", "--tp-comm-overlap"]].concat());
     assert_eq!(code, 0, "{err}");
+}
+
+/// Groups that could sit in one NVLink domain but straddle two are reported: on 64 GB200
+/// trays (racks of 18 trays, 72 GPUs) EP groups of 16 consecutive ranks put ranks 64-79 across
+/// the first rack boundary (72) and 208-223 across the third (216; 144 falls between two
+/// groups), while groups of 8 never straddle (72 is a multiple of 8).
+#[test]
+fn groups_that_straddle_nvlink_domains_are_reported() {
+    use fabricsim::workload::plan::{GroupKind, Placement};
+    use fabricsim::workload::search::straddling_groups;
+    let f = fabric("gb200-nvl72-multirack", 64);
+    let plan = |ep| Plan { tp: 1, pp: 4, ep, dp: 64, mbs: 1, gbs: 64, ..Plan::default() };
+    let s = straddling_groups(&f, &Placement::new(&plan(16)));
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert_eq!((s[0].kind, s[0].size, s[0].groups, s[0].straddling), (GroupKind::Ep, 16, 16, 2));
+    assert_eq!(s[0].example, (64..80).collect::<Vec<u64>>());
+    assert_eq!(s[0].example_domains.len(), 2);
+    assert!(straddling_groups(&f, &Placement::new(&plan(8))).is_empty());
 }
 
 #[test]
@@ -269,6 +271,22 @@ fn constraint_syntax_errors_are_located() {
         );
     }
 }
+
+/// `plan` for Llama 3 8B on one DGX H100 (8 GPUs, batch 16, seq 4096): small enough to
+/// search in a test.
+const LLAMA8_ON_ONE_H100: [&str; 11] = [
+    "plan",
+    "--model",
+    "models/llama3-8b.toml",
+    "--topology",
+    "topologies/dgx-h100.toml",
+    "--gpus",
+    "8",
+    "--gbs",
+    "16",
+    "--seq",
+    "4096",
+];
 
 fn cli(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_fabricsim")).args(args).current_dir(root()).output().unwrap();
@@ -352,26 +370,10 @@ fn plan_writes_csv_json_and_the_frontier_figure() {
     let dir = crate::temp_dir("plan-out");
     let out = dir.join("o");
     let (code, stdout, err) = cli(&[
-        "plan",
-        "--model",
-        "models/llama3-8b.toml",
-        "--topology",
-        "topologies/dgx-h100.toml",
-        "--gpus",
-        "8",
-        "--gbs",
-        "16",
-        "--seq",
-        "4096",
-        "--top",
-        "3",
-        "--retime",
-        "1",
-        "--format",
-        "csv",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+        &LLAMA8_ON_ONE_H100[..],
+        &["--top", "3", "--retime", "1", "--format", "csv", "-o", out.to_str().unwrap()][..],
+    ]
+    .concat());
     assert_eq!(code, 0, "{err}");
     let rows: Vec<&str> = stdout.lines().collect();
     assert_eq!(rows.len(), 4, "{stdout}");
