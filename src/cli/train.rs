@@ -485,12 +485,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     }
     let notes: Vec<String> = straddling_groups(&f, &placement).iter().map(straddle_note).collect();
     match a.format.as_str() {
-        "json" => {
-            print_json(&model.name, &plan_summary(&plan), &placement, &layers, est, hbm, &how)?;
-            for n in &notes {
-                eprintln!("note: {n}");
-            }
-        }
+        "json" => print_json(&model.name, &plan_summary(&plan), &placement, &notes, &layers, est, hbm, &how)?,
         _ => print_table(
             &model.name,
             &f.name,
@@ -684,10 +679,12 @@ fn print_table(
     println!("  {:<18} {:>8.2} GiB of {:.0} GiB HBM", "total", gib(m.total()), gib(hbm));
 }
 
+#[allow(clippy::too_many_arguments)]
 fn print_json(
     model: &str,
     plan: &str,
     placement: &Placement,
+    notes: &[String],
     layers: &[u64],
     e: &StepEstimate,
     hbm: u64,
@@ -699,6 +696,7 @@ fn print_json(
         "model": model,
         "plan": plan,
         "placement": placement.describe(),
+        "notes": notes,
         "stage_layers": layers,
         "step_time_s": e.step_time_s,
         "tokens_per_s": e.tokens_per_s,

@@ -1576,6 +1576,53 @@ fn train_llama3_8b(flags: &[&str], extra: &[&str]) -> (Option<i32>, String, Stri
     )
 }
 
+/// `train` names groups that straddle NVLink domains they could fit in, in the table and in
+/// the JSON (`notes`): CP groups of 16 on GB200 racks of 72 GPUs put ranks 64-79 across the
+/// first rack boundary; groups of 8 never straddle.
+#[test]
+fn train_notes_groups_that_straddle_nvlink_domains() {
+    let run = |cp: &str, dp: &str, json: bool| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim"))
+            .args([
+                "train",
+                "--model",
+                "models/llama3-8b.toml",
+                "--topology",
+                "topologies/gb200-nvl72-multirack.toml",
+            ])
+            .args([
+                "--nodes",
+                "20",
+                "--tp",
+                "1",
+                "--cp",
+                cp,
+                "--dp",
+                dp,
+                "--gbs",
+                dp,
+                "--seq",
+                "8192",
+                "--allow-oom",
+            ])
+            .args(if json { &["--format", "json"][..] } else { &[][..] })
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let table = run("16", "5", false);
+    assert!(
+        table.contains("# note: 1 of 5 CP groups (16 GPUs each) straddle NVLink domains (ranks 64-79"),
+        "{table}"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&run("16", "5", true)).unwrap();
+    assert_eq!(doc["notes"].as_array().unwrap().len(), 1, "{doc}");
+    let doc: serde_json::Value = serde_json::from_str(&run("8", "10", true)).unwrap();
+    assert!(doc["notes"].as_array().unwrap().is_empty(), "{doc}");
+}
+
 /// The new plan flags from the command line: `--cp-comm all_gather` runs in the event mode
 /// with exposed CP time, `--no-replay` only with `--fidelity event`, and bad values exit 2
 /// naming the flag or key and the valid choices.
