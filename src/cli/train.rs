@@ -601,9 +601,10 @@ fn gib(b: u64) -> f64 {
 /// What a straddling group kind costs, in a sentence.
 fn straddle_note(s: &Straddle) -> String {
     let kind = match s.kind {
-        GroupKind::Tp => "TP",
-        GroupKind::Cp => "CP",
-        _ => "EP",
+        GroupKind::Tp => "TP".to_string(),
+        GroupKind::Cp => "CP".to_string(),
+        GroupKind::Ep => "EP".to_string(),
+        other => format!("{other:?}"),
     };
     let (lo, hi) = (s.example.first().copied().unwrap_or(0), s.example.last().copied().unwrap_or(0));
     let domains: Vec<String> = s.example_domains.iter().map(u32::to_string).collect();
