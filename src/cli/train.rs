@@ -18,7 +18,7 @@ use fabricsim::scenario::file::{load_plan_with, Override};
 use fabricsim::scenario::training::{plan_summary, run_step_with, StepDetail};
 use fabricsim::workload::analytic::StepEstimate;
 use fabricsim::workload::lower::{EventOpts, EventStep, StepJobKind};
-use fabricsim::workload::plan::{parse_plan, GroupKind};
+use fabricsim::workload::plan::parse_plan;
 use fabricsim::workload::search::{straddling_groups, Straddle};
 use fabricsim::workload::{load_model, Model, Placement, Plan};
 
@@ -483,7 +483,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if a.format != "json" && !settings.is_empty() {
         println!("{}", super::bench::settings_header(&settings));
     }
-    let notes: Vec<String> = straddling_groups(&f, &placement).iter().map(straddle_note).collect();
+    let notes: Vec<String> = straddling_groups(&f, &placement).iter().map(Straddle::describe).collect();
     match a.format.as_str() {
         "json" => print_json(&model.name, &plan_summary(&plan), &placement, &notes, &layers, est, hbm, &how)?,
         _ => print_table(
@@ -596,27 +596,6 @@ fn write_step_trace(path: &std::path::Path, ev: &EventStep) -> Result<()> {
 
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
-}
-
-/// What a straddling group kind costs, in a sentence.
-fn straddle_note(s: &Straddle) -> String {
-    let kind = match s.kind {
-        GroupKind::Tp => "TP".to_string(),
-        GroupKind::Cp => "CP".to_string(),
-        GroupKind::Ep => "EP".to_string(),
-        other => format!("{other:?}"),
-    };
-    let (lo, hi) = (s.example.first().copied().unwrap_or(0), s.example.last().copied().unwrap_or(0));
-    let domains: Vec<String> = s.example_domains.iter().map(u32::to_string).collect();
-    format!(
-        "{} of {} {kind} groups ({} GPUs each) straddle NVLink domains (ranks {lo}-{hi} span domains {}): \
-         their collectives cross the network; a placement (--order) or topology whose domains hold \
-         whole groups keeps them on NVLink",
-        s.straddling,
-        s.groups,
-        s.size,
-        domains.join(" and ")
-    )
 }
 
 /// Layers per stage in runs: "7, 8 x 14, 7".

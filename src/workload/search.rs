@@ -599,6 +599,30 @@ pub struct Straddle {
     pub example_domains: Vec<u32>,
 }
 
+impl Straddle {
+    /// What the straddling groups cost, in a sentence.
+    pub fn describe(&self) -> String {
+        let kind = match self.kind {
+            GroupKind::Tp => "TP".to_string(),
+            GroupKind::Cp => "CP".to_string(),
+            GroupKind::Ep => "EP".to_string(),
+            other => format!("{other:?}"),
+        };
+        let (lo, hi) =
+            (self.example.first().copied().unwrap_or(0), self.example.last().copied().unwrap_or(0));
+        let domains: Vec<String> = self.example_domains.iter().map(u32::to_string).collect();
+        format!(
+            "{} of {} {kind} groups ({} GPUs each) straddle NVLink domains (ranks {lo}-{hi} span domains {}): \
+             their collectives cross the network; a placement (--order) or topology whose domains hold \
+             whole groups keeps them on NVLink",
+            self.straddling,
+            self.groups,
+            self.size,
+            domains.join(" and ")
+        )
+    }
+}
+
 /// The TP, CP and EP groups of `pl` on `f` that straddle NVLink domains they could fit in
 /// ([`Straddle`]); empty when the fabric has fewer GPUs than the placement.
 pub fn straddling_groups(f: &Fabric, pl: &Placement) -> Vec<Straddle> {
@@ -1434,6 +1458,12 @@ pub fn search_on_fabric(
     let (a, e) = pricer.priced();
     res.counts.collectives_analytic = a as u64;
     res.counts.collectives_event = e as u64;
+    // Why the first plan's groups may cross the network although they would fit on NVLink.
+    if let Some(first) = res.candidates.first() {
+        for st in straddling_groups(f, &Placement::new(&first.plan)) {
+            res.explanation.text.push(format!("the first plan's {}", st.describe()));
+        }
+    }
     Ok(res)
 }
 

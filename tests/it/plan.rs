@@ -224,10 +224,11 @@ fn tp_comm_overlap_is_held_for_every_plan_that_can_use_it() {
     assert_eq!(code, 0, "{err}");
 }
 
-/// Groups that could sit in one NVLink domain but straddle two are reported: on 64 GB200
-/// trays (racks of 18 trays, 72 GPUs) EP groups of 16 consecutive ranks put ranks 64-79 across
-/// the first rack boundary (72) and 208-223 across the third (216; 144 falls between two
-/// groups), while groups of 8 never straddle (72 is a multiple of 8).
+/// Groups that could sit in one NVLink domain but straddle two are reported (by `train` and
+/// for `plan`'s first plan): on 64 GB200 trays (racks of 18 trays, 72 GPUs) EP groups of 16
+/// consecutive ranks put ranks 64-79 across the first rack boundary (72) and 208-223 across
+/// the third (216; 144 falls between two groups), while groups of 8 never straddle (72 is a
+/// multiple of 8).
 #[test]
 fn groups_that_straddle_nvlink_domains_are_reported() {
     use fabricsim::workload::plan::{GroupKind, Placement};
@@ -240,6 +241,31 @@ fn groups_that_straddle_nvlink_domains_are_reported() {
     assert_eq!(s[0].example, (64..80).collect::<Vec<u64>>());
     assert_eq!(s[0].example_domains.len(), 2);
     assert!(straddling_groups(&f, &Placement::new(&plan(8))).is_empty());
+    // `plan` says so of its first plan: CP 16 held on 80 GB200 GPUs.
+    let (code, out, err) = cli(&[
+        "plan",
+        "--model",
+        "models/llama3-8b.toml",
+        "--topology",
+        "topologies/gb200-nvl72-multirack.toml",
+        "--gpus",
+        "80",
+        "--gbs",
+        "80",
+        "--seq",
+        "8192",
+        "--fix",
+        "cp=16",
+        "--top",
+        "2",
+        "--retime",
+        "0",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("- the first plan's 1 of 5 CP groups (16 GPUs each) straddle NVLink domains"),
+        "{out}"
+    );
 }
 
 #[test]
