@@ -613,7 +613,7 @@ impl Straddle {
         let domains: Vec<String> = self.example_domains.iter().map(u32::to_string).collect();
         format!(
             "{} of {} {kind} groups ({} GPUs each) straddle NVLink domains (ranks {lo}-{hi} span domains {}): \
-             their collectives cross the network; a placement (--order) or topology whose domains hold \
+             their collectives cross the network; a placement (the plan's `order`) or topology whose domains hold \
              whole groups keeps them on NVLink",
             self.straddling,
             self.groups,
