@@ -586,24 +586,23 @@ impl<'f> Router<'f> {
         }
     }
 
-    /// Position of `nic` among the devices that are not switches on `leaf`'s ports.
-    /// How many of a switch's links lead to other switches (its uplinks, for a leaf).
-    fn uplinks(&self, leaf: DeviceId) -> usize {
+    /// The devices on `leaf`'s ports, with whether each is a network switch.
+    fn port_devices(&self, leaf: DeviceId) -> impl Iterator<Item = (DeviceId, bool)> + '_ {
         let f = self.fabric;
-        f.out_links(leaf)
-            .iter()
-            .filter(|&&l| matches!(f.devices[f.links[l.idx()].dst.idx()].kind, DeviceKind::NetSwitch { .. }))
-            .count()
+        f.out_links(leaf).iter().map(move |&l| {
+            let v = f.links[l.idx()].dst;
+            (v, matches!(f.devices[v.idx()].kind, DeviceKind::NetSwitch { .. }))
+        })
     }
 
+    /// How many of a switch's links lead to other switches (its uplinks, for a leaf).
+    fn uplinks(&self, leaf: DeviceId) -> usize {
+        self.port_devices(leaf).filter(|&(_, switch)| switch).count()
+    }
+
+    /// Position of `nic` among the devices that are not switches on `leaf`'s ports.
     fn port_index(&self, leaf: DeviceId, nic: DeviceId) -> u64 {
-        let f = self.fabric;
-        f.out_links(leaf)
-            .iter()
-            .map(|&l| f.links[l.idx()].dst)
-            .filter(|&v| !matches!(f.devices[v.idx()].kind, DeviceKind::NetSwitch { .. }))
-            .position(|v| v == nic)
-            .unwrap_or(0) as u64
+        self.port_devices(leaf).filter(|&(_, switch)| !switch).position(|(v, _)| v == nic).unwrap_or(0) as u64
     }
 
     /// The route of queue pair `qp` of the connection routed as `links`: the same hops,
