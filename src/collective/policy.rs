@@ -19,9 +19,9 @@ pub struct NcclPolicy {
     pub protos: Vec<(Collective, Vec<Proto>)>,
     /// `NCCL_NVLS_ENABLE` (NVLS and NVLS-Tree; NCCL's default: on).
     pub nvls: bool,
-    /// `NCCL_COLLNET_ENABLE`; None: CollNet (SHARP) wherever the fabric has it, as the
-    /// training layer assumes of a SHARP cluster.
-    pub collnet: Option<bool>,
+    /// `NCCL_COLLNET_ENABLE` (CollNet, and NVLS across nodes, on a fabric with SHARP;
+    /// NCCL's default: off).
+    pub collnet: bool,
     /// `NCCL_MIN_NCHANNELS`.
     pub min_channels: Option<u32>,
     /// `NCCL_MAX_NCHANNELS`.
@@ -37,7 +37,7 @@ impl Default for NcclPolicy {
             algos: Vec::new(),
             protos: Vec::new(),
             nvls: true,
-            collnet: None,
+            collnet: false,
             min_channels: None,
             max_channels: None,
             net: NetSettings::default(),
@@ -56,7 +56,7 @@ impl NcclPolicy {
 
     /// Whether CollNet may run on `comm` (its fabric has SHARP and the policy allows it).
     pub fn collnet_on(&self, comm: &Comm) -> bool {
-        comm.sharp && self.collnet.unwrap_or(true)
+        comm.sharp && self.collnet
     }
 
     /// `nchannels` within `NCCL_MIN_NCHANNELS` and `NCCL_MAX_NCHANNELS`.

@@ -86,7 +86,7 @@ pub fn training_policy(settings: &[(String, String)]) -> Result<(NcclPolicy, Vec
         global = env;
     }
     policy.nvls = global.nvls;
-    policy.collnet = settings.iter().any(|(k, _)| k == "NCCL_COLLNET_ENABLE").then_some(global.collnet);
+    policy.collnet = global.collnet;
     policy.min_channels = global.min_channels;
     policy.max_channels = global.max_channels;
     policy.net = global.net;

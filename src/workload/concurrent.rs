@@ -350,8 +350,8 @@ fn job_times(sim: &SimResult, jobs: Vec<Placed>) -> Vec<JobTime> {
 }
 
 /// What NCCL would run for `args` on `comm`: its cost model's pick among the algorithms and
-/// protocols the collective layer can build on this communicator (CollNet only where the
-/// fabric has SHARP), with its channel count; all-to-all and send/recv take the
+/// protocols the collective layer can build on this communicator (no CollNet: NCCL's default
+/// leaves it off), with its channel count; all-to-all and send/recv take the
 /// point-to-point implementation.
 pub fn nccl_choice(comm: &Comm, args: &CollArgs) -> Option<Choice> {
     nccl_choice_with(comm, args, &NcclPolicy::default())

@@ -699,13 +699,15 @@ fn plan_takes_nccl_variables() {
     let (code, default, out, err) = best(&[], &[]);
     assert_eq!(code, Some(0), "{err}");
     assert!(!out.contains("# NCCL variables"), "{out}");
-    let (_, ring, out, _) = best(&[], &["--nccl", "NCCL_ALGO=Ring"]);
-    assert!(out.starts_with("# NCCL variables: NCCL_ALGO=Ring (--nccl)"), "{out}");
-    assert!(ring.is_finite() && ring != default, "{default} {ring}");
-    let (_, from_env, out, _) = best(&[("NCCL_ALGO", "Ring")], &[]);
-    assert_eq!(from_env, ring);
-    assert!(out.contains("NCCL_ALGO=Ring (the environment)"), "{out}");
-    let (_, dropped, _, _) = best(&[("NCCL_ALGO", "Ring")], &["--no-nccl-env"]);
+    // LL everywhere: every collective at LL's quarter rate (NCCL_ALGO=Ring would not move
+    // this winner, whose collectives already run on rings).
+    let (_, ll, out, _) = best(&[], &["--nccl", "NCCL_PROTO=LL"]);
+    assert!(out.starts_with("# NCCL variables: NCCL_PROTO=LL (--nccl)"), "{out}");
+    assert!(ll.is_finite() && ll > default, "{default} {ll}");
+    let (_, from_env, out, _) = best(&[("NCCL_PROTO", "LL")], &[]);
+    assert_eq!(from_env, ll);
+    assert!(out.contains("NCCL_PROTO=LL (the environment)"), "{out}");
+    let (_, dropped, _, _) = best(&[("NCCL_PROTO", "LL")], &["--no-nccl-env"]);
     assert_eq!(dropped, default);
     // Tree cannot all-gather: NCCL fails that call, so the plans with sequence parallelism
     // (whose TP group all-gathers) cannot run; they are left out and counted.
