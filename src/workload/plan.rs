@@ -476,7 +476,7 @@ impl Plan {
                 return err(field, "must be at least 1".into());
             }
         }
-        for (field, v) in [("ep", self.ep), ("mbs", self.mbs), ("gbs", self.gbs)] {
+        for (field, v) in [("ep", self.ep), ("mbs", self.mbs), ("gbs", self.gbs), ("seq", self.seq(model))] {
             if v == 0 {
                 return err(field, "must be at least 1".into());
             }

@@ -138,6 +138,8 @@ fn bad_plans_name_the_field() {
         (Plan { tp: 1, pp: 1, dp: 6, ep: 3, gbs: 6, ..Plan::default() }, &moe, 6, "ep", "8 experts"),
         (Plan { tp: 1, pp: 1, dp: 4, ep: 8, gbs: 4, ..Plan::default() }, &moe, 4, "ep", "must divide dp"),
         (Plan { gbs: 30, ..ok.clone() }, &m, 128, "gbs", "dp × mbs"),
+        // A zero-token sequence gave a step of zero tokens and 0 TFLOP/s.
+        (Plan { seq: Some(0), ..ok.clone() }, &m, 128, "seq", "at least 1"),
         (Plan { cp: 3, dp: 1, pp: 4, gbs: 4, seq: Some(8192), ..ok.clone() }, &m, 96, "seq", "2 × cp = 6"),
         (Plan { vpp: 5, gbs: 24, ..ok.clone() }, &m, 128, "gbs", "multiple of pp"),
         (Plan { vpp: 2, schedule: Some(Schedule::OneFOneB), ..ok.clone() }, &m, 128, "vpp", "interleaved"),
