@@ -425,8 +425,19 @@ impl Plan {
             }
             if left > 0 && !rest.is_multiple_of(left) {
                 return err(field, {
-                    let lo = layers - rest.div_ceil(left) * left;
-                    let hi = layers - rest / left * left;
+                    // The layers the given stages may hold: all but k × left, k ≥ 1, each
+                    // given stage keeping one at least.
+                    let least = u64::from(first.is_some()) + u64::from(last.is_some());
+                    let valid = (1..=layers / left).map(|k| layers - k * left).filter(|&g| g >= least);
+                    let below = valid.clone().filter(|&g| g < given).max();
+                    let above = valid.filter(|&g| g > given).min();
+                    let mut nearest: Vec<String> =
+                        below.into_iter().chain(above).map(|g| g.to_string()).collect();
+                    if nearest.is_empty() {
+                        nearest.push(format!(
+                            "none, {layers} layers cannot give the other {left} stages one each"
+                        ));
+                    }
                     let who = match (first, last) {
                         (Some(_), Some(_)) => "the first and last stages together",
                         (Some(_), None) => "the first stage",
@@ -434,8 +445,8 @@ impl Plan {
                     };
                     format!(
                         "the other {left} stages would share {rest} layers, which {left} does not divide; \
-                             {who} must hold {layers} minus a multiple of {left} layers (nearest: {lo} or \
-                             {hi}, not {given})"
+                             {who} must hold {layers} minus a multiple of {left} layers (nearest: {}, not {given})",
+                        nearest.join(" or ")
                     )
                 });
             }
@@ -571,6 +582,20 @@ impl Plan {
                 seq_field,
                 format!(
                     "seq = {seq} is not divisible by 2 × cp = {need} (causal load balancing gives each CP rank two chunks)"
+                ),
+            );
+        }
+        // Sequence parallelism splits each CP rank's sequence over the TP ranks (Megatron
+        // scatters the activations along the sequence: its length must divide evenly).
+        if self.sp && self.tp > 1 && !(seq / self.cp).is_multiple_of(self.tp) {
+            return err(
+                if self.seq.is_some() { "seq" } else { "sp" },
+                format!(
+                    "sequence parallelism splits each CP rank's {} tokens over tp = {} ranks, which does not divide \
+                     them; valid: seq a multiple of cp × tp = {} (or sp = false)",
+                    seq / self.cp,
+                    self.tp,
+                    self.cp * self.tp
                 ),
             );
         }

@@ -140,6 +140,8 @@ fn bad_plans_name_the_field() {
         (Plan { gbs: 30, ..ok.clone() }, &m, 128, "gbs", "dp × mbs"),
         // A zero-token sequence gave a step of zero tokens and 0 TFLOP/s.
         (Plan { seq: Some(0), ..ok.clone() }, &m, 128, "seq", "at least 1"),
+        // Sequence parallelism scatters each CP rank's sequence over the TP ranks.
+        (Plan { seq: Some(8196), ..ok.clone() }, &m, 128, "seq", "multiple of cp × tp = 8"),
         (Plan { cp: 3, dp: 1, pp: 4, gbs: 4, seq: Some(8192), ..ok.clone() }, &m, 96, "seq", "2 × cp = 6"),
         (Plan { vpp: 5, gbs: 24, ..ok.clone() }, &m, 128, "gbs", "multiple of pp"),
         (Plan { vpp: 2, schedule: Some(Schedule::OneFOneB), ..ok.clone() }, &m, 128, "vpp", "interleaved"),
@@ -299,6 +301,11 @@ fn plan_file_errors_name_file_line_and_choices() {
             ),
         "{e}"
     );
+    // No first stage of 0 layers, and no wrapped-around "nearest" value below it.
+    let e = parse_plan(&format!("{good}decoder_first_pipeline_num_layers = 0\n"), path, &m, 128)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("(nearest: 2, not 0)"), "{e}");
     let p = parse_plan(&format!("{good}decoder_last_pipeline_num_layers = 20\n"), path, &m, 128).unwrap();
     assert_eq!(p.stage_layers(80), [20, 20, 20, 20]);
     let e = parse_plan(&format!("{good}dtype = \"fp16\"\n"), path, &m, 128).unwrap_err().to_string();
