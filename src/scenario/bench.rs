@@ -325,6 +325,18 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
             n - 1
         )));
     }
+    // nccl-tests launches whole processes of -g GPUs each, and a process stays in its node.
+    let ppn = f.gpus_per_node();
+    if cfg.gpus_per_thread > 1 && !ppn.is_multiple_of(cfg.gpus_per_thread) {
+        let valid: Vec<String> =
+            (1..=ppn).filter(|d| ppn.is_multiple_of(*d)).map(|d| d.to_string()).collect();
+        return Err(BenchError::Args(format!(
+            "-g {} (GPUs per process) does not divide the {ppn} GPUs used per node: nccl-tests runs whole \
+             processes of -g GPUs inside a node; valid: {}",
+            cfg.gpus_per_thread,
+            valid.join(", ")
+        )));
+    }
     let tin = tuner::TunerInput::from_comm(&comm, cfg.env.collnet);
     // A forced algorithm must exist for this collective and fabric (checked once).
     if let Some(a) = cfg.algo {

@@ -127,6 +127,8 @@ fn bench_rejects_algorithms_the_fabric_cannot_run() {
     // nccl-tests -g: one thread cannot launch more GPUs than a node has.
     fails_with(&["bench", H100, "-g", "9"], &["-g 9", "8 GPUs", "1..=8"]);
     fails_with(&["bench", H100, "--gpus", "4", "-g", "8"], &["-g 8", "4 GPUs", "1..=4"]);
+    // Whole processes of -g GPUs per node: 3 does not divide 8 (it ran, as 3 + 3 + 2).
+    fails_with(&["bench", H100, "-g", "3"], &["-g 3", "8 GPUs used per node", "valid: 1, 2, 4, 8"]);
 }
 
 /// Issue 13: a size sweep that gives no call at all is an error that says why and what
