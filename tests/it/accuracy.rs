@@ -463,3 +463,31 @@ fn collnet_climbs_through_the_mid_sizes_as_sharp_measures() {
         );
     }
 }
+
+#[test]
+fn an_nvlink5_node_moves_at_nccls_nvlink_rate() {
+    // Blackwell's NVLink efficiency is NCCL's own rate over the link's, 40.1 of 50 GB/s per
+    // NVLink 5 link (SM100_NVLINK_BW), as Hopper's 0.82 is its 20.6 of 25. An 8-GPU DGX
+    // B300 at 8 GiB against the bus bandwidths a user reported there (NCCL issue #2140;
+    // shared/reference/hardware.csv, a check, not an input): ring ~695 GB/s without NVLS,
+    // ~845 with. The efficiency fitted on the one GB200 rack table, 0.923, gave 828 and 952
+    // (+19%, +13%).
+    use fabricsim::collective::Collective;
+    use fabricsim::fabric::build::{build, BuildOpts};
+    use fabricsim::scenario::bench::{run_bench, BenchConfig};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let spec = fabricsim::fabric::load_topology(&root.join("topologies/dgx-b300.toml")).unwrap();
+    let f = build(&spec, &BuildOpts::default()).unwrap();
+    for (nvls, reported) in [("0", 695.0), ("1", 845.0)] {
+        let mut cfg = BenchConfig { sizes: vec![8 << 30], ..Default::default() };
+        cfg.env.set("NCCL_NVLS_ENABLE", nvls, Collective::AllReduce).unwrap();
+        let r = &run_bench(&f, &cfg).unwrap()[0];
+        let err = r.busbw_gbps / reported - 1.0;
+        assert!(
+            err.abs() < 0.06,
+            "NVLS {nvls}: {:.1} GB/s against {reported} ({:+.1}%)",
+            r.busbw_gbps,
+            err * 100.0
+        );
+    }
+}
