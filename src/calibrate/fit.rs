@@ -81,6 +81,18 @@ fn invalid(file: &Path, msg: String) -> FitError {
     FitError::Invalid { file: file.display().to_string(), msg }
 }
 
+/// A reference CSV's error as a file error: `path:line:1: ...` where it names a line, else
+/// `path: ...` (the message already starts with the path).
+fn csv_error(path: &Path, e: reference::ReferenceError) -> FitError {
+    let text = e.to_string();
+    let file = path.display().to_string();
+    let rest = text.strip_prefix(&format!("{file}:")).unwrap_or(&text);
+    match rest.split_once(": ").and_then(|(l, m)| Some((l.parse::<usize>().ok()?, m))) {
+        Some((line, msg)) => FitError::At { file, line, col: 1, msg: msg.to_string() },
+        None => invalid(path, rest.trim_start().to_string()),
+    }
+}
+
 fn collective_names() -> String {
     Collective::ALL.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
 }
@@ -244,7 +256,7 @@ impl FitDataset {
         let coll = Collective::parse(c).ok_or_else(|| {
             invalid(path, format!("unknown collective {c:?} (-c); valid: {}", collective_names()))
         })?;
-        let measured = load_csv(path, false).map_err(|e| invalid(path, e.to_string()))?;
+        let measured = load_csv(path, false).map_err(|e| csv_error(path, e))?;
         let measured: Vec<Measured> = measured
             .into_iter()
             .filter(|m| m.time_us.is_some_and(|t| t > 0.0) || m.busbw_gbps > 0.0)

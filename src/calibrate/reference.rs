@@ -113,30 +113,67 @@ pub fn load_manifest(dir: &Path) -> Result<Vec<Dataset>, ReferenceError> {
 }
 
 /// Reads a reference CSV (skipping `#` lines); `inplace` selects the in-place busbw column.
+/// A row needs `size_bytes` and a time (`time_us`) or a bus bandwidth (the busbw column);
+/// either column may be missing from a file that has the other. Rows of size 0 (nccl-tests
+/// prints them where a size gives no element per rank) are skipped; a value that is not a
+/// number, or a negative or infinite one, is an error naming the file's line.
 pub fn load_csv(path: &Path, inplace: bool) -> Result<Vec<Measured>, ReferenceError> {
     let text =
         std::fs::read_to_string(path).map_err(|e| ReferenceError::Io(path.display().to_string(), e))?;
-    let body: String = text.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect();
+    // File line of each line the CSV reader sees (`#` lines are dropped before it).
+    let kept: Vec<(usize, &str)> =
+        text.lines().enumerate().filter(|(_, l)| !l.starts_with('#')).map(|(i, l)| (i + 1, l)).collect();
+    let body: String = kept.iter().map(|(_, l)| format!("{l}\n")).collect();
+    let file_line = |pos: Option<&csv::Position>| {
+        pos.and_then(|p| kept.get((p.line() as usize).saturating_sub(1))).map_or(0, |k| k.0)
+    };
     let mut rdr = csv::Reader::from_reader(body.as_bytes());
     let headers =
         rdr.headers().map_err(|e| ReferenceError::Format(format!("{}: {e}", path.display())))?.clone();
     let col = |name: &str| headers.iter().position(|h| h == name);
+    let bus_name = if inplace { "inplace_busbw_GBps" } else { "busbw_GBps" };
     let size_i = col("size_bytes")
         .ok_or_else(|| ReferenceError::Format(format!("{}: no size_bytes column", path.display())))?;
-    let time_i = col("time_us");
-    let bus_i = if inplace { col("inplace_busbw_GBps") } else { col("busbw_GBps") }
-        .ok_or_else(|| ReferenceError::Format(format!("{}: no busbw column", path.display())))?;
+    let time_i = if inplace { None } else { col("time_us") };
+    let bus_i = col(bus_name);
+    if time_i.is_none() && bus_i.is_none() {
+        return Err(ReferenceError::Format(format!(
+            "{}: no {} column{}",
+            path.display(),
+            bus_name,
+            if inplace { "" } else { " and no time_us column" }
+        )));
+    }
     let mut out = Vec::new();
     for rec in rdr.records() {
         let rec = rec.map_err(|e| ReferenceError::Format(format!("{}: {e}", path.display())))?;
-        let size: u64 = rec.get(size_i).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let line = file_line(rec.position());
+        let bad = |name: &str, v: &str, what: &str| {
+            ReferenceError::Format(format!("{}:{line}: {name} {v:?} {what}", path.display()))
+        };
+        let field = |i: Option<usize>| i.and_then(|i| rec.get(i)).map(str::trim).filter(|v| !v.is_empty());
+        let size_s = field(Some(size_i)).unwrap_or("");
+        let size: u64 =
+            size_s.parse().map_err(|_| bad("size_bytes", size_s, "is not a whole number of bytes"))?;
         if size == 0 {
             continue;
         }
-        let time_us =
-            if inplace { None } else { time_i.and_then(|i| rec.get(i)).and_then(|s| s.parse().ok()) };
-        let busbw: f64 = rec.get(bus_i).and_then(|s| s.parse().ok()).unwrap_or(0.0);
-        out.push(Measured { size_bytes: size, time_us, busbw_gbps: busbw });
+        let number = |i: Option<usize>, name: &str| -> Result<Option<f64>, ReferenceError> {
+            match field(i) {
+                None => Ok(None),
+                Some(v) => match v.parse::<f64>() {
+                    Ok(x) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
+                    Ok(_) => Err(bad(name, v, "is not a finite non-negative number")),
+                    Err(_) => Err(bad(name, v, "is not a number")),
+                },
+            }
+        };
+        let time_us = number(time_i, "time_us")?;
+        let busbw = number(bus_i, bus_name)?;
+        if time_us.is_none() && busbw.is_none() {
+            return Err(bad("size_bytes", size_s, "has neither a time_us nor a busbw value"));
+        }
+        out.push(Measured { size_bytes: size, time_us, busbw_gbps: busbw.unwrap_or(0.0) });
     }
     Ok(out)
 }

@@ -284,6 +284,35 @@ fn bad_inputs_give_located_errors() {
         assert_eq!(rc, 2);
         assert!(e.contains(l) && e.contains("nodes = 2") && e.contains("--nodes 4"), "{e}");
     }
+    // A CSV of times alone is a measurement (the help says busbw is optional; it was refused
+    // for lacking the column); a value that is no number, or a negative time, names its line
+    // (they were read as 0 and dropped, or kept).
+    let times = dir.join("times.csv");
+    std::fs::write(&times, "# my cluster\nsize_bytes,time_us\n1048576,50\n4194304,120\n").unwrap();
+    let t = times.to_str().unwrap();
+    let (rc, _, e) =
+        fabricsim(&["calibrate", "--topology", "topologies/dgx-h100.toml", t, "-c", "allreduce", "-o", out]);
+    assert_eq!(rc, 0, "{e}");
+    for (text, want) in [
+        ("size_bytes,time_us\n1048576,50\n4194304,-120\n", ":3:1: time_us \"-120\""),
+        ("# a\n# b\nsize_bytes,time_us\n1MiB,50\n", ":4:1: size_bytes \"1MiB\""),
+        ("size_bytes,busbw_GBps\n1048576,fast\n", ":2:1: busbw_GBps \"fast\" is not a number"),
+        ("size_bytes,count\n1048576,4\n", "no busbw_GBps column and no time_us column"),
+    ] {
+        std::fs::write(&times, text).unwrap();
+        let (rc, _, e) = fabricsim(&[
+            "calibrate",
+            "--topology",
+            "topologies/dgx-h100.toml",
+            t,
+            "-c",
+            "allreduce",
+            "-o",
+            out,
+        ]);
+        assert_eq!(rc, 2, "{text:?}: {e}");
+        assert!(e.contains(t) && e.contains(want), "{text:?}: {e}");
+    }
     // A log of a test fabricsim does not model names its line.
     let gather = dir.join("gather.log");
     std::fs::write(&gather, "# running ./build/gather_perf -b 8 -e 8\n").unwrap();
