@@ -98,6 +98,25 @@ pub fn run(a: PlotArgs) -> Result<()> {
         }
     }
 
+    // Rows without a number on either axis cannot be drawn: say how many are left out.
+    let (xs, ys) = (table.numeric(&a.x)?, table.numeric(&a.y)?);
+    let missing: Vec<usize> =
+        (0..xs.len()).filter(|&r| xs[r].is_none() || ys.get(r).copied().flatten().is_none()).collect();
+    if let Some(&r) = missing.first() {
+        let cell = |c: &str| table.text(c).ok().and_then(|t| t.get(r)).cloned().unwrap_or_default();
+        eprintln!(
+            "note: {src}: left out {} row{} without a number in `{}` or `{}` (the first: {} = {:?}, {} = {:?})",
+            missing.len(),
+            if missing.len() == 1 { "" } else { "s" },
+            a.x,
+            a.y,
+            a.x,
+            cell(&a.x),
+            a.y,
+            cell(&a.y)
+        );
+    }
+
     let stem_base = match &a.name {
         Some(n) => sanitize(n),
         None => {
