@@ -80,8 +80,9 @@ pub fn run(a: PlotArgs) -> Result<()> {
             bail!("{src}: every row was rejected by the model (status column); nothing to plot");
         }
     }
-    for col in [&a.x, &a.y] {
-        let n = table.numeric(col)?.iter().flatten().count();
+    let (xs, ys) = (table.numeric(&a.x)?, table.numeric(&a.y)?);
+    for (col, values) in [(&a.x, &xs), (&a.y, &ys)] {
+        let n = values.iter().flatten().count();
         if n == 0 {
             let sample: Vec<&str> = table.text(col)?.iter().take(3).map(String::as_str).collect();
             let numeric_cols: Vec<&str> = table
@@ -99,7 +100,6 @@ pub fn run(a: PlotArgs) -> Result<()> {
     }
 
     // Rows without a number on either axis cannot be drawn: say how many are left out.
-    let (xs, ys) = (table.numeric(&a.x)?, table.numeric(&a.y)?);
     let missing: Vec<usize> =
         (0..xs.len()).filter(|&r| xs[r].is_none() || ys.get(r).copied().flatten().is_none()).collect();
     if let Some(&r) = missing.first() {

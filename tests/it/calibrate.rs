@@ -240,16 +240,20 @@ fn bad_inputs_give_located_errors() {
     let empty = dir.join("empty.log");
     std::fs::write(&empty, "# nThread 1 nGpus 1 minBytes 8 maxBytes 8 step: 2(factor)\n").unwrap();
     let empty_s = empty.to_str().unwrap();
-    let (rc, _, e) = fabricsim(&[
-        "calibrate",
-        "--topology",
-        "topologies/dgx-h100.toml",
-        empty_s,
-        "-c",
-        "allreduce",
-        "-o",
-        out,
-    ]);
+    // Calibrates one file as an all-reduce on DGX H100 nodes.
+    let h100_allreduce = |file: &str| {
+        fabricsim(&[
+            "calibrate",
+            "--topology",
+            "topologies/dgx-h100.toml",
+            file,
+            "-c",
+            "allreduce",
+            "-o",
+            out,
+        ])
+    };
+    let (rc, _, e) = h100_allreduce(empty_s);
     assert_eq!(rc, 2);
     assert!(e.contains(empty_s) && e.contains("no measurement rows"), "{e}");
 
@@ -290,8 +294,7 @@ fn bad_inputs_give_located_errors() {
     let times = dir.join("times.csv");
     std::fs::write(&times, "# my cluster\nsize_bytes,time_us\n1048576,50\n4194304,120\n").unwrap();
     let t = times.to_str().unwrap();
-    let (rc, _, e) =
-        fabricsim(&["calibrate", "--topology", "topologies/dgx-h100.toml", t, "-c", "allreduce", "-o", out]);
+    let (rc, _, e) = h100_allreduce(t);
     assert_eq!(rc, 0, "{e}");
     for (text, want) in [
         ("size_bytes,time_us\n1048576,50\n4194304,-120\n", ":3:1: time_us \"-120\""),
@@ -300,16 +303,7 @@ fn bad_inputs_give_located_errors() {
         ("size_bytes,count\n1048576,4\n", "no busbw_GBps column and no time_us column"),
     ] {
         std::fs::write(&times, text).unwrap();
-        let (rc, _, e) = fabricsim(&[
-            "calibrate",
-            "--topology",
-            "topologies/dgx-h100.toml",
-            t,
-            "-c",
-            "allreduce",
-            "-o",
-            out,
-        ]);
+        let (rc, _, e) = h100_allreduce(t);
         assert_eq!(rc, 2, "{text:?}: {e}");
         assert!(e.contains(t) && e.contains(want), "{text:?}: {e}");
     }

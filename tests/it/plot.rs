@@ -339,16 +339,8 @@ fn plot_command_writes_figures_and_prints_paths() {
     let mut text = std::fs::read_to_string(&csv).unwrap();
     text.push_str("allreduce,dgx-h100,8,ring,Simple,n/a,1.0,2.0\n");
     std::fs::write(&csv, text).unwrap();
-    let (ok, _, stderr) = fabricsim(&[
-        "plot",
-        csv.to_str().unwrap(),
-        "--x",
-        "size_bytes",
-        "--y",
-        "busbw_GBps",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    let plot_args = ["plot", csv.to_str().unwrap(), "--x", "size_bytes", "--y", "busbw_GBps"];
+    let (ok, _, stderr) = fabricsim(&[&plot_args[..], &["-o", out.to_str().unwrap()]].concat());
     assert!(ok, "{stderr}");
     assert!(stderr.contains("left out 1 row without a number in `size_bytes` or `busbw_GBps`"), "{stderr}");
     assert!(stderr.contains("size_bytes = \"n/a\""), "{stderr}");
