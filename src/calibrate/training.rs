@@ -209,9 +209,14 @@ pub fn load_training_runs(path: &Path) -> Result<Vec<TrainingRun>, String> {
     Ok(runs)
 }
 
-/// Estimates one run on its shipped topology, collectives simulated on their groups.
-pub fn score_run(root: &Path, run: &TrainingRun) -> Result<TrainingRow, String> {
-    let (model, f, plan) = setup(root, run)?;
+/// Estimates one run on its shipped topology, collectives simulated on their groups, with a
+/// calibration profile's `[params]` over the shipped parameters when `profile` is given.
+pub fn score_run(
+    root: &Path,
+    run: &TrainingRun,
+    profile: Option<&toml::Table>,
+) -> Result<TrainingRow, String> {
+    let (model, f, plan) = setup(root, run, profile)?;
     let (est, collectives) = step_on_fabric(&f, &model, &plan).map_err(|e| format!("{}: {e}", run.run))?;
     let simulated = run.metric.of(&est);
     Ok(TrainingRow {
@@ -223,8 +228,12 @@ pub fn score_run(root: &Path, run: &TrainingRun) -> Result<TrainingRow, String> 
     })
 }
 
-/// The model, the topology built to the run's GPU count, and the run's plan.
-fn setup(root: &Path, run: &TrainingRun) -> Result<(Model, Fabric, Plan), String> {
+/// The model, the topology built to the run's GPU count (under `profile`), and the run's plan.
+fn setup(
+    root: &Path,
+    run: &TrainingRun,
+    profile: Option<&toml::Table>,
+) -> Result<(Model, Fabric, Plan), String> {
     let ctx = |e: String| format!("{}: {e}", run.run);
     let model = load_model(&root.join("models").join(format!("{}.toml", run.model)))
         .map_err(|e| ctx(e.to_string()))?;
@@ -237,7 +246,7 @@ fn setup(root: &Path, run: &TrainingRun) -> Result<(Model, Fabric, Plan), String
         return Err(ctx(format!("{} GPUs is not a whole number of {}-GPU nodes", run.gpus, per_node)));
     }
     let nodes = u32::try_from(run.gpus / per_node).map_err(|e| ctx(e.to_string()))?;
-    let f = build(&spec, &BuildOpts { nodes: Some(nodes), ..Default::default() })
+    let f = build(&spec, &BuildOpts { nodes: Some(nodes), params: profile.cloned(), ..Default::default() })
         .map_err(|e| ctx(e.to_string()))?;
     let plan = parse_plan(&run.plan_text(), Path::new(&run.run), &model, run.gpus)
         .map_err(|e| ctx(e.to_string()))?;
@@ -289,8 +298,13 @@ pub fn pipeline_transfers(plan: &Plan) -> u64 {
 }
 
 /// Scores one run in the event mode ([`step_event`]) when `rule` allows it.
-pub fn score_run_event(root: &Path, run: &TrainingRun, rule: EventRule) -> EventCell {
-    let (model, f, plan) = match setup(root, run) {
+pub fn score_run_event(
+    root: &Path,
+    run: &TrainingRun,
+    rule: EventRule,
+    profile: Option<&toml::Table>,
+) -> EventCell {
+    let (model, f, plan) = match setup(root, run, profile) {
         Ok(x) => x,
         Err(e) => return EventCell::Failed(e),
     };
@@ -326,10 +340,11 @@ pub fn add_event_column(
     score: &mut TrainingScore,
     filter: &str,
     rule: EventRule,
+    profile: Option<&toml::Table>,
 ) -> Option<(f64, f64, usize)> {
     let (mut ev, mut an) = (Vec::new(), Vec::new());
     for row in score.rows.iter_mut().filter(|r| r.run.run.contains(filter)) {
-        let cell = score_run_event(root, &row.run, rule);
+        let cell = score_run_event(root, &row.run, rule, profile);
         if let EventCell::Simulated { error, .. } = cell {
             ev.push(error.abs());
             an.push(row.error.abs());
@@ -342,13 +357,14 @@ pub fn add_event_column(
 
 /// Scores every run of `validate/reference/training_runs.csv` under `root`. A run that
 /// cannot be estimated (a plan the model rejects, a collective the simulator cannot run) is
-/// listed in [`TrainingScore::uncovered`] with the reason, not scored.
-pub fn score_training(root: &Path) -> Result<TrainingScore, String> {
+/// listed in [`TrainingScore::uncovered`] with the reason, not scored. `profile`: a
+/// calibration profile's `[params]` (its `[compute]` table included) over the shipped ones.
+pub fn score_training(root: &Path, profile: Option<&toml::Table>) -> Result<TrainingScore, String> {
     let runs = load_training_runs(&training_runs_path(root))?;
     let mut rows = Vec::new();
     let mut uncovered = Vec::new();
     for r in &runs {
-        match score_run(root, r) {
+        match score_run(root, r, profile) {
             Ok(row) => rows.push(row),
             Err(e) => uncovered.push((r.clone(), e)),
         }

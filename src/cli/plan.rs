@@ -90,6 +90,10 @@ pub struct PlanArgs {
     /// Ignore the NCCL_* variables of the environment (only --nccl).
     #[arg(long)]
     pub no_nccl_env: bool,
+    /// Calibration profile (TOML, `calibrate`'s output) over every topology's parameters; its
+    /// `[params.compute]` table sets the GPUs' compute constants.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
 }
 
 /// The search request from the flags (NCCL's environment apart).
@@ -151,8 +155,8 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
     })
 }
 
-/// The topology built to `gpus` GPUs.
-fn fabric_for(path: &Path, gpus: u64) -> Result<Fabric> {
+/// The topology built to `gpus` GPUs, under a calibration profile's `[params]`.
+fn fabric_for(path: &Path, gpus: u64, profile: Option<&toml::Table>) -> Result<Fabric> {
     let spec = load_any_topology(path)?;
     let one = fabric::build::build(&spec, &BuildOpts { nodes: Some(1), ..Default::default() })
         .with_context(|| format!("{}", path.display()))?;
@@ -164,8 +168,11 @@ fn fabric_for(path: &Path, gpus: u64) -> Result<Fabric> {
         );
     }
     let nodes = u32::try_from(gpus / per_node).with_context(|| format!("--gpus {gpus}: too many"))?;
-    fabric::build::build(&spec, &BuildOpts { nodes: Some(nodes), ..Default::default() })
-        .with_context(|| format!("{} with {nodes} nodes", path.display()))
+    fabric::build::build(
+        &spec,
+        &BuildOpts { nodes: Some(nodes), params: profile.cloned(), ..Default::default() },
+    )
+    .with_context(|| format!("{} with {nodes} nodes", path.display()))
 }
 
 /// Runs `plan`.
@@ -184,9 +191,10 @@ pub fn run(a: PlanArgs) -> Result<()> {
         super::check_out_dir("-o", dir)?;
     }
     let model = load_model(&a.model)?;
+    let profile = a.calibration.as_deref().map(super::bench::load_profile).transpose()?;
     let mut results = Vec::new();
     for path in &a.topology {
-        let f = fabric_for(path, a.gpus)?;
+        let f = fabric_for(path, a.gpus, profile.as_ref())?;
         if spec.objective == Objective::Energy
             && spec.tdp_watts.is_none()
             && fabricsim::workload::search::gpu_tdp_watts(&f.gpu).is_none()

@@ -80,13 +80,12 @@ fn run_training(a: &ValidateArgs, md: bool) -> Result<()> {
             path.display()
         );
     }
-    if a.calibration.is_some() {
-        bail!("--calibration applies to the nccl-tests tables; --training uses the shipped parameters");
-    }
-    let mut s = score_training(&a.root).map_err(anyhow::Error::msg)?;
+    let profile = a.calibration.as_deref().map(load_profile).transpose()?;
+    let mut s = score_training(&a.root, profile.as_ref()).map_err(anyhow::Error::msg)?;
     let event = a.event_max_gpus > 0;
     let rule = EventRule { max_gpus: a.event_max_gpus, ..EventRule::default() };
-    let event_medians = if event { add_event_column(&a.root, &mut s, &a.filter, rule) } else { None };
+    let event_medians =
+        if event { add_event_column(&a.root, &mut s, &a.filter, rule, profile.as_ref()) } else { None };
     if md {
         let (h, l) = if event { (" event | event error |", "---:|---:|") } else { ("", "") };
         println!("| run | model | GPUs | topology | metric | published | simulated | error | use |{h}");

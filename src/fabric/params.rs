@@ -1,7 +1,9 @@
 //! Model parameters: how fast the hardware really goes (link efficiencies and latencies,
 //! protocol costs, kernel launch, reduction rates, NVLS and SHARP costs). One set per GPU
 //! generation lives in `params.toml` next to this file, each number with its source; a
-//! topology file's `[params]` table or a calibration profile overrides any of them.
+//! topology file's `[params]` table or a calibration profile overrides any of them, and its
+//! `[compute]` table any constant of the training compute model (whose shipped values live in
+//! `workload/gpu_params.toml`).
 //!
 //! Architecture invariant: parameters are plain data. Nothing else in the crate hard-codes
 //! a latency or an efficiency; the simulator and the analytical model both read them here.
@@ -122,6 +124,46 @@ pub struct ModelParams {
     pub nvls: NvlsParams,
     /// SHARP.
     pub sharp: SharpParams,
+    /// Overrides of the training compute model's constants (`workload/gpu_params.toml`);
+    /// empty in the shipped parameters.
+    #[serde(default, skip_serializing_if = "ComputeOverrides::is_empty")]
+    pub compute: ComputeOverrides,
+}
+
+/// A profile's or topology's `[compute]` table: constants of the training compute model
+/// that replace the generation's shipped ones (`workload::compute::GpuParams`, same names).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComputeOverrides {
+    /// Fraction of the dense BF16 peak a large BF16 GEMM sustains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_eff: Option<f64>,
+    /// Fraction of the dense FP8 peak a large FP8 GEMM sustains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_eff_fp8: Option<f64>,
+    /// Dimension at which a GEMM loses half its efficiency along that axis.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_half_dim: Option<f64>,
+    /// Fraction of the dense peak causal FlashAttention sustains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_eff: Option<f64>,
+    /// Fraction of HBM bandwidth memory-bound kernels sustain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hbm_eff: Option<f64>,
+    /// Slowdown of compute that runs beside a communication kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap_slowdown: Option<f64>,
+}
+
+impl ComputeOverrides {
+    /// The keys a `[compute]` table may hold.
+    pub const KEYS: [&'static str; 6] =
+        ["gemm_eff", "gemm_eff_fp8", "gemm_half_dim", "attention_eff", "hbm_eff", "overlap_slowdown"];
+
+    /// No constant is overridden.
+    pub fn is_empty(&self) -> bool {
+        *self == ComputeOverrides::default()
+    }
 }
 
 /// A parameter value that does not parse, or an unknown key.
@@ -243,7 +285,8 @@ impl ModelParams {
                 "{} (valid sections: link.{{nvlink,pcie,inter_socket,c2c,net}}.{{efficiency,latency}}, \
                  protocol.{{ll,ll128,simple}}.{{payload,channel_gbps,step_latency.{{nvlink,pcie,net}}}}, \
                  gpu.{{launch,launch_stagger,reduce_channel_gbps}}, nvls.{{efficiency,step_latency}}, \
-                 sharp.{{efficiency,step_latency}})",
+                 sharp.{{efficiency,step_latency}}, compute.{{gemm_eff,gemm_eff_fp8,gemm_half_dim,\
+                 attention_eff,hbm_eff,overlap_slowdown}})",
                 e.message()
             ))
         })?;
@@ -298,6 +341,29 @@ impl ModelParams {
         dur("nvls.step_latency", &self.nvls.step_latency)?;
         eff("sharp.efficiency", self.sharp.efficiency)?;
         dur("sharp.step_latency", &self.sharp.step_latency)?;
+        let c = &self.compute;
+        for (n, v) in [
+            ("compute.gemm_eff", c.gemm_eff),
+            ("compute.gemm_eff_fp8", c.gemm_eff_fp8),
+            ("compute.attention_eff", c.attention_eff),
+            ("compute.hbm_eff", c.hbm_eff),
+        ] {
+            v.map_or(Ok(()), |v| eff(n, v))?;
+        }
+        c.gemm_half_dim.map_or(Ok(()), |v| {
+            if v >= 0.0 && v.is_finite() {
+                Ok(())
+            } else {
+                Err(ParamsError(format!("compute.gemm_half_dim = {v} must be 0 or more")))
+            }
+        })?;
+        c.overlap_slowdown.map_or(Ok(()), |v| {
+            if (0.0..1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(ParamsError(format!("compute.overlap_slowdown = {v} must be in [0, 1)")))
+            }
+        })?;
         Ok(())
     }
 

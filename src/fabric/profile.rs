@@ -1,5 +1,6 @@
 //! Calibration profiles on disk: a TOML file whose `[params]` table overrides model
-//! parameters (the same keys as `src/fabric/params.toml`). This module reads the file and
+//! parameters (the same keys as `src/fabric/params.toml`, and `[params.compute]` for the
+//! training compute model's constants). This module reads the file and
 //! checks every key and value against the model parameters, with errors at the profile's
 //! line; the fabric builder applies them.
 //!
@@ -12,6 +13,7 @@ use std::path::Path;
 use toml::de::{DeTable, DeValue};
 
 use super::file::line_col;
+use super::params::ComputeOverrides;
 use super::{Generation, ModelParams};
 
 /// A calibration profile that cannot be used.
@@ -61,8 +63,12 @@ pub fn parse_profile(text: &str, file: &str) -> Result<toml::Table, ProfileError
     }
     // Any generation's defaults name every key; the values are checked on top of them.
     let defaults = ModelParams::for_generation(Generation::Hopper);
-    let known = toml::Table::try_from(&defaults)
+    let mut known = toml::Table::try_from(&defaults)
         .map_err(|e| ProfileError::Invalid { file: file.to_string(), msg: e.to_string() })?;
+    // The compute model's constants are absent from the defaults (they live in
+    // workload/gpu_params.toml): a profile may set any of them.
+    let compute = ComputeOverrides::KEYS.iter().map(|k| (k.to_string(), toml::Value::Float(0.0)));
+    known.insert("compute".into(), toml::Value::Table(compute.collect()));
     let mut leaves = Vec::new();
     check_keys(&known, user, "", &mut leaves).map_err(|(span, msg)| at(span, msg))?;
     let t: toml::Table = toml::from_str(text)
@@ -158,5 +164,12 @@ mod tests {
         // calibrate's metadata table is accepted and not read.
         let p = parse_profile("[params]\n[calibration]\ninputs = [\"a.log\"]\n", "p.toml").unwrap();
         assert!(p.is_empty());
+        // The compute model's constants: accepted, typos and ranges located.
+        let p = parse_profile("[params.compute]\ngemm_eff = 0.6\n", "p.toml").unwrap();
+        assert!(p.contains_key("compute"));
+        let e = parse_profile("[params.compute]\ngemm_ef = 0.6\n", "p.toml").unwrap_err().to_string();
+        assert!(e.starts_with("p.toml:2:1:") && e.contains("gemm_eff_fp8"), "{e}");
+        let e = parse_profile("[params.compute]\nhbm_eff = 1.5\n", "p.toml").unwrap_err().to_string();
+        assert!(e.starts_with("p.toml:2:") && e.contains("compute.hbm_eff") && e.contains("(0, 1]"), "{e}");
     }
 }

@@ -2,7 +2,7 @@
 //! `max(flops / (peak x efficiency), bytes / (HBM bandwidth x efficiency))`, with a GEMM
 //! efficiency that falls for thin shapes; peak FLOP/s per dtype and HBM bandwidth come from
 //! the fabric's [`GpuSpec`], the efficiencies from `gpu_params.toml` (one block per
-//! generation). On top of it: the forward, input-gradient, weight-gradient and
+//! generation; a calibration profile's `[compute]` table overrides them). On top of it: the forward, input-gradient, weight-gradient and
 //! recomputation times of a model chunk for one micro-batch under a plan, and the optimizer
 //! step.
 //!
@@ -17,7 +17,7 @@ use serde::Deserialize;
 use super::flops::{attention, layer_gemms, logits_gemm, Gemm, Split};
 use super::model::Model;
 use super::plan::{Attention, Dtype, Plan, Recompute};
-use crate::fabric::{Generation, GpuSpec};
+use crate::fabric::{Fabric, Generation, GpuSpec};
 
 const PARAMS: &str = include_str!("gpu_params.toml");
 
@@ -60,6 +60,26 @@ impl GpuParams {
             Generation::Hopper => f.hopper,
             Generation::Blackwell => f.blackwell,
         })
+    }
+
+    /// The constants a fabric's GPUs run with: the generation's shipped ones, with those its
+    /// topology's `[params]` or calibration profile sets in `[compute]` replaced.
+    pub fn for_fabric(f: &Fabric) -> Result<GpuParams, String> {
+        let mut p = GpuParams::for_generation(f.gpu.generation)?;
+        let c = &f.params.compute;
+        for (v, o) in [
+            (&mut p.gemm_eff, c.gemm_eff),
+            (&mut p.gemm_eff_fp8, c.gemm_eff_fp8),
+            (&mut p.gemm_half_dim, c.gemm_half_dim),
+            (&mut p.attention_eff, c.attention_eff),
+            (&mut p.hbm_eff, c.hbm_eff),
+            (&mut p.overlap_slowdown, c.overlap_slowdown),
+        ] {
+            if let Some(o) = o {
+                *v = o;
+            }
+        }
+        Ok(p)
     }
 }
 

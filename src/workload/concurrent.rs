@@ -481,7 +481,7 @@ pub fn step_on_fabric_with(
             pricer.event(kind, bytes, ranks)
         }
     };
-    let gp = super::compute::GpuParams::for_generation(f.gpu.generation)?;
+    let gp = super::compute::GpuParams::for_fabric(f)?;
     let est = super::analytic::estimate(model, plan, &f.gpu, gp, &price)?;
     if let Some(e) = pricer.take_failure() {
         return Err(format!("a collective of the step could not be simulated: {e}"));

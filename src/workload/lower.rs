@@ -671,7 +671,7 @@ pub fn step_event_with(
     if opts.max_buckets == 0 {
         return Err("max_buckets must be at least 1".into());
     }
-    let params = GpuParams::for_generation(f.gpu.generation)?;
+    let params = GpuParams::for_fabric(f)?;
     let r = Roofline::new(&f.gpu, plan.dtype, params)?;
     let router = pricer.router();
     let pl = Placement::new(plan);

@@ -1242,22 +1242,23 @@ pub struct Progress {
 /// Re-times a plan: its whole step in the event mode ([`super::lower::step_event`]).
 pub type RetimeFn<'a> = &'a dyn Fn(&Plan) -> Result<StepEstimate, String>;
 
-/// Searches `model` under `spec` on GPUs like `gpu`: `rank_price` prices a collective for
+/// Searches `model` under `spec` on the GPUs of `f` (their compute constants with the
+/// fabric's overrides, [`GpuParams::for_fabric`]): `rank_price` prices a collective for
 /// the ranking (seconds), `retime` re-times the best `spec.retime` (None: no re-timing);
 /// `tp_ok` tells which TP sizes stay inside an NVLink domain. `progress` is called as plans
 /// are settled.
 #[allow(clippy::too_many_arguments)]
 pub fn search(
     model: &Model,
-    gpu: &GpuSpec,
-    fabric_name: &str,
+    f: &Fabric,
     spec: &SearchSpec,
     tp_ok: &dyn Fn(u64) -> bool,
     rank_price: PriceFn<'_>,
     retime: Option<RetimeFn<'_>>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<SearchResult, SearchError> {
-    let params = GpuParams::for_generation(gpu.generation).map_err(SearchError::Estimate)?;
+    let (gpu, fabric_name) = (&f.gpu, f.name.as_str());
+    let params = GpuParams::for_fabric(f).map_err(SearchError::Estimate)?;
     let roof = Roofline::new(gpu, spec.dtype, params).map_err(SearchError::Estimate)?;
     let plans = enumerate(model, spec, tp_ok);
     let total = plans.len() as u64;
@@ -1443,15 +1444,14 @@ pub fn search_on_fabric(
     // Re-timing: the whole step in the event mode, its collectives memoized in the same pricer
     // (the DP groups of every stage replayed from one simulation per shape).
     let event = |p: &Plan| step_event_with(f, model, p, &EventOpts::default(), &pricer).map(|e| e.estimate);
-    let mut res =
-        search(model, &f.gpu, &f.name, spec, &tp_ok, &rank, Some(&event), progress).map_err(|e| {
-            match (e, pricer.unrunnable()) {
-                (SearchError::NoValidPlan(m), Some(first)) => {
-                    SearchError::NoValidPlan(format!("{m}; the first: {first}"))
-                }
-                (e, _) => e,
+    let mut res = search(model, f, spec, &tp_ok, &rank, Some(&event), progress).map_err(|e| {
+        match (e, pricer.unrunnable()) {
+            (SearchError::NoValidPlan(m), Some(first)) => {
+                SearchError::NoValidPlan(format!("{m}; the first: {first}"))
             }
-        })?;
+            (e, _) => e,
+        }
+    })?;
     if let Some(e) = pricer.take_failure() {
         return Err(SearchError::Estimate(format!("a collective could not be priced: {e}")));
     }

@@ -56,7 +56,7 @@ fn run_search(
 ) -> fabricsim::workload::search::SearchResult {
     let price = |k, b, r: &[u64]| pricer.analytic(k, b, r);
     let tp_ok = |tp| tp_in_domain(f, tp);
-    search(m, &f.gpu, &f.name, spec, &tp_ok, &price, None, &mut |_| {}).unwrap()
+    search(m, f, spec, &tp_ok, &price, None, &mut |_| {}).unwrap()
 }
 
 #[test]
@@ -330,7 +330,7 @@ fn a_model_too_large_for_the_cluster_names_the_smallest_shortfall() {
     let pricer = FabricPricer::new(&f);
     let price = |k, b, r: &[u64]| pricer.analytic(k, b, r);
     let tp_ok = |tp| tp_in_domain(&f, tp);
-    let e = search(&m, &f.gpu, &f.name, &spec, &tp_ok, &price, None, &mut |_| {}).unwrap_err();
+    let e = search(&m, &f, &spec, &tp_ok, &price, None, &mut |_| {}).unwrap_err();
     let SearchError::Infeasible { shortfall, considered, .. } = &e else { panic!("{e}") };
     assert!(*considered > 0);
     // The smallest shortfall over every valid plan.
