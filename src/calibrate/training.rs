@@ -6,17 +6,22 @@
 //! collectives priced by [`crate::workload::concurrent::collective_time`] on the topology
 //! built to the run's GPU count (event mode, NCCL's pick, memoized per run). Beside it, the
 //! event-mode step ([`crate::workload::lower::step_event`]: the whole step simulated) scores
-//! the runs small enough to simulate quickly ([`EventRule`]); the others say why not.
+//! the runs small enough to simulate quickly ([`EventRule`]); the others say why not. And
+//! the fit of the compute model's GEMM constants on runs ([`fit_compute`], `calibrate
+//! --training`): the shipped ones on the rows marked `fitted`, a user's on their own runs.
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use crate::fabric::build::{build, BuildOpts};
-use crate::fabric::Fabric;
+use crate::fabric::{Fabric, Generation};
 use crate::workload::analytic::StepEstimate;
-use crate::workload::concurrent::step_on_fabric;
+use crate::workload::compute::{fitted_key, GpuParams};
+use crate::workload::concurrent::{step_on_fabric, step_priced};
 use crate::workload::lower::{step_event, EventOpts};
+use crate::workload::plan::Dtype;
+use crate::workload::search::FabricPricer;
 use crate::workload::{load_model, parse_plan, Model, Plan};
 
 use super::reference::median;
@@ -379,4 +384,121 @@ pub fn score_training(root: &Path, profile: Option<&toml::Table>) -> Result<Trai
         rows,
         uncovered,
     })
+}
+
+/// A compute constant of one GPU generation fitted on published runs (`calibrate --training`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ComputeFit {
+    /// The generation of the runs' GPUs.
+    pub generation: Generation,
+    /// The constant: the GEMM efficiency of the runs' dtype ([`fitted_key`]).
+    pub key: &'static str,
+    /// Its value before the fit (shipped, or a profile's).
+    pub before: f64,
+    /// The fitted value.
+    pub value: f64,
+    /// Per run: its name and its throughput error before and after the fit.
+    pub runs: Vec<(String, f64, f64)>,
+}
+
+/// Bounds of a fitted efficiency.
+const EFF_RANGE: (f64, f64) = (0.02, 1.0);
+
+/// Fits, per GPU generation, the GEMM efficiency of each dtype the `runs` train in
+/// (`gemm_eff` on BF16 runs, then `gemm_eff_fp8` on FP8 runs with the BF16 value just fitted),
+/// every other constant held, so that the runs' estimates (as [`score_run`] makes them,
+/// collectives simulated on each run's topology under `profile`) match the published numbers:
+/// the value minimises the sum of squared log ratios, by golden-section search over (0.02, 1].
+/// Each run's collectives are simulated once (the estimate is re-assembled per trial value).
+/// A value that would have to leave that range is an error naming the runs.
+pub fn fit_compute(
+    root: &Path,
+    runs: &[TrainingRun],
+    profile: Option<&toml::Table>,
+) -> Result<Vec<ComputeFit>, String> {
+    if runs.is_empty() {
+        return Err("no runs to fit".into());
+    }
+    let mut set = Vec::with_capacity(runs.len());
+    for r in runs {
+        set.push((r, setup(root, r, profile)?));
+    }
+    let pricers: Vec<FabricPricer<'_>> = set.iter().map(|(_, (_, f, _))| FabricPricer::new(f)).collect();
+    // (generation, dtype) groups, BF16 before FP8, in the runs' order otherwise.
+    let mut groups: Vec<(Generation, Dtype, Vec<usize>)> = Vec::new();
+    for (i, (_, (_, f, plan))) in set.iter().enumerate() {
+        let k = (f.gpu.generation, plan.dtype);
+        match groups.iter_mut().find(|g| (g.0, g.1) == k) {
+            Some(g) => g.2.push(i),
+            None => groups.push((k.0, k.1, vec![i])),
+        }
+    }
+    groups.sort_by_key(|g| g.1 == Dtype::Fp8);
+    let mut done: Vec<(Generation, &'static str, f64)> = Vec::new();
+    let mut out = Vec::new();
+    for (generation, dtype, idx) in groups {
+        let key = fitted_key(dtype);
+        let params = |i: usize, v: Option<f64>| -> Result<GpuParams, String> {
+            let mut p = GpuParams::for_fabric(&set[i].1 .1)?;
+            for &(g, k, val) in &done {
+                if g == generation {
+                    p = p.with(k, val);
+                }
+            }
+            Ok(v.map_or(p, |v| p.with(key, v)))
+        };
+        let error = |i: usize, v: Option<f64>| -> Result<f64, String> {
+            let (run, (model, f, plan)) = &set[i];
+            let (est, _) = step_priced(f, model, plan, params(i, v)?, &pricers[i])
+                .map_err(|e| format!("{}: {e}", run.run))?;
+            if let Some(e) = pricers[i].take_failure() {
+                return Err(format!("{}: a collective of the step could not be simulated: {e}", run.run));
+            }
+            Ok(run.metric.error(run.metric.of(&est), run.published))
+        };
+        let cost = |v: f64| -> Result<f64, String> {
+            let mut c = 0.0;
+            for &i in &idx {
+                c += (1.0 + error(i, Some(v))?).ln().powi(2);
+            }
+            Ok(c)
+        };
+        // Golden-section search: the estimate's speed grows with the efficiency, so each
+        // run's squared log error has one minimum and so does their sum.
+        let r = (5f64.sqrt() - 1.0) / 2.0;
+        let (mut a, mut b) = EFF_RANGE;
+        let (mut x1, mut x2) = (b - r * (b - a), a + r * (b - a));
+        let (mut f1, mut f2) = (cost(x1)?, cost(x2)?);
+        while b - a > 1e-7 {
+            if f1 <= f2 {
+                (b, x2, f2) = (x2, x1, f1);
+                x1 = b - r * (b - a);
+                f1 = cost(x1)?;
+            } else {
+                (a, x1, f1) = (x1, x2, f2);
+                x2 = a + r * (b - a);
+                f2 = cost(x2)?;
+            }
+        }
+        let value = (a + b) / 2.0;
+        let names = || idx.iter().map(|&i| set[i].0.run.as_str()).collect::<Vec<_>>().join(", ");
+        if value > EFF_RANGE.1 - 1e-4 || value < EFF_RANGE.0 + 1e-4 {
+            return Err(format!(
+                "{} {key}: the runs ({}) ask for a value outside ({}, {}]: their published numbers \
+                 are out of the model's reach (check each run's plan, GPU count and metric)",
+                generation.key(),
+                names(),
+                EFF_RANGE.0,
+                EFF_RANGE.1
+            ));
+        }
+        let before = params(idx[0], None)?.get(key).unwrap_or(f64::NAN);
+        let mut per_run = Vec::new();
+        for &i in &idx {
+            per_run.push((set[i].0.run.clone(), error(i, None)?, error(i, Some(value))?));
+        }
+        done.push((generation, key, value));
+        out.push(ComputeFit { generation, key, before, value, runs: per_run });
+    }
+    Ok(out)
 }

@@ -9,6 +9,10 @@
 //! `calibrate --from-reference --generation G [--write-params]` fits a generation's
 //! `[fitted]` keys on its named reference tables and, with `--write-params`, rewrites those
 //! values in `src/fabric/params.toml` in place (comments and layout kept).
+//!
+//! `calibrate --training RUNS.csv [-o profile.toml]` fits the training compute model's GEMM
+//! efficiencies on a user's runs; `--training --from-reference [--write-params]` reproduces
+//! (and rewrites) the shipped ones of `src/workload/gpu_params.toml`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,7 +35,7 @@ use super::values::FidelityArg;
 #[derive(Args, Debug)]
 pub struct CalibrateArgs {
     /// Topology the measurements were taken on (its GPU generation's parameters are fitted).
-    #[arg(long, required_unless_present = "from_reference")]
+    #[arg(long, required_unless_present_any = ["from_reference", "training"])]
     pub topology: Option<PathBuf>,
     /// nccl-tests logs, or CSVs with size_bytes,time_us[,busbw_GBps] columns (`.csv`).
     #[arg(required_unless_present = "from_reference", conflicts_with = "from_reference")]
@@ -39,7 +43,7 @@ pub struct CalibrateArgs {
     /// Fit one generation's parameters to the reference tables they were chosen on
     /// (`tuned = true` in validate/reference/datasets.toml), each on its own topology, and
     /// print the shipped value of every parameter against the fit (docs/PARAMETERS.md).
-    #[arg(long, requires = "generation", conflicts_with = "topology")]
+    #[arg(long, conflicts_with = "topology")]
     pub from_reference: bool,
     /// With --from-reference: the generation (ampere, hopper, blackwell; `all` with
     /// --write-params: every generation with named tables).
@@ -54,11 +58,12 @@ pub struct CalibrateArgs {
     /// With --from-reference: only tables whose file name contains this.
     #[arg(long, default_value = "", requires = "from_reference")]
     pub filter: String,
-    /// With --from-reference: project root holding validate/reference/ and topologies/.
-    #[arg(long, default_value = ".", requires = "from_reference")]
+    /// With --from-reference or --training: project root holding validate/reference/,
+    /// models/ and topologies/.
+    #[arg(long, default_value = ".")]
     pub root: PathBuf,
     /// The calibration profile to write (TOML); figures go to its folder.
-    #[arg(short = 'o', long = "out", required_unless_present = "write_params")]
+    #[arg(short = 'o', long = "out", required_unless_present_any = ["write_params", "training"])]
     pub out: Option<PathBuf>,
     /// Collective of the CSV inputs, and of logs that do not name their test.
     #[arg(short = 'c', long = "collective")]
@@ -85,6 +90,14 @@ pub struct CalibrateArgs {
     /// Do not draw the before/after figures.
     #[arg(long)]
     pub no_plot: bool,
+    /// Fit the training compute model instead: the inputs are CSVs of training runs in
+    /// validate/reference/training_runs.csv's layout (models and topologies named as files
+    /// under --root), and per GPU generation the GEMM efficiency of each dtype they train in
+    /// is fitted (`gemm_eff`, `gemm_eff_fp8`; -o writes them as `[params.compute]`). With
+    /// --from-reference: the rows marked `fitted` of that file; with --write-params too, the
+    /// values are written into src/workload/gpu_params.toml.
+    #[arg(long)]
+    pub training: bool,
 }
 
 fn pct(v: f64) -> String {
@@ -103,6 +116,9 @@ fn show(unit: Unit, v: f64) -> String {
 pub fn run(a: CalibrateArgs) -> Result<()> {
     if let Some(out) = &a.out {
         super::check_writable("-o", out)?;
+    }
+    if a.training {
+        return run_training(&a);
     }
     if a.write_params {
         return write_params(&a);
@@ -199,7 +215,9 @@ const ALL: [Generation; 4] =
     [Generation::Volta, Generation::Ampere, Generation::Hopper, Generation::Blackwell];
 
 fn parse_generation(a: &CalibrateArgs) -> Result<Generation> {
-    let g = a.generation.as_deref().unwrap_or("");
+    let Some(g) = a.generation.as_deref() else {
+        anyhow::bail!("--from-reference needs --generation (volta, ampere, hopper, blackwell)");
+    };
     match ALL.into_iter().find(|x| x.key() == g.to_ascii_lowercase()) {
         Some(x) => Ok(x),
         None => anyhow::bail!(
@@ -458,4 +476,127 @@ fn plot(rep: &FitReport, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
         written.extend(chart.render(dir, &name).with_context(|| format!("plotting into {}", dir.display()))?);
     }
     Ok(written)
+}
+
+/// `calibrate --training`: the GEMM efficiencies of the training compute model fitted on
+/// published runs (a user's CSVs, or the reference's `fitted` rows).
+fn run_training(a: &CalibrateArgs) -> Result<()> {
+    use fabricsim::calibrate::training::{fit_compute, load_training_runs, training_runs_path, Use};
+    if a.topology.is_some() {
+        anyhow::bail!(
+            "--training: each run names its topology (the CSV's `topology` column); drop --topology"
+        );
+    }
+    let mut runs = Vec::new();
+    let mut inputs = Vec::new();
+    if a.from_reference {
+        if !a.inputs.is_empty() {
+            anyhow::bail!("--training --from-reference fits the reference's `fitted` rows; give no inputs");
+        }
+        let path = training_runs_path(&a.root);
+        let all = load_training_runs(&path).map_err(anyhow::Error::msg)?;
+        runs.extend(all.into_iter().filter(|r| r.use_ == Use::Fitted && r.run.contains(&a.filter)));
+        inputs.push(path.display().to_string());
+    } else {
+        if a.write_params {
+            anyhow::bail!("--write-params writes the shipped constants: use it with --from-reference");
+        }
+        if a.inputs.is_empty() {
+            anyhow::bail!("--training: give CSVs of runs (validate/reference/training_runs.csv's layout)");
+        }
+        for p in &a.inputs {
+            runs.extend(load_training_runs(p).map_err(anyhow::Error::msg)?);
+            inputs.push(p.display().to_string());
+        }
+    }
+    if runs.is_empty() {
+        anyhow::bail!("no runs to fit (--filter {:?})", a.filter);
+    }
+    println!("fitting the compute model's GEMM efficiencies on {} run(s):", runs.len());
+    for r in &runs {
+        println!("  {} ({} on {} {} GPUs, {})", r.run, r.model, r.gpus, r.topology, r.dtype);
+    }
+    let fits = fit_compute(&a.root, &runs, None).map_err(anyhow::Error::msg)?;
+    for f in &fits {
+        println!();
+        println!("{} {}: {:.4} -> {:.4}", f.generation.key(), f.key, f.before, f.value);
+        println!("  {:<40} {:>9} {:>9}", "run", "before", "after");
+        for (name, b, af) in &f.runs {
+            println!("  {:<40} {:>+8.1}% {:>+8.1}%", name, b * 100.0, af * 100.0);
+        }
+    }
+    if a.write_params {
+        let path = a.root.join("src/workload/gpu_params.toml");
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!("reading {}: run it from the repository's root or point --root at it", path.display())
+        })?;
+        let values: Vec<(Generation, &str, f64)> = fits
+            .iter()
+            .map(|f| (f.generation, f.key, fabricsim::fabric::params::round_significant(f.value, 3)))
+            .collect();
+        let text =
+            fabricsim::workload::compute::rewrite_constants(&text, &values).map_err(anyhow::Error::msg)?;
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!();
+        for (g, k, v) in &values {
+            println!(
+                "wrote [{}] {k} = {v} into {} (and into the generations that copy it)",
+                g.key(),
+                path.display()
+            );
+        }
+        println!("rebuild to use them");
+    }
+    if let Some(out) = &a.out {
+        let gens: Vec<Generation> = fits.iter().map(|f| f.generation).fold(Vec::new(), |mut v, g| {
+            if !v.contains(&g) {
+                v.push(g);
+            }
+            v
+        });
+        if gens.len() > 1 {
+            anyhow::bail!(
+                "the runs are on {} GPU generations ({}): a profile describes one cluster; fit each \
+                 generation's runs on their own",
+                gens.len(),
+                gens.iter().map(|g| g.key()).collect::<Vec<_>>().join(", ")
+            );
+        }
+        let mut compute = toml::Table::new();
+        for f in &fits {
+            compute.insert(f.key.into(), round4(f.value).into());
+        }
+        let mut params = toml::Table::new();
+        params.insert("compute".into(), toml::Value::Table(compute));
+        let mut meta = toml::Table::new();
+        meta.insert("generation".into(), gens[0].key().into());
+        meta.insert("inputs".into(), toml::Value::Array(inputs.into_iter().map(Into::into).collect()));
+        meta.insert(
+            "method".into(),
+            "golden-section least squares on ln(estimate/published) per dtype, BF16 first, every other \
+             compute constant held; collectives simulated on each run's topology"
+                .into(),
+        );
+        let mut per = toml::Table::new();
+        for (name, b, af) in fits.iter().flat_map(|f| &f.runs) {
+            let mut t = toml::Table::new();
+            t.insert("before".into(), round4(*b).into());
+            t.insert("after".into(), round4(*af).into());
+            per.insert(name.clone(), toml::Value::Table(t));
+        }
+        meta.insert("error".into(), toml::Value::Table(per));
+        let mut doc = toml::Table::new();
+        doc.insert("params".into(), toml::Value::Table(params));
+        doc.insert("calibration".into(), toml::Value::Table(meta));
+        let text = format!(
+            "# fabricsim calibrate --training: the training compute model's GEMM efficiencies fitted on \
+             published runs\n{}",
+            toml::to_string(&doc)?
+        );
+        parse_profile(&text, &out.display().to_string()).context("the written profile does not read back")?;
+        std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
+        println!();
+        println!("wrote {}", out.display());
+    }
+    Ok(())
 }

@@ -846,7 +846,7 @@ impl Ctx<'_> {
         let plans = breakdown_chart("Llama 3 70B on 512 H100: where the step time goes, by plan", bars)
             .subtitle("analytical mode, each distinct collective simulated on its group of the SuperPOD")
             .render(self.out, &format!("{figure}-plans"))?;
-        let (small, _, _) = step(vec![int("gbs", diagram)])?;
+        let (small, _, drawn) = step(vec![int("gbs", diagram)])?;
         let pipeline = match &small.estimate.pipeline {
             Some(pipe) => pipeline_figure(
                 self.out,
@@ -872,7 +872,10 @@ impl Ctx<'_> {
                     main.estimate.step_time_s,
                     100.0 * main.estimate.mfu
                 ),
-                notes: notes.clone(),
+                notes: format!(
+                    "Drawn: {drawn}. The scenario's plan: {summary}. Analytical mode: collectives simulated on \
+                     their groups, the step assembled by the dependency timer."
+                ),
                 files: pipeline,
             },
             Entry {

@@ -83,6 +83,72 @@ impl GpuParams {
     }
 }
 
+/// The constants of a generation that `calibrate --training` fits: the GEMM efficiency of
+/// the dtype a run trains in.
+pub fn fitted_key(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::Bf16 => "gemm_eff",
+        Dtype::Fp8 => "gemm_eff_fp8",
+    }
+}
+
+/// Generations whose constants are a copy of another's (no published run to fit them on):
+/// (copy, original).
+pub const COPIES: [(Generation, Generation); 2] =
+    [(Generation::Volta, Generation::Ampere), (Generation::Blackwell, Generation::Hopper)];
+
+impl GpuParams {
+    /// The value of a constant by its name in `gpu_params.toml` (None for an unknown name).
+    pub fn get(&self, key: &str) -> Option<f64> {
+        Some(match key {
+            "gemm_eff" => self.gemm_eff,
+            "gemm_eff_fp8" => self.gemm_eff_fp8,
+            "gemm_half_dim" => self.gemm_half_dim,
+            "attention_eff" => self.attention_eff,
+            "hbm_eff" => self.hbm_eff,
+            "overlap_slowdown" => self.overlap_slowdown,
+            _ => return None,
+        })
+    }
+
+    /// These constants with the one named `key` set to `v` (unknown names change nothing).
+    pub fn with(mut self, key: &str, v: f64) -> GpuParams {
+        match key {
+            "gemm_eff" => self.gemm_eff = v,
+            "gemm_eff_fp8" => self.gemm_eff_fp8 = v,
+            "gemm_half_dim" => self.gemm_half_dim = v,
+            "attention_eff" => self.attention_eff = v,
+            "hbm_eff" => self.hbm_eff = v,
+            "overlap_slowdown" => self.overlap_slowdown = v,
+            _ => {}
+        }
+        self
+    }
+}
+
+/// `text` (a `gpu_params.toml`) with the given `(generation, key, value)` constants replaced,
+/// every comment and other value kept as written; a copied generation ([`COPIES`]) takes its
+/// original's new values too.
+pub fn rewrite_constants(text: &str, values: &[(Generation, &str, f64)]) -> Result<String, String> {
+    let mut doc: toml_edit::DocumentMut =
+        text.parse().map_err(|e: toml_edit::TomlError| format!("gpu_params.toml: {e}"))?;
+    let copies = values
+        .iter()
+        .flat_map(|&(g, k, v)| COPIES.iter().filter(move |c| c.1 == g).map(move |c| (c.0, k, v)));
+    let all: Vec<(Generation, &str, f64)> = values.iter().copied().chain(copies).collect();
+    for (g, key, v) in all {
+        let section = g.key();
+        let Some(old) = doc.get_mut(section).and_then(|t| t.get_mut(key)).and_then(|i| i.as_value_mut())
+        else {
+            return Err(format!("gpu_params.toml has no [{section}] {key}"));
+        };
+        let mut new = toml_edit::Value::from(v);
+        *new.decor_mut() = old.decor().clone();
+        *old = new;
+    }
+    Ok(doc.to_string())
+}
+
 /// A GPU as the compute model sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Roofline {

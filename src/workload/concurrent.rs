@@ -474,6 +474,19 @@ pub fn step_on_fabric_with(
     policy: &NcclPolicy,
 ) -> Result<(super::analytic::StepEstimate, usize), String> {
     let pricer = super::search::FabricPricer::with_policy(f, policy);
+    step_priced(f, model, plan, super::compute::GpuParams::for_fabric(f)?, &pricer)
+}
+
+/// [`step_on_fabric`] under the compute constants `gp`, its collectives priced by `pricer`
+/// (a [`super::search::FabricPricer`] of `f`, whose memo a caller re-timing the same plan
+/// under other constants reuses: the collectives are simulated once).
+pub fn step_priced(
+    f: &Fabric,
+    model: &super::Model,
+    plan: &super::Plan,
+    gp: super::compute::GpuParams,
+    pricer: &super::search::FabricPricer<'_>,
+) -> Result<(super::analytic::StepEstimate, usize), String> {
     let price = |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
         if closed_form_prices(f, kind, ranks) {
             pricer.analytic(kind, bytes, ranks)
@@ -481,7 +494,6 @@ pub fn step_on_fabric_with(
             pricer.event(kind, bytes, ranks)
         }
     };
-    let gp = super::compute::GpuParams::for_fabric(f)?;
     let est = super::analytic::estimate(model, plan, &f.gpu, gp, &price)?;
     if let Some(e) = pricer.take_failure() {
         return Err(format!("a collective of the step could not be simulated: {e}"));

@@ -453,3 +453,136 @@ fn a_cluster_left_out_is_scored_with_values_fitted_without_it() {
         "2 cluster labels for 5 tables"
     );
 }
+
+/// The training compute model's GEMM constants are the output of `calibrate --training
+/// --from-reference` on the runs marked `fitted` (rounded to 3 significant digits as
+/// `--write-params` writes them), and the generations that copy another hold its values.
+#[test]
+fn shipped_compute_constants_are_the_fit_of_the_fitted_runs() {
+    use fabricsim::calibrate::training::{fit_compute, load_training_runs, training_runs_path, Use};
+    use fabricsim::fabric::params::round_significant;
+    use fabricsim::fabric::Generation;
+    use fabricsim::workload::compute::{GpuParams, COPIES};
+    let runs: Vec<_> = load_training_runs(&training_runs_path(root()))
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.use_ == Use::Fitted)
+        .collect();
+    let fits = fit_compute(root(), &runs, None).unwrap();
+    let keys: Vec<(Generation, &str)> = fits.iter().map(|f| (f.generation, f.key)).collect();
+    assert_eq!(
+        keys,
+        [
+            (Generation::Ampere, "gemm_eff"),
+            (Generation::Hopper, "gemm_eff"),
+            (Generation::Hopper, "gemm_eff_fp8")
+        ]
+    );
+    for f in &fits {
+        let shipped = GpuParams::for_generation(f.generation).unwrap().get(f.key).unwrap();
+        assert_eq!(
+            round_significant(f.value, 3),
+            shipped,
+            "{:?} {}: the fit gives {:.5}; rerun `fabricsim calibrate --training --from-reference --write-params`",
+            f.generation,
+            f.key,
+            f.value
+        );
+        for (run, _, after) in &f.runs {
+            assert!(after.abs() < 1e-3, "{run}: {:+.3}% after the fit", after * 100.0);
+        }
+    }
+    for (copy, original) in COPIES {
+        let (c, o) = (GpuParams::for_generation(copy).unwrap(), GpuParams::for_generation(original).unwrap());
+        assert_eq!(c, o, "{copy:?} copies {original:?}");
+    }
+}
+
+/// `calibrate --training` on a user's runs: the profile it writes sets the GEMM constant that
+/// makes the run's estimate match, which `train` then reproduces; inputs it cannot use are
+/// errors that say why.
+#[test]
+fn calibrate_training_fits_a_users_run_and_refuses_bad_inputs() {
+    let dir = crate::temp_dir("calibrate-training");
+    let header = "run,model,topology,gpus,tp,pp,vpp,cp,dp,ep,sp,tp_comm_overlap,zero,mbs,gbs,seq,recompute,\
+                  attention,dtype,metric,published,use,source\n";
+    // Nemotron-4 15B as in the reference, but a slower cluster: 0.62 s per step.
+    let row = |name: &str, topo: &str, gpus: u32, dp: u32, published: &str| {
+        format!(
+            "{name},nemotron4-15b,{topo},{gpus},8,1,1,1,{dp},1,true,false,1,1,384,4096,none,flash,bf16,step_s,\
+             {published},held_out,mine\n"
+        )
+    };
+    let csv = dir.join("mine.csv");
+    std::fs::write(&csv, format!("{header}{}", row("slow", "dgx-h100", 768, 96, "0.62"))).unwrap();
+    let out = dir.join("mine.toml");
+    let (code, stdout, err) =
+        fabricsim(&["calibrate", "--training", csv.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("hopper gemm_eff") && stdout.contains("wrote"), "{stdout}");
+    let profile: toml::Table = toml::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let v = profile["params"]["compute"]["gemm_eff"].as_float().unwrap();
+    let shipped =
+        fabricsim::workload::compute::GpuParams::for_generation(fabricsim::fabric::Generation::Hopper)
+            .unwrap()
+            .gemm_eff;
+    assert!(v < shipped && v > 0.3, "{v} against the shipped {shipped}");
+    let (code, json, err) = fabricsim(&[
+        "train",
+        "--model",
+        "models/nemotron4-15b.toml",
+        "--topology",
+        "topologies/dgx-h100.toml",
+        "--nodes",
+        "96",
+        "--tp",
+        "8",
+        "--dp",
+        "96",
+        "--gbs",
+        "384",
+        "--seq",
+        "4096",
+        "--zero",
+        "1",
+        "--format",
+        "json",
+        "--calibration",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let step = serde_json::from_str::<serde_json::Value>(&json).unwrap()["step_time_s"].as_f64().unwrap();
+    assert!((step / 0.62 - 1.0).abs() < 0.005, "{step} s");
+    // Two generations cannot go into one profile; an impossible run; no inputs; --topology.
+    let mixed = dir.join("mixed.csv");
+    std::fs::write(
+        &mixed,
+        format!(
+            "{header}{}korthikanti-22b,megatron-gpt-22b,dgx-a100,8,8,1,1,1,1,1,true,false,0,4,4,2048,selective,\
+             unfused,bf16,step_s,1.10,held_out,mine\n",
+            row("slow", "dgx-h100", 768, 96, "0.62")
+        ),
+    )
+    .unwrap();
+    let (code, _, err) =
+        fabricsim(&["calibrate", "--training", mixed.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("2 GPU generations (hopper, ampere)"), "{err}");
+    let fast = dir.join("fast.csv");
+    std::fs::write(&fast, format!("{header}{}", row("fast", "dgx-h100", 768, 96, "0.05"))).unwrap();
+    let (code, _, err) = fabricsim(&["calibrate", "--training", fast.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("fast") && err.contains("outside (0.02, 1]"), "{err}");
+    let (code, _, err) = fabricsim(&["calibrate", "--training"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("<INPUTS>"), "{err}");
+    let (code, _, err) = fabricsim(&[
+        "calibrate",
+        "--training",
+        csv.to_str().unwrap(),
+        "--topology",
+        "topologies/dgx-h100.toml",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("drop --topology"), "{err}");
+}
