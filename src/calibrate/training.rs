@@ -132,6 +132,9 @@ pub struct TrainingRun {
     pub use_: Use,
     /// Where it was published.
     pub source: String,
+    /// Where the row is: `file:line` (set by [`load_training_runs`]; empty otherwise).
+    #[serde(skip)]
+    pub origin: String,
 }
 
 impl TrainingRun {
@@ -203,9 +206,13 @@ pub fn load_training_runs(path: &Path) -> Result<Vec<TrainingRun>, String> {
         .comment(Some(b'#'))
         .from_path(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
+    let headers = r.headers().map_err(|e| format!("{}: {e}", path.display()))?.clone();
     let mut runs = Vec::new();
-    for (i, row) in r.deserialize().enumerate() {
-        let run: TrainingRun = row.map_err(|e| format!("{}: run {}: {e}", path.display(), i + 1))?;
+    for (i, rec) in r.records().enumerate() {
+        let rec = rec.map_err(|e| format!("{}: run {}: {e}", path.display(), i + 1))?;
+        let at = format!("{}:{}", path.display(), rec.position().map_or(0, |p| p.line()));
+        let mut run: TrainingRun = rec.deserialize(Some(&headers)).map_err(|e| format!("{at}: {e}"))?;
+        run.origin = at;
         runs.push(run);
     }
     if runs.is_empty() {
@@ -239,7 +246,13 @@ fn setup(
     run: &TrainingRun,
     profile: Option<&toml::Table>,
 ) -> Result<(Model, Fabric, Plan), String> {
-    let ctx = |e: String| format!("{}: {e}", run.run);
+    let ctx = |e: String| {
+        if run.origin.is_empty() {
+            format!("{}: {e}", run.run)
+        } else {
+            format!("{}: run {}: {e}", run.origin, run.run)
+        }
+    };
     let model = load_model(&root.join("models").join(format!("{}.toml", run.model)))
         .map_err(|e| ctx(e.to_string()))?;
     let topo = root.join("topologies").join(format!("{}.toml", run.topology));
@@ -253,8 +266,14 @@ fn setup(
     let nodes = u32::try_from(run.gpus / per_node).map_err(|e| ctx(e.to_string()))?;
     let f = build(&spec, &BuildOpts { nodes: Some(nodes), params: profile.cloned(), ..Default::default() })
         .map_err(|e| ctx(e.to_string()))?;
-    let plan = parse_plan(&run.plan_text(), Path::new(&run.run), &model, run.gpus)
-        .map_err(|e| ctx(e.to_string()))?;
+    // The plan text is generated from the row: name the field, not a place in that text.
+    let plan = parse_plan(&run.plan_text(), Path::new(&run.run), &model, run.gpus).map_err(|e| {
+        ctx(match e {
+            crate::fabric::file::FileError::At { msg, .. }
+            | crate::fabric::file::FileError::Invalid { msg, .. } => msg,
+            other => other.to_string(),
+        })
+    })?;
     Ok((model, f, plan))
 }
 

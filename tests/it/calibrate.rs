@@ -573,6 +573,16 @@ fn calibrate_training_fits_a_users_run_and_refuses_bad_inputs() {
     let (code, _, err) = fabricsim(&["calibrate", "--training", fast.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("fast") && err.contains("outside (0.02, 1]"), "{err}");
+    // A plan the model rejects, and a value that is not a number: the row's file and line.
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, format!("# my runs\n{header}{}", row("odd", "dgx-h100", 768, 95, "0.62"))).unwrap();
+    let (code, _, err) = fabricsim(&["calibrate", "--training", bad.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("bad.csv:3: run odd: `dp`"), "{err}");
+    std::fs::write(&bad, format!("{header}{}", row("nan", "dgx-h100", 768, 96, "soon"))).unwrap();
+    let (code, _, err) = fabricsim(&["calibrate", "--training", bad.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("bad.csv:2:") && err.contains("invalid float"), "{err}");
     let (code, _, err) = fabricsim(&["calibrate", "--training"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("<INPUTS>"), "{err}");
