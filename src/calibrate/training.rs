@@ -14,12 +14,14 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::collective::NcclPolicy;
 use crate::fabric::build::{build, BuildOpts};
 use crate::fabric::{Fabric, Generation};
+use crate::scenario::nccl_env::training_policy;
 use crate::workload::analytic::StepEstimate;
 use crate::workload::compute::{fitted_key, GpuParams};
-use crate::workload::concurrent::{step_on_fabric, step_priced};
-use crate::workload::lower::{step_event, EventOpts};
+use crate::workload::concurrent::{step_on_fabric_with, step_priced};
+use crate::workload::lower::{step_event_with, EventOpts};
 use crate::workload::plan::Dtype;
 use crate::workload::search::FabricPricer;
 use crate::workload::{load_model, parse_plan, Model, Plan};
@@ -123,6 +125,11 @@ pub struct TrainingRun {
     pub attention: String,
     /// bf16 or fp8.
     pub dtype: String,
+    /// The NCCL environment the run is replayed under: `KEY=VALUE` pairs separated by
+    /// spaces, as `train --nccl` takes them (`NCCL_ALGO=^PAT` for a run older than the NCCL
+    /// release that brought PAT); empty: NCCL's defaults.
+    #[serde(default)]
+    pub nccl: String,
     /// The published metric.
     pub metric: Metric,
     /// Its published value.
@@ -138,6 +145,18 @@ pub struct TrainingRun {
 }
 
 impl TrainingRun {
+    /// The NCCL policy of the run's `nccl` settings.
+    pub fn policy(&self) -> Result<NcclPolicy, String> {
+        let mut pairs = Vec::new();
+        for kv in self.nccl.split_whitespace() {
+            let (k, v) =
+                kv.split_once('=').ok_or_else(|| format!("{}: nccl {kv:?}: expected KEY=VALUE", self.run))?;
+            pairs.push((k.to_string(), v.to_string()));
+        }
+        let (policy, _) = training_policy(&pairs).map_err(|e| format!("{}: nccl: {e}", self.run))?;
+        Ok(policy)
+    }
+
     /// The plan as a plan file's text.
     pub fn plan_text(&self) -> String {
         let mut t = format!(
@@ -229,7 +248,8 @@ pub fn score_run(
     profile: Option<&toml::Table>,
 ) -> Result<TrainingRow, String> {
     let (model, f, plan) = setup(root, run, profile)?;
-    let (est, collectives) = step_on_fabric(&f, &model, &plan).map_err(|e| format!("{}: {e}", run.run))?;
+    let (est, collectives) =
+        step_on_fabric_with(&f, &model, &plan, &run.policy()?).map_err(|e| format!("{}: {e}", run.run))?;
     let simulated = run.metric.of(&est);
     Ok(TrainingRow {
         run: run.clone(),
@@ -321,7 +341,7 @@ pub fn pipeline_transfers(plan: &Plan) -> u64 {
     2 * plan.microbatches() * (plan.pp * plan.vpp).saturating_sub(1)
 }
 
-/// Scores one run in the event mode ([`step_event`]) when `rule` allows it.
+/// Scores one run in the event mode ([`step_event_with`], under the run's NCCL policy) when `rule` allows it.
 pub fn score_run_event(
     root: &Path,
     run: &TrainingRun,
@@ -347,7 +367,11 @@ pub fn score_run_event(
     if !over.is_empty() {
         return EventCell::TooSlow(format!("too slow to simulate here: {}", over.join(", ")));
     }
-    match step_event(&f, &model, &plan, &EventOpts::default()) {
+    let policy = match run.policy() {
+        Ok(p) => p,
+        Err(e) => return EventCell::Failed(e),
+    };
+    match step_event_with(&f, &model, &plan, &EventOpts::default(), &FabricPricer::with_policy(&f, &policy)) {
         Ok(ev) => {
             let simulated = run.metric.of(&ev.estimate);
             EventCell::Simulated { simulated, error: run.metric.error(simulated, run.published) }
@@ -442,7 +466,10 @@ pub fn fit_compute(
     for r in runs {
         set.push((r, setup(root, r, profile)?));
     }
-    let pricers: Vec<FabricPricer<'_>> = set.iter().map(|(_, (_, f, _))| FabricPricer::new(f)).collect();
+    let mut pricers: Vec<FabricPricer<'_>> = Vec::with_capacity(set.len());
+    for (run, (_, f, _)) in &set {
+        pricers.push(FabricPricer::with_policy(f, &run.policy()?));
+    }
     // (generation, dtype) groups, BF16 before FP8, in the runs' order otherwise.
     let mut groups: Vec<(Generation, Dtype, Vec<usize>)> = Vec::new();
     for (i, (_, (_, f, plan))) in set.iter().enumerate() {

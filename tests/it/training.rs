@@ -952,7 +952,12 @@ fn fitted_runs_reproduce_their_published_numbers() {
     assert!(rel_err(e.step_time_s, 1.10) < 0.01, "22B: {} s", e.step_time_s);
     assert!((e.mfu - 0.415).abs() < 0.01, "22B MFU {}", e.mfu);
     let plan = Plan { tp: 8, dp: 96, gbs: 384, sp: true, sharding: Sharding::Zero(1), ..Plan::default() };
-    let (e, _) = step_on_fabric(&built("dgx-h100", 96), &model("nemotron4-15b"), &plan).unwrap();
+    // Published in February 2024, before NCCL 2.23 brought PAT: its one-GPU-per-node DP
+    // collectives ran as rings (training_runs.csv's `nccl` column).
+    let (no_pat, _) =
+        fabricsim::scenario::nccl_env::training_policy(&[("NCCL_ALGO".into(), "^PAT".into())]).unwrap();
+    let (e, _) =
+        step_on_fabric_with(&built("dgx-h100", 96), &model("nemotron4-15b"), &plan, &no_pat).unwrap();
     assert!(rel_err(e.step_time_s, 0.57) < 0.01, "15B: {} s", e.step_time_s);
     assert!((e.mfu - 0.343).abs() < 0.01, "15B MFU {}", e.mfu);
     let plan = Plan { dp: 8, gbs: 128, sharding: Sharding::Zero(1), dtype: Dtype::Fp8, ..Plan::default() };
@@ -1166,7 +1171,7 @@ fn validate_training_has_an_event_column() {
 use fabricsim::collective::NcclPolicy;
 use fabricsim::fabric::build::{build, BuildOpts};
 use fabricsim::fabric::Fabric;
-use fabricsim::workload::concurrent::step_on_fabric;
+use fabricsim::workload::concurrent::{step_on_fabric, step_on_fabric_with};
 use fabricsim::workload::lower::{step_event, step_event_with, EventOpts, StepJobKind};
 use fabricsim::workload::search::FabricPricer;
 
