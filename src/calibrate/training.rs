@@ -149,12 +149,23 @@ impl TrainingRun {
     pub fn policy(&self) -> Result<NcclPolicy, String> {
         let mut pairs = Vec::new();
         for kv in self.nccl.split_whitespace() {
-            let (k, v) =
-                kv.split_once('=').ok_or_else(|| format!("{}: nccl {kv:?}: expected KEY=VALUE", self.run))?;
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("{}run {}: nccl {kv:?}: expected KEY=VALUE", self.at(), self.run))?;
             pairs.push((k.to_string(), v.to_string()));
         }
-        let (policy, _) = training_policy(&pairs).map_err(|e| format!("{}: nccl: {e}", self.run))?;
+        let (policy, _) =
+            training_policy(&pairs).map_err(|e| format!("{}run {}: nccl: {e}", self.at(), self.run))?;
         Ok(policy)
+    }
+
+    /// `file:line: ` of the row when it was read from a file, else nothing.
+    fn at(&self) -> String {
+        if self.origin.is_empty() {
+            String::new()
+        } else {
+            format!("{}: ", self.origin)
+        }
     }
 
     /// The plan as a plan file's text.
@@ -266,13 +277,7 @@ fn setup(
     run: &TrainingRun,
     profile: Option<&toml::Table>,
 ) -> Result<(Model, Fabric, Plan), String> {
-    let ctx = |e: String| {
-        if run.origin.is_empty() {
-            format!("{}: {e}", run.run)
-        } else {
-            format!("{}: run {}: {e}", run.origin, run.run)
-        }
-    };
+    let ctx = |e: String| format!("{}run {}: {e}", run.at(), run.run);
     let model = load_model(&root.join("models").join(format!("{}.toml", run.model)))
         .map_err(|e| ctx(e.to_string()))?;
     let topo = root.join("topologies").join(format!("{}.toml", run.topology));
@@ -341,7 +346,8 @@ pub fn pipeline_transfers(plan: &Plan) -> u64 {
     2 * plan.microbatches() * (plan.pp * plan.vpp).saturating_sub(1)
 }
 
-/// Scores one run in the event mode ([`step_event_with`], under the run's NCCL policy) when `rule` allows it.
+/// Scores one run in the event mode ([`step_event_with`], under the run's NCCL policy) when
+/// `rule` allows it.
 pub fn score_run_event(
     root: &Path,
     run: &TrainingRun,

@@ -2,9 +2,10 @@
 //! `max(flops / (peak x efficiency), bytes / (HBM bandwidth x efficiency))`, with a GEMM
 //! efficiency that falls for thin shapes; peak FLOP/s per dtype and HBM bandwidth come from
 //! the fabric's [`GpuSpec`], the efficiencies from `gpu_params.toml` (one block per
-//! generation; a calibration profile's `[compute]` table overrides them). On top of it: the forward, input-gradient, weight-gradient and
-//! recomputation times of a model chunk for one micro-batch under a plan, and the optimizer
-//! step.
+//! generation; a calibration profile's `[params.compute]` table overrides them, and
+//! [`rewrite_constants`] writes `calibrate --training`'s fit into the file). On top of it: the
+//! forward, input-gradient, weight-gradient and recomputation times of a model chunk for one
+//! micro-batch under a plan, and the optimizer step.
 //!
 //! Backward conventions: a GEMM's input and weight gradients are GEMMs of the transposed
 //! shapes; the FlashAttention-2 backward runs five matmuls to the forward's two (Dao 2023,

@@ -583,6 +583,13 @@ fn calibrate_training_fits_a_users_run_and_refuses_bad_inputs() {
     let (code, _, err) = fabricsim(&["calibrate", "--training", bad.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("bad.csv:2:") && err.contains("invalid float"), "{err}");
+    // An NCCL setting of the row (the optional `nccl` column) that does not parse.
+    let h2 = header.replace("dtype,", "dtype,nccl,");
+    let r2 = row("ring", "dgx-h100", 768, 96, "0.62").replace("bf16,", "bf16,NCCL_ALGO=Rong,");
+    std::fs::write(&bad, format!("{h2}{r2}")).unwrap();
+    let (code, _, err) = fabricsim(&["calibrate", "--training", bad.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("bad.csv:2: run ring: nccl") && err.contains("Rong"), "{err}");
     let (code, _, err) = fabricsim(&["calibrate", "--training"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("<INPUTS>"), "{err}");
