@@ -328,6 +328,14 @@ fn merge_file(src: Arc<Source>, chain: &mut Vec<PathBuf>) -> Result<Merged, Topo
         }
     }
     if let Some(p) = file.params {
+        // Check this file's own overrides where they are written: a typo at its line.
+        if let Ok(doc) = toml::de::DeTable::parse(&src.text) {
+            if let Some(toml::de::DeValue::Table(user)) =
+                doc.get_ref().iter().find(|(k, _)| k.get_ref() == "params").map(|(_, v)| v.get_ref())
+            {
+                super::profile::check_params(&src.text, &src.path.display().to_string(), user)?;
+            }
+        }
         let mut merged = base.params.take().unwrap_or_default();
         merge_tables(&mut merged, p);
         base.params = Some(merged);

@@ -61,6 +61,17 @@ pub fn parse_profile(text: &str, file: &str) -> Result<toml::Table, ProfileError
             ),
         ));
     }
+    check_params(text, file, user)
+}
+
+/// Checks a `[params]` table (`user`, parsed with spans from `text`, the file `file`): every
+/// key against the model parameters (a typo is reported at its line with the valid keys
+/// there) and every value against their ranges (at the value's line). Returns the table.
+pub(crate) fn check_params(text: &str, file: &str, user: &DeTable<'_>) -> Result<toml::Table, ProfileError> {
+    let at = |span: Range<usize>, msg: String| {
+        let (line, col) = line_col(text, span.start);
+        ProfileError::At { file: file.to_string(), line, col, msg }
+    };
     // Any generation's defaults name every key; the values are checked on top of them.
     let defaults = ModelParams::for_generation(Generation::Hopper);
     let mut known = toml::Table::try_from(&defaults)
@@ -75,7 +86,12 @@ pub fn parse_profile(text: &str, file: &str) -> Result<toml::Table, ProfileError
         .map_err(|e| ProfileError::Invalid { file: file.to_string(), msg: e.message().to_string() })?;
     let params = match t.get("params") {
         Some(toml::Value::Table(p)) => p.clone(),
-        _ => return Err(at(key.span(), "`params` must be a table".into())),
+        _ => {
+            return Err(ProfileError::Invalid {
+                file: file.to_string(),
+                msg: "`params` must be a table".into(),
+            })
+        }
     };
     if let Err(e) = defaults.overlay(&params) {
         let msg = format!("[params]: {e}");

@@ -233,6 +233,34 @@ fn calibration_typos_fail_the_scenario_at_the_profile_line() {
     crate::cleanup(&dir);
 }
 
+/// A topology's own `[params]` overrides are checked where they are written: a typo or a
+/// value out of range names the file, the line and the valid keys (it named the file only),
+/// also in a file that `extends` another.
+#[test]
+fn topology_params_errors_name_their_line() {
+    let dir = crate::temp_dir("topology-params");
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("topologies/dgx-h100.toml");
+    let path = dir.join("mine.toml");
+    let write = |params: &str| {
+        std::fs::write(
+            &path,
+            format!("extends = {:?}\nname = \"mine\"\n\n{params}", base.display().to_string()),
+        )
+        .unwrap()
+    };
+    write("[params.compute]\ngemm_ef = 0.5\n");
+    let e = load_topology(&path).unwrap_err().to_string();
+    assert!(e.contains("mine.toml:5:1:") && e.contains("gemm_ef") && e.contains("gemm_eff_fp8"), "{e}");
+    write("[params.link.net]\nefficiency = 1.5\n");
+    let e = load_topology(&path).unwrap_err().to_string();
+    assert!(e.contains("mine.toml:5:") && e.contains("link.net.efficiency") && e.contains("(0, 1]"), "{e}");
+    write("[params.compute]\ngemm_eff = 0.5\n");
+    let spec = load_topology(&path).unwrap();
+    let f = build(&spec, &BuildOpts::default()).unwrap();
+    assert_eq!(fabricsim::workload::compute::GpuParams::for_fabric(&f).unwrap().gemm_eff, 0.5);
+    crate::cleanup(&dir);
+}
+
 /// Issue 13: a scenario sweeping `topology.gpus = [9]` on an 8-GPU node exited 0 (the point
 /// was "rejected by the model"). Asking for GPUs or nodes a fabric cannot have is an input
 /// error, reported at its line when the scenario is loaded.
