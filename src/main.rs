@@ -39,7 +39,7 @@ enum Command {
     GpuInfo(cli::gpu::GpuInfoArgs),
     /// Search every parallelism plan of a model on a cluster for the fastest that fits (--constraint, --fix, --objective; several --topology compare fabrics).
     Plan(cli::plan::PlanArgs),
-    /// Fit the model's parameters to nccl-tests logs or CSVs and write a calibration profile (--topology, -o).
+    /// Fit the model's parameters to nccl-tests logs or CSVs and write a calibration profile (--topology, -o); --training: the compute model's to training runs.
     Calibrate(cli::calibrate::CalibrateArgs),
 }
 

@@ -37,7 +37,8 @@ pub struct CalibrateArgs {
     /// Topology the measurements were taken on (its GPU generation's parameters are fitted).
     #[arg(long, required_unless_present_any = ["from_reference", "training"])]
     pub topology: Option<PathBuf>,
-    /// nccl-tests logs, or CSVs with size_bytes,time_us[,busbw_GBps] columns (`.csv`).
+    /// nccl-tests logs, or CSVs with size_bytes,time_us[,busbw_GBps] columns (`.csv`); with
+    /// --training, CSVs of training runs.
     #[arg(required_unless_present = "from_reference", conflicts_with = "from_reference")]
     pub inputs: Vec<PathBuf>,
     /// Fit one generation's parameters to the reference tables they were chosen on
