@@ -9,7 +9,8 @@
 //!
 //! Backward conventions: a GEMM's input and weight gradients are GEMMs of the transposed
 //! shapes; the FlashAttention-2 backward runs five matmuls to the forward's two (Dao 2023,
-//! Sec. 3), so it costs 2.5 forwards; element-wise kernels move twice their forward bytes.
+//! Sec. 3), so it costs 2.5 forwards; element-wise kernels (an MoE layer's token
+//! permutations among them) move twice their forward bytes.
 //! Unfused attention ([`Attention::Unfused`]) is the batched GEMMs of the whole score matrix
 //! plus the element-wise kernels that carry the scores through HBM between them.
 
@@ -265,13 +266,30 @@ pub fn local_shape(g: &Gemm, plan: &Plan) -> (u64, u64, u64, u64) {
 }
 
 /// Bytes element-wise kernels of a layer move in the forward on one GPU (norms, residual
-/// adds, the activation function, RoPE), for `t` local tokens.
+/// adds, the activation function, RoPE, and an MoE layer's token permutations), for `t`
+/// local tokens.
 fn elementwise_bytes(model: &Model, plan: &Plan, layer: u64, t: u64) -> f64 {
     let h = model.hidden as f64;
     let t = t as f64;
     let sp = if plan.sp { plan.tp as f64 } else { 1.0 };
     let tp = plan.tp as f64;
     let norms_and_adds = (8.0 + 12.0) * t * h / sp;
+    // Megatron-Core's all-to-all token dispatcher around the routed experts: `permute` copies
+    // each of the rank's tokens once per chosen expert (reads t h, writes t k h), and
+    // `unpermute` reads the k expert outputs back and sums them, weighted, into each token
+    // (reads t k h, writes t h); with several experts on a rank, the received tokens are
+    // also sorted by local expert before the experts and back after them (`sort_chunks_by_idxs`:
+    // each reads and writes t k h). BF16 activations, 2 bytes an element.
+    let dispatch = match &model.moe {
+        Some(m) if model.is_moe_layer(layer) => {
+            let tl = t / sp;
+            let k = m.top_k as f64;
+            let local_experts = m.experts / plan.ep.max(1);
+            let sorts = if local_experts > 1 { 4.0 * tl * k * h } else { 0.0 };
+            2.0 * (2.0 * tl * h + 2.0 * tl * k * h + sorts)
+        }
+        _ => 0.0,
+    };
     let ffn = match &model.moe {
         Some(m) if model.is_moe_layer(layer) => {
             (m.top_k + m.shared_experts) as f64 * m.expert_ffn_hidden as f64
@@ -280,7 +298,7 @@ fn elementwise_bytes(model: &Model, plan: &Plan, layer: u64, t: u64) -> f64 {
     };
     let act = if model.activation.gated() { 6.0 } else { 4.0 } * t * ffn / tp;
     let rope = 4.0 * t * (model.q_dim() + model.kv_dim()) as f64 / tp;
-    norms_and_adds + act + rope
+    norms_and_adds + act + rope + dispatch
 }
 
 /// What an op is, for the lowering to the schedule IR and for reports.
@@ -476,6 +494,28 @@ pub fn optimizer_time(r: &Roofline, params: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
+
+    /// An MoE layer's element-wise traffic includes the dispatcher's token permutations:
+    /// Mixtral 8x7B (top-2 of 8 experts), 4096 tokens on one GPU, closed form; with two
+    /// experts per rank (EP 4) the received tokens are also sorted and unsorted.
+    #[test]
+    fn moe_layers_pay_for_their_token_permutations() {
+        let m = crate::workload::model::load_model(Path::new("models/mixtral-8x7b.toml")).unwrap();
+        let (t, h, k) = (4096.0, 4096.0, 2.0);
+        let plan = Plan { ep: 8, dp: 8, ..Plan::default() };
+        let norms_and_adds = 20.0 * t * h;
+        let act = 6.0 * t * (k * 14336.0);
+        let rope = 4.0 * t * (32.0 * 128.0 + 8.0 * 128.0);
+        let dispatch = 2.0 * (2.0 * t * h + 2.0 * t * k * h);
+        assert_eq!(elementwise_bytes(&m, &plan, 0, 4096), norms_and_adds + act + rope + dispatch);
+        let two_local = Plan { ep: 4, ..plan.clone() };
+        let sorts = 2.0 * 4.0 * t * k * h;
+        assert_eq!(
+            elementwise_bytes(&m, &two_local, 0, 4096),
+            norms_and_adds + act + rope + dispatch + sorts
+        );
+    }
 
     #[test]
     fn every_generation_has_constants() {
