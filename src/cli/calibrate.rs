@@ -549,55 +549,66 @@ fn run_training(a: &CalibrateArgs) -> Result<()> {
         println!("rebuild to use them");
     }
     if let Some(out) = &a.out {
-        let gens: Vec<Generation> = fits.iter().map(|f| f.generation).fold(Vec::new(), |mut v, g| {
-            if !v.contains(&g) {
-                v.push(g);
-            }
-            v
-        });
-        if gens.len() > 1 {
-            anyhow::bail!(
-                "the runs are on {} GPU generations ({}): a profile describes one cluster; fit each \
-                 generation's runs on their own",
-                gens.len(),
-                gens.iter().map(|g| g.key()).collect::<Vec<_>>().join(", ")
-            );
-        }
-        let mut compute = toml::Table::new();
-        for f in &fits {
-            compute.insert(f.key.into(), round4(f.value).into());
-        }
-        let mut params = toml::Table::new();
-        params.insert("compute".into(), toml::Value::Table(compute));
-        let mut meta = toml::Table::new();
-        meta.insert("generation".into(), gens[0].key().into());
-        meta.insert("inputs".into(), toml::Value::Array(inputs.into_iter().map(Into::into).collect()));
-        meta.insert(
-            "method".into(),
-            "golden-section least squares on ln(estimate/published) per dtype, BF16 first, every other \
-             compute constant held; collectives simulated on each run's topology"
-                .into(),
-        );
-        let mut per = toml::Table::new();
-        for (name, b, af) in fits.iter().flat_map(|f| &f.runs) {
-            let mut t = toml::Table::new();
-            t.insert("before".into(), round4(*b).into());
-            t.insert("after".into(), round4(*af).into());
-            per.insert(name.clone(), toml::Value::Table(t));
-        }
-        meta.insert("error".into(), toml::Value::Table(per));
-        let mut doc = toml::Table::new();
-        doc.insert("params".into(), toml::Value::Table(params));
-        doc.insert("calibration".into(), toml::Value::Table(meta));
-        let text = format!(
-            "# fabricsim calibrate --training: the training compute model's GEMM efficiencies fitted on \
-             published runs\n{}",
-            toml::to_string(&doc)?
-        );
+        let text = training_profile(&fits, inputs)?;
         parse_profile(&text, &out.display().to_string()).context("the written profile does not read back")?;
         std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
         println!();
         println!("wrote {}", out.display());
     }
     Ok(())
+}
+
+/// The calibration profile `calibrate --training -o` writes: the fitted constants as
+/// `[params.compute]`, and what they were fitted on with each run's error before and after
+/// as `[calibration]` metadata. Fits of several GPU generations cannot share one profile.
+fn training_profile(
+    fits: &[fabricsim::calibrate::training::ComputeFit],
+    inputs: Vec<String>,
+) -> Result<String> {
+    let gens: Vec<Generation> = fits.iter().map(|f| f.generation).fold(Vec::new(), |mut v, g| {
+        if !v.contains(&g) {
+            v.push(g);
+        }
+        v
+    });
+    let [generation] = gens[..] else {
+        anyhow::bail!(
+            "the runs are on {} GPU generations ({}): a profile describes one cluster; fit each \
+             generation's runs on their own",
+            gens.len(),
+            gens.iter().map(|g| g.key()).collect::<Vec<_>>().join(", ")
+        );
+    };
+    let mut compute = toml::Table::new();
+    for f in fits {
+        compute.insert(f.key.into(), round4(f.value).into());
+    }
+    let mut params = toml::Table::new();
+    params.insert("compute".into(), toml::Value::Table(compute));
+    let mut meta = toml::Table::new();
+    meta.insert("generation".into(), generation.key().into());
+    meta.insert("inputs".into(), toml::Value::Array(inputs.into_iter().map(Into::into).collect()));
+    meta.insert(
+        "method".into(),
+        "golden-section least squares on ln(estimate/published) per dtype, BF16 first, every other \
+         compute constant held; collectives simulated on each run's topology"
+            .into(),
+    );
+    let mut per = toml::Table::new();
+    for (name, b, af) in fits.iter().flat_map(|f| &f.runs) {
+        let mut t = toml::Table::new();
+        t.insert("before".into(), round4(*b).into());
+        t.insert("after".into(), round4(*af).into());
+        per.insert(name.clone(), toml::Value::Table(t));
+    }
+    meta.insert("error".into(), toml::Value::Table(per));
+    let mut doc = toml::Table::new();
+    doc.insert("params".into(), toml::Value::Table(params));
+    doc.insert("calibration".into(), toml::Value::Table(meta));
+    let text = format!(
+        "# fabricsim calibrate --training: the training compute model's GEMM efficiencies fitted on \
+         published runs\n{}",
+        toml::to_string(&doc)?
+    );
+    Ok(text)
 }
