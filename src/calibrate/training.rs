@@ -473,8 +473,10 @@ pub fn fit_compute(
         set.push((r, setup(root, r, profile)?));
     }
     let mut pricers: Vec<FabricPricer<'_>> = Vec::with_capacity(set.len());
+    let mut base = Vec::with_capacity(set.len());
     for (run, (_, f, _)) in &set {
         pricers.push(FabricPricer::with_policy(f, &run.policy()?));
+        base.push(GpuParams::for_fabric(f)?);
     }
     // (generation, dtype) groups, BF16 before FP8, in the runs' order otherwise.
     let mut groups: Vec<(Generation, Dtype, Vec<usize>)> = Vec::new();
@@ -490,18 +492,15 @@ pub fn fit_compute(
     let mut out = Vec::new();
     for (generation, dtype, idx) in groups {
         let key = fitted_key(dtype);
-        let params = |i: usize, v: Option<f64>| -> Result<GpuParams, String> {
-            let mut p = GpuParams::for_fabric(&set[i].1 .1)?;
-            for &(g, k, val) in &done {
-                if g == generation {
-                    p = p.with(k, val);
-                }
-            }
-            Ok(v.map_or(p, |v| p.with(key, v)))
+        // Run i's constants: its fabric's, with this generation's values fitted so far and
+        // `v` (None: the constant as it is).
+        let params = |i: usize, v: Option<f64>| -> GpuParams {
+            let p = done.iter().filter(|d| d.0 == generation).fold(base[i], |p, &(_, k, val)| p.with(k, val));
+            v.map_or(p, |v| p.with(key, v))
         };
         let error = |i: usize, v: Option<f64>| -> Result<f64, String> {
             let (run, (model, f, plan)) = &set[i];
-            let (est, _) = step_priced(f, model, plan, params(i, v)?, &pricers[i])
+            let (est, _) = step_priced(f, model, plan, params(i, v), &pricers[i])
                 .map_err(|e| format!("{}: {e}", run.run))?;
             if let Some(e) = pricers[i].take_failure() {
                 return Err(format!("{}: a collective of the step could not be simulated: {e}", run.run));
@@ -544,7 +543,7 @@ pub fn fit_compute(
                 EFF_RANGE.1
             ));
         }
-        let before = params(idx[0], None)?.get(key).unwrap_or(f64::NAN);
+        let before = params(idx[0], None).get(key).unwrap_or(f64::NAN);
         let mut per_run = Vec::new();
         for &i in &idx {
             per_run.push((set[i].0.run.clone(), error(i, None)?, error(i, Some(value))?));

@@ -333,7 +333,7 @@ fn merge_file(src: Arc<Source>, chain: &mut Vec<PathBuf>) -> Result<Merged, Topo
             if let Some(toml::de::DeValue::Table(user)) =
                 doc.get_ref().iter().find(|(k, _)| k.get_ref() == "params").map(|(_, v)| v.get_ref())
             {
-                super::profile::check_params(&src.text, &src.path.display().to_string(), user)?;
+                super::profile::check_params(&src.text, &src.path.display().to_string(), user, &p)?;
             }
         }
         let mut merged = base.params.take().unwrap_or_default();

@@ -164,6 +164,19 @@ impl ComputeOverrides {
     pub fn is_empty(&self) -> bool {
         *self == ComputeOverrides::default()
     }
+
+    /// The constants set, by name (the names of [`ComputeOverrides::KEYS`]).
+    pub fn set(&self) -> impl Iterator<Item = (&'static str, f64)> {
+        let v = [
+            self.gemm_eff,
+            self.gemm_eff_fp8,
+            self.gemm_half_dim,
+            self.attention_eff,
+            self.hbm_eff,
+            self.overlap_slowdown,
+        ];
+        Self::KEYS.into_iter().zip(v).filter_map(|(k, v)| v.map(|v| (k, v)))
+    }
 }
 
 /// A parameter value that does not parse, or an unknown key.
@@ -341,29 +354,19 @@ impl ModelParams {
         dur("nvls.step_latency", &self.nvls.step_latency)?;
         eff("sharp.efficiency", self.sharp.efficiency)?;
         dur("sharp.step_latency", &self.sharp.step_latency)?;
-        let c = &self.compute;
-        for (n, v) in [
-            ("compute.gemm_eff", c.gemm_eff),
-            ("compute.gemm_eff_fp8", c.gemm_eff_fp8),
-            ("compute.attention_eff", c.attention_eff),
-            ("compute.hbm_eff", c.hbm_eff),
-        ] {
-            v.map_or(Ok(()), |v| eff(n, v))?;
+        for (k, v) in self.compute.set() {
+            let name = format!("compute.{k}");
+            match k {
+                "gemm_half_dim" if !(v >= 0.0 && v.is_finite()) => {
+                    return Err(ParamsError(format!("{name} = {v} must be 0 or more")))
+                }
+                "overlap_slowdown" if !(0.0..1.0).contains(&v) => {
+                    return Err(ParamsError(format!("{name} = {v} must be in [0, 1)")))
+                }
+                "gemm_half_dim" | "overlap_slowdown" => {}
+                _ => eff(&name, v)?,
+            }
         }
-        c.gemm_half_dim.map_or(Ok(()), |v| {
-            if v >= 0.0 && v.is_finite() {
-                Ok(())
-            } else {
-                Err(ParamsError(format!("compute.gemm_half_dim = {v} must be 0 or more")))
-            }
-        })?;
-        c.overlap_slowdown.map_or(Ok(()), |v| {
-            if (0.0..1.0).contains(&v) {
-                Ok(())
-            } else {
-                Err(ParamsError(format!("compute.overlap_slowdown = {v} must be in [0, 1)")))
-            }
-        })?;
         Ok(())
     }
 

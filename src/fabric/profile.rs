@@ -61,13 +61,23 @@ pub fn parse_profile(text: &str, file: &str) -> Result<toml::Table, ProfileError
             ),
         ));
     }
-    check_params(text, file, user)
+    let t: toml::Table = toml::from_str(text)
+        .map_err(|e| ProfileError::Invalid { file: file.to_string(), msg: e.message().to_string() })?;
+    match t.get("params") {
+        Some(toml::Value::Table(params)) => check_params(text, file, user, params).map(|()| params.clone()),
+        _ => Err(at(key.span(), "`params` must be a table".into())),
+    }
 }
 
-/// Checks a `[params]` table (`user`, parsed with spans from `text`, the file `file`): every
-/// key against the model parameters (a typo is reported at its line with the valid keys
-/// there) and every value against their ranges (at the value's line). Returns the table.
-pub(crate) fn check_params(text: &str, file: &str, user: &DeTable<'_>) -> Result<toml::Table, ProfileError> {
+/// Checks a `[params]` table (`params`, and `user`, the same parsed with spans from `text`, the
+/// file `file`): every key against the model parameters (a typo is reported at its line with
+/// the valid keys there) and every value against their ranges (at the value's line).
+pub(crate) fn check_params(
+    text: &str,
+    file: &str,
+    user: &DeTable<'_>,
+    params: &toml::Table,
+) -> Result<(), ProfileError> {
     let at = |span: Range<usize>, msg: String| {
         let (line, col) = line_col(text, span.start);
         ProfileError::At { file: file.to_string(), line, col, msg }
@@ -82,18 +92,7 @@ pub(crate) fn check_params(text: &str, file: &str, user: &DeTable<'_>) -> Result
     known.insert("compute".into(), toml::Value::Table(compute.collect()));
     let mut leaves = Vec::new();
     check_keys(&known, user, "", &mut leaves).map_err(|(span, msg)| at(span, msg))?;
-    let t: toml::Table = toml::from_str(text)
-        .map_err(|e| ProfileError::Invalid { file: file.to_string(), msg: e.message().to_string() })?;
-    let params = match t.get("params") {
-        Some(toml::Value::Table(p)) => p.clone(),
-        _ => {
-            return Err(ProfileError::Invalid {
-                file: file.to_string(),
-                msg: "`params` must be a table".into(),
-            })
-        }
-    };
-    if let Err(e) = defaults.overlay(&params) {
+    if let Err(e) = defaults.overlay(params) {
         let msg = format!("[params]: {e}");
         // Point at the value the message names (the longest key path it mentions).
         return Err(
@@ -103,7 +102,7 @@ pub(crate) fn check_params(text: &str, file: &str, user: &DeTable<'_>) -> Result
             },
         );
     }
-    Ok(params)
+    Ok(())
 }
 
 /// Finds the first key of `user` that `known` does not have (its span and a message listing

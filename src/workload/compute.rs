@@ -67,21 +67,34 @@ impl GpuParams {
     /// The constants a fabric's GPUs run with: the generation's shipped ones, with those its
     /// topology's `[params]` or calibration profile sets in `[compute]` replaced.
     pub fn for_fabric(f: &Fabric) -> Result<GpuParams, String> {
-        let mut p = GpuParams::for_generation(f.gpu.generation)?;
-        let c = &f.params.compute;
-        for (v, o) in [
-            (&mut p.gemm_eff, c.gemm_eff),
-            (&mut p.gemm_eff_fp8, c.gemm_eff_fp8),
-            (&mut p.gemm_half_dim, c.gemm_half_dim),
-            (&mut p.attention_eff, c.attention_eff),
-            (&mut p.hbm_eff, c.hbm_eff),
-            (&mut p.overlap_slowdown, c.overlap_slowdown),
-        ] {
-            if let Some(o) = o {
-                *v = o;
-            }
+        let p = GpuParams::for_generation(f.gpu.generation)?;
+        Ok(f.params.compute.set().fold(p, |p, (k, v)| p.with(k, v)))
+    }
+
+    /// The value of a constant by its name in `gpu_params.toml` (None for an unknown name).
+    pub fn get(mut self, key: &str) -> Option<f64> {
+        self.field(key).map(|v| *v)
+    }
+
+    /// These constants with the one named `key` set to `v` (unknown names change nothing).
+    pub fn with(mut self, key: &str, v: f64) -> GpuParams {
+        if let Some(f) = self.field(key) {
+            *f = v;
         }
-        Ok(p)
+        self
+    }
+
+    /// The constant named `key` in `gpu_params.toml`.
+    fn field(&mut self, key: &str) -> Option<&mut f64> {
+        Some(match key {
+            "gemm_eff" => &mut self.gemm_eff,
+            "gemm_eff_fp8" => &mut self.gemm_eff_fp8,
+            "gemm_half_dim" => &mut self.gemm_half_dim,
+            "attention_eff" => &mut self.attention_eff,
+            "hbm_eff" => &mut self.hbm_eff,
+            "overlap_slowdown" => &mut self.overlap_slowdown,
+            _ => return None,
+        })
     }
 }
 
@@ -98,35 +111,6 @@ pub fn fitted_key(dtype: Dtype) -> &'static str {
 /// (copy, original).
 pub const COPIES: [(Generation, Generation); 2] =
     [(Generation::Volta, Generation::Ampere), (Generation::Blackwell, Generation::Hopper)];
-
-impl GpuParams {
-    /// The value of a constant by its name in `gpu_params.toml` (None for an unknown name).
-    pub fn get(&self, key: &str) -> Option<f64> {
-        Some(match key {
-            "gemm_eff" => self.gemm_eff,
-            "gemm_eff_fp8" => self.gemm_eff_fp8,
-            "gemm_half_dim" => self.gemm_half_dim,
-            "attention_eff" => self.attention_eff,
-            "hbm_eff" => self.hbm_eff,
-            "overlap_slowdown" => self.overlap_slowdown,
-            _ => return None,
-        })
-    }
-
-    /// These constants with the one named `key` set to `v` (unknown names change nothing).
-    pub fn with(mut self, key: &str, v: f64) -> GpuParams {
-        match key {
-            "gemm_eff" => self.gemm_eff = v,
-            "gemm_eff_fp8" => self.gemm_eff_fp8 = v,
-            "gemm_half_dim" => self.gemm_half_dim = v,
-            "attention_eff" => self.attention_eff = v,
-            "hbm_eff" => self.hbm_eff = v,
-            "overlap_slowdown" => self.overlap_slowdown = v,
-            _ => {}
-        }
-        self
-    }
-}
 
 /// `text` (a `gpu_params.toml`) with the given `(generation, key, value)` constants replaced,
 /// every comment and other value kept as written; a copied generation ([`COPIES`]) takes its
