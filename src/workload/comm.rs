@@ -132,18 +132,33 @@ pub fn layer_comms(model: &Model, plan: &Plan, layer: u64) -> Vec<CommOp> {
         }
         if let Some(moe) = &model.moe {
             if plan.ep > 1 && model.is_moe_layer(layer) {
-                let bytes = 2 * t * plan.etp() / plan.tp * moe.top_k * h;
-                for name in ["ep_dispatch", "ep_combine"] {
-                    ops.push(CommOp {
-                        name,
-                        kind: CollectiveKind::AllToAll,
-                        group: GroupKind::Ep,
-                        bytes,
-                        count: 1,
-                        pass,
-                        hidden_behind: HiddenBehind::Nothing,
-                    });
+                // Megatron-Core's all-to-all dispatcher: each GPU routes its own tokens
+                // (the sequence-parallel share under TP, which MoE with TP requires), top-k
+                // copies of each, over its EP group; under expert-TP the received tokens are
+                // then all-gathered over the expert-TP group and the experts' outputs
+                // reduce-scattered back before the combine.
+                let bytes = 2 * t / plan.tp * moe.top_k * h;
+                let op = |name, kind, group, bytes| CommOp {
+                    name,
+                    kind,
+                    group,
+                    bytes,
+                    count: 1,
+                    pass,
+                    hidden_behind: HiddenBehind::Nothing,
+                };
+                ops.push(op("ep_dispatch", CollectiveKind::AllToAll, GroupKind::Ep, bytes));
+                if plan.etp() > 1 {
+                    let gathered = bytes * plan.etp();
+                    ops.push(op("etp_allgather", CollectiveKind::AllGather, GroupKind::Etp, gathered));
+                    ops.push(op(
+                        "etp_reducescatter",
+                        CollectiveKind::ReduceScatter,
+                        GroupKind::Etp,
+                        gathered,
+                    ));
                 }
+                ops.push(op("ep_combine", CollectiveKind::AllToAll, GroupKind::Ep, bytes));
             }
         }
     }

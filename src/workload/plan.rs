@@ -554,6 +554,16 @@ impl Plan {
                 ),
             );
         }
+        if self.ep > 1 && self.tp > 1 && !self.sp {
+            return err(
+                "sp",
+                format!(
+                    "expert parallelism (ep = {}) with tensor parallelism (tp = {}) needs sequence parallelism, as \
+                     Megatron-Core requires; valid: sp = true, or tp = 1",
+                    self.ep, self.tp
+                ),
+            );
+        }
         if let Some(etp) = self.etp {
             if etp == 0 || !self.tp.is_multiple_of(etp) {
                 return err(
@@ -762,6 +772,9 @@ pub enum GroupKind {
     DpCp,
     /// Expert gradient reduction: ranks that hold the same expert shard.
     ExpertDp,
+    /// Expert tensor parallel: the ranks that split one expert's weights (the dispatched
+    /// tokens are all-gathered over it, and the experts' outputs reduce-scattered).
+    Etp,
     /// Pipeline stages of one model replica.
     Pp,
     /// ZeRO-3/FSDP sharding group: the whole `DpCp` group, or under FSDP hybrid sharding
@@ -842,10 +855,16 @@ impl Placement {
             let key = match kind {
                 GroupKind::Tp => vec![c.cp, c.ep, c.dp, c.pp],
                 GroupKind::Cp => vec![c.tp, c.ep, c.dp, c.pp],
-                GroupKind::Ep => vec![c.tp, c.cp, c.dp, c.pp],
                 GroupKind::Dp => vec![c.tp, c.cp, c.pp],
                 GroupKind::DpCp => vec![c.tp, c.pp],
-                GroupKind::ExpertDp => vec![c.tp % self.etp, c.ep, c.pp],
+                GroupKind::Ep | GroupKind::ExpertDp | GroupKind::Etp => {
+                    let (t, e, d) = self.expert_coord(c);
+                    match kind {
+                        GroupKind::Ep => vec![t, d, c.pp],
+                        GroupKind::ExpertDp => vec![t, e, c.pp],
+                        _ => vec![e, d, c.pp],
+                    }
+                }
                 GroupKind::Pp => vec![c.tp, c.cp, c.ep, c.dp],
                 GroupKind::FsdpShard | GroupKind::FsdpReplica => Vec::new(),
             };
@@ -874,17 +893,23 @@ impl Placement {
             }
             GroupKind::Tp => vec![(Dim::Tp, all(Dim::Tp))],
             GroupKind::Cp => vec![(Dim::Cp, all(Dim::Cp))],
-            GroupKind::Ep => vec![(Dim::Ep, all(Dim::Ep))],
+            GroupKind::Ep | GroupKind::ExpertDp | GroupKind::Etp => {
+                let (etp, ep) = (self.etp, size(Dim::Ep));
+                let (t, e, d) = self.expert_coord(c);
+                let at = |t: u64, e: u64, d: u64| self.rank(self.at_stage_pos(t + etp * (e + ep * d), c.pp));
+                let mut out: Vec<u64> = match kind {
+                    GroupKind::Ep => (0..ep).map(|e| at(t, e, d)).collect(),
+                    GroupKind::ExpertDp => (0..self.stage_size() / (etp * ep)).map(|d| at(t, e, d)).collect(),
+                    _ => (0..etp).map(|t| at(t, e, d)).collect(),
+                };
+                out.sort_unstable();
+                return out;
+            }
             GroupKind::Dp => vec![(Dim::Ep, all(Dim::Ep)), (Dim::Dp, all(Dim::Dp))],
             GroupKind::DpCp => {
                 vec![(Dim::Cp, all(Dim::Cp)), (Dim::Ep, all(Dim::Ep)), (Dim::Dp, all(Dim::Dp))]
             }
             GroupKind::Pp => vec![(Dim::Pp, all(Dim::Pp))],
-            GroupKind::ExpertDp => vec![
-                (Dim::Tp, (c.tp % self.etp..size(Dim::Tp)).step_by(self.etp.max(1) as usize).collect()),
-                (Dim::Cp, all(Dim::Cp)),
-                (Dim::Dp, all(Dim::Dp)),
-            ],
         };
         let mut ranks = vec![c];
         for (d, values) in &vary {
@@ -903,7 +928,39 @@ impl Placement {
         out.sort_unstable();
         out
     }
-    /// One line per dimension, innermost first ("tp 8 (stride 1)").
+    /// Ranks of one pipeline stage.
+    fn stage_size(&self) -> u64 {
+        self.world() / self.sizes[self.order.iter().position(|&o| o == Dim::Pp).unwrap_or(4)]
+    }
+    /// Position of `c` among the ranks of its pipeline stage, in increasing rank order.
+    fn stage_pos(&self, c: Coord) -> u64 {
+        (0..5)
+            .rev()
+            .filter(|&i| self.order[i] != Dim::Pp)
+            .fold(0, |p, i| p * self.sizes[i] + c.get(self.order[i]))
+    }
+    /// The coordinate at position `pos` of stage `pp` ([`Self::stage_pos`] inverted).
+    fn at_stage_pos(&self, pos: u64, pp: u64) -> Coord {
+        let mut c = Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp };
+        let mut r = pos;
+        for i in (0..5).filter(|&i| self.order[i] != Dim::Pp) {
+            c.set(self.order[i], r % self.sizes[i]);
+            r /= self.sizes[i];
+        }
+        c
+    }
+    /// A rank's place in the expert grid, (expert-TP, EP, expert-DP) indices: Megatron-Core's
+    /// MoE parallel folding lays expert-TP innermost, then EP, then expert-DP over each
+    /// stage's ranks in rank order, whatever TP, CP and DP the attention uses. With
+    /// expert-TP equal to TP and no CP the EP groups are those of the attention grid's `ep`;
+    /// with expert-TP 1 under TP 2 they are runs of consecutive ranks.
+    fn expert_coord(&self, c: Coord) -> (u64, u64, u64) {
+        let ep = self.sizes[self.order.iter().position(|&o| o == Dim::Ep).unwrap_or(2)];
+        let p = self.stage_pos(c);
+        (p % self.etp, p / self.etp % ep, p / (self.etp * ep))
+    }
+    /// One line per dimension, innermost first ("tp 8 (stride 1)"); with experts, their
+    /// folded grid too.
     pub fn describe(&self) -> String {
         let mut stride = 1;
         let mut parts = Vec::new();
@@ -911,7 +968,18 @@ impl Placement {
             parts.push(format!("{} {} (stride {stride})", self.order[i].name(), self.sizes[i]));
             stride *= self.sizes[i];
         }
-        parts.join(", ")
+        let ep = self.sizes[self.order.iter().position(|&o| o == Dim::Ep).unwrap_or(2)];
+        let mut out = parts.join(", ");
+        if ep > 1 {
+            let edp = self.stage_size() / (self.etp * ep);
+            out += &format!(
+                "; experts folded over each stage's ranks: etp {} (stride 1), ep {ep} (stride {}), edp {edp} (stride {})",
+                self.etp,
+                self.etp,
+                self.etp * ep
+            );
+        }
+        out
     }
 }
 
@@ -1137,6 +1205,7 @@ fn check_located(f: &PlanFile, at: Locate<'_>, p: &Plan, model: &Model, gpus: u6
             "cp" => f.cp.as_ref().map(|s| s.span()),
             "ep" => f.ep.as_ref().map(|s| s.span()),
             "etp" => f.etp.as_ref().map(|s| s.span()),
+            "sp" => f.sp.as_ref().map(|s| s.span()),
             "mbs" => f.mbs.as_ref().map(|s| s.span()),
             "gbs" => f.gbs.as_ref().map(|s| s.span()),
             "seq" => f.seq.as_ref().map(|s| s.span()),

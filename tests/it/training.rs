@@ -147,6 +147,14 @@ fn bad_plans_name_the_field() {
         (Plan { vpp: 2, schedule: Some(Schedule::OneFOneB), ..ok.clone() }, &m, 128, "vpp", "interleaved"),
         (Plan { sharding: Sharding::FsdpHybrid { shard: 3 }, ..ok.clone() }, &m, 128, "fsdp_shard", "divide"),
         (Plan { etp: Some(3), ..ok.clone() }, &m, 128, "etp", "divide tp"),
+        // Megatron-Core refuses MoE with TP but without sequence parallelism.
+        (
+            Plan { tp: 2, pp: 1, dp: 4, ep: 4, sp: false, gbs: 4, ..Plan::default() },
+            &moe,
+            8,
+            "sp",
+            "needs sequence parallelism",
+        ),
     ];
     for (plan, model, gpus, field, text) in cases {
         let e = plan.check(model, gpus).expect_err(field);
@@ -384,6 +392,38 @@ fn placement_follows_megatron_order() {
     assert_eq!(pl.group_of(GroupKind::ExpertDp, 1), vec![1, 9]);
     assert_eq!(pl.group_of(GroupKind::Dp, 0), (0..16).collect::<Vec<u64>>());
     assert_eq!(pl.group_of(GroupKind::Pp, 0), vec![0, 16, 32, 48]);
+    // Megatron-Core's MoE parallel folding: the expert grid (expert-TP, EP, expert-DP) is laid
+    // over each stage's ranks in order, whatever the attention's TP and CP. DeepSeek-V3 on
+    // 1,024 H100 (Megatron-Bridge: TP2 PP8 EP64, expert-TP 1): EP groups are 64 consecutive
+    // ranks (8 whole nodes), not every other rank over 16 nodes as the attention grid's `ep`
+    // would put them.
+    let plan =
+        Plan { tp: 2, pp: 8, vpp: 4, dp: 64, ep: 64, etp: Some(1), sp: true, gbs: 8192, ..Plan::default() };
+    plan.check(&model("deepseek-v3"), 1024).unwrap();
+    let pl = Placement::new(&plan);
+    assert_eq!(pl.group_of(GroupKind::Ep, 0), (0..64).collect::<Vec<u64>>());
+    assert_eq!(pl.group_of(GroupKind::Ep, 200), (192..256).collect::<Vec<u64>>());
+    assert_eq!(pl.group_of(GroupKind::ExpertDp, 3), vec![3, 67]);
+    assert_eq!(pl.group_of(GroupKind::Etp, 3), vec![3]);
+    assert_eq!(pl.group_of(GroupKind::Tp, 3), vec![2, 3]);
+    // Expert-TP = TP under CP 2: EP strides by TP (2), not by TP x CP as the attention grid's
+    // `ep` does; expert-TP groups are the TP pairs, expert-DP the rest of the stage.
+    let plan = Plan { tp: 2, cp: 2, ep: 2, dp: 4, pp: 1, ..Plan::default() };
+    let pl = Placement::new(&plan);
+    assert_eq!(pl.group_of(GroupKind::Ep, 0), vec![0, 2]);
+    assert_eq!(pl.group_of(GroupKind::Etp, 0), vec![0, 1]);
+    assert_eq!(pl.group_of(GroupKind::ExpertDp, 0), vec![0, 4, 8, 12]);
+    for kind in [GroupKind::Ep, GroupKind::Etp, GroupKind::ExpertDp] {
+        let mut all: Vec<u64> = pl.groups(kind).into_iter().flatten().collect();
+        all.sort();
+        assert_eq!(all, (0..16).collect::<Vec<u64>>(), "{kind:?}");
+        for g in pl.groups(kind) {
+            assert_eq!(pl.group_of(kind, g[1]), g, "{kind:?}");
+        }
+    }
+    assert!(pl
+        .describe()
+        .contains("experts folded over each stage's ranks: etp 2 (stride 1), ep 2 (stride 2)"));
 }
 
 // ---------------------------------------------------------------- FLOPs
@@ -809,6 +849,25 @@ fn a_layer_issues_megatron_communication_volumes() {
         layer_comms(&mix, &plan, 5).into_iter().filter(|o| o.kind == CollectiveKind::AllToAll).collect();
     assert_eq!(a2a.len(), 4);
     assert!(a2a.iter().all(|o| o.bytes == 2 * 4096 * 2 * 4096 && o.group == GroupKind::Ep));
+    // DeepSeek-V3 under TP 2 (sequence parallel): each GPU dispatches its half of the tokens,
+    // 8 copies each; with expert-TP 1 nothing more, with expert-TP 2 the received tokens are
+    // all-gathered over the expert-TP pair and the outputs reduce-scattered back.
+    let ds = model("deepseek-v3");
+    let plan =
+        Plan { tp: 2, pp: 8, vpp: 4, dp: 64, ep: 64, etp: Some(1), sp: true, gbs: 8192, ..Plan::default() };
+    let ops = layer_comms(&ds, &plan, 10);
+    let sent = 2 * 4096 / 2 * 8 * 7168;
+    let ep: Vec<_> = ops.iter().filter(|o| o.group == GroupKind::Ep).collect();
+    assert_eq!(ep.len(), 4);
+    assert!(ep.iter().all(|o| o.kind == CollectiveKind::AllToAll && o.bytes == sent));
+    assert!(ops.iter().all(|o| o.group != GroupKind::Etp));
+    let ops = layer_comms(&ds, &Plan { etp: None, ..plan }, 10);
+    let etp: Vec<_> = ops.iter().filter(|o| o.group == GroupKind::Etp).map(|o| (o.kind, o.bytes)).collect();
+    assert_eq!(
+        etp,
+        [(CollectiveKind::AllGather, 2 * sent), (CollectiveKind::ReduceScatter, 2 * sent)].repeat(2)
+    );
+    assert!(ops.iter().filter(|o| o.group == GroupKind::Ep).all(|o| o.bytes == sent));
     // ZeRO-1: reduce-scatter of the stage's BF16 gradients in 80 MB buckets, then a gather.
     let plan = Plan { sharding: Sharding::Zero(1), ..llama70_plan() };
     let g = grad_reduces(&m, &plan, 1);
