@@ -140,6 +140,10 @@ pub struct TrainArgs {
     /// Megatron's scatter/gather of pipeline transfers over the TP ranks (default true).
     #[arg(long, value_name = "BOOL")]
     pub pp_scatter_gather: Option<bool>,
+    /// MoE dispatch and combine all-to-alls under another micro-batch's compute
+    /// (Megatron-Core's --overlap-moe-expert-parallel-comm; default false).
+    #[arg(long, value_name = "BOOL")]
+    pub moe_a2a_overlap: Option<bool>,
     /// Calibration profile (TOML with [params]).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
@@ -200,7 +204,7 @@ fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 15] {
 }
 
 /// The plan keys given as boolean flags, with their values.
-fn bool_flags(a: &TrainArgs) -> [(&'static str, Option<bool>); 6] {
+fn bool_flags(a: &TrainArgs) -> [(&'static str, Option<bool>); 7] {
     [
         ("sp", a.sp),
         ("overlap_grad_reduce", a.overlap_grad_reduce),
@@ -208,6 +212,7 @@ fn bool_flags(a: &TrainArgs) -> [(&'static str, Option<bool>); 6] {
         ("tp_comm_overlap", a.tp_comm_overlap),
         ("pp_comm_overlap", a.pp_comm_overlap),
         ("pp_scatter_gather", a.pp_scatter_gather),
+        ("moe_a2a_overlap", a.moe_a2a_overlap),
     ]
 }
 

@@ -117,6 +117,9 @@ pub(crate) struct ChunkComm {
     pub(crate) cp_wire_bwd: f64,
     pub(crate) ep_fwd: f64,
     pub(crate) ep_bwd: f64,
+    /// EP time on the wire, hidden (under `moe_a2a` overlap) or not.
+    pub(crate) ep_wire_fwd: f64,
+    pub(crate) ep_wire_bwd: f64,
     pub(crate) fsdp_fwd: f64,
     pub(crate) fsdp_bwd: f64,
 }
@@ -241,8 +244,16 @@ pub(crate) fn chunk_costs_and_comms(
                 tp_wire_bwd: b[0] + b[1],
                 cp_wire_fwd: f[2] + f[4],
                 cp_wire_bwd: b[2] + b[4],
-                ep_fwd: f[3],
-                ep_bwd: b[3],
+                // Under Megatron-Core's MoE all-to-all overlap a forward and another
+                // micro-batch's backward run merged: the forward's dispatch and combine under
+                // the backward's compute, the backward's under the forward's, each slowing
+                // what it overlaps by the SM share.
+                ep_fwd: exposed(f[3], cost.bwd(), ov.moe_a2a)
+                    + if ov.moe_a2a { share * f[3].min(cost.bwd()) } else { 0.0 },
+                ep_bwd: exposed(b[3], cost.fwd, ov.moe_a2a)
+                    + if ov.moe_a2a { share * b[3].min(cost.fwd) } else { 0.0 },
+                ep_wire_fwd: f[3],
+                ep_wire_bwd: b[3],
                 ..ChunkComm::default()
             };
             // Megatron's scatter/gather of pipeline transfers: the receiving op first

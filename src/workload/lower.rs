@@ -245,7 +245,8 @@ struct OpParts {
     tp: f64,
     cp: f64,
     ep: f64,
-    /// CP and TP time on the wire (hidden or not); not part of the op's duration.
+    /// EP, CP and TP time on the wire (hidden or not); not part of the op's duration.
+    ep_wire: f64,
     cp_wire: f64,
     tp_wire: f64,
 }
@@ -263,6 +264,7 @@ fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool) -> OpParts {
             tp: k.tp_fwd,
             cp: k.cp_fwd,
             ep: k.ep_fwd,
+            ep_wire: k.ep_wire_fwd,
             cp_wire: k.cp_wire_fwd,
             tp_wire: k.tp_wire_fwd,
         },
@@ -271,6 +273,7 @@ fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool) -> OpParts {
             tp: k.tp_bwd,
             cp: k.cp_bwd,
             ep: k.ep_bwd,
+            ep_wire: k.ep_wire_bwd,
             cp_wire: k.cp_wire_bwd,
             tp_wire: k.tp_wire_bwd,
         },
@@ -854,7 +857,14 @@ pub fn step_event_with(
             })
             .collect()
     };
-    let ep_shadow = layer_shadows(GroupKind::Ep, opts.ep_shadows, |p| p.ep);
+    // Under the MoE all-to-all overlap the EP shadows run beside their kernels (which count
+    // the exposed part), as the CP and TP shadows do, for the all-to-alls' time on the wire.
+    let ep_beside = plan.overlap.moe_a2a;
+    let ep_shadow = layer_shadows(
+        GroupKind::Ep,
+        opts.ep_shadows,
+        if ep_beside { |p: &OpParts| p.ep_wire } else { |p: &OpParts| p.ep },
+    );
     let cp_shadow = layer_shadows(GroupKind::Cp, opts.cp_shadows, |p| p.cp_wire);
     let tp_shadow = layer_shadows(GroupKind::Tp, opts.tp_shadows, |p| p.tp_wire);
 
@@ -875,7 +885,7 @@ pub fn step_event_with(
             let mut ids: Vec<JobId> = Vec::with_capacity(sched.ops[s].len());
             for (i, o) in sched.ops[s].iter().enumerate() {
                 let n = layers_of(s, o.chunk);
-                let ep = if ep_shadow[s][i].is_some() { parts[s][i].ep } else { 0.0 };
+                let ep = if ep_shadow[s][i].is_some() && !ep_beside { parts[s][i].ep } else { 0.0 };
                 let per = (parts[s][i].sum() - ep + extra[s][i]) / n as f64;
                 let name = format!("stage {s} {:?} mb {} chunk {}", o.pass, o.mb, o.chunk);
                 let kernels: Vec<Kernel> =
@@ -928,7 +938,7 @@ pub fn step_event_with(
             (&cp_shadow, StepJobKind::Cp, "cp kv exchange"),
             (&tp_shadow, StepJobKind::Tp, "tp collectives"),
         ] {
-            let beside = kind != StepJobKind::Ep;
+            let beside = kind != StepJobKind::Ep || ep_beside;
             #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
             for s in 0..pp {
                 for (i, o) in sched.ops[s].iter().enumerate() {
@@ -1196,7 +1206,7 @@ pub fn step_event_with(
         // count it (a wait behind both is put on CP).
         let extra = dur(star, i) - p.sum() - slow[star][i].0 - slow[star][i].1;
         if ep_shadow[star][i].is_some() {
-            sum.ep += extra.max(-p.ep);
+            sum.ep += if ep_beside { extra.max(0.0) } else { extra.max(-p.ep) };
         } else if cp_shadow[star][i].is_some() {
             sum.cp += extra.max(0.0);
         } else if tp_shadow[star][i].is_some() {

@@ -157,11 +157,16 @@ pub struct Overlap {
     /// the interleaved schedule, off (blocking exchanges) under the others. Read it with
     /// [`Plan::pp_comm_overlap`].
     pub pp_comm: Option<bool>,
+    /// MoE all-to-all under the other micro-batch's compute (Megatron-Core's
+    /// `--overlap-moe-expert-parallel-comm`: in the steady state the forward of one
+    /// micro-batch and the backward of another run merged, layer by layer, each one's
+    /// dispatch and combine beside the other's compute).
+    pub moe_a2a: bool,
 }
 
 impl Default for Overlap {
     fn default() -> Self {
-        Overlap { grad_reduce: true, param_gather: true, tp_comm: false, pp_comm: None }
+        Overlap { grad_reduce: true, param_gather: true, tp_comm: false, pp_comm: None, moe_a2a: false }
     }
 }
 
@@ -554,6 +559,13 @@ impl Plan {
                 ),
             );
         }
+        if self.overlap.moe_a2a && self.ep == 1 {
+            return err(
+                "moe_a2a_overlap",
+                "overlaps the MoE all-to-alls, which need expert parallelism; valid: ep > 1, or moe_a2a_overlap = false"
+                    .into(),
+            );
+        }
         if self.ep > 1 && self.tp > 1 && !self.sp {
             return err(
                 "sp",
@@ -894,13 +906,13 @@ impl Placement {
             GroupKind::Tp => vec![(Dim::Tp, all(Dim::Tp))],
             GroupKind::Cp => vec![(Dim::Cp, all(Dim::Cp))],
             GroupKind::Ep | GroupKind::ExpertDp | GroupKind::Etp => {
-                let (etp, ep) = (self.etp, size(Dim::Ep));
+                let (ep, edp) = self.expert_sizes();
                 let (t, e, d) = self.expert_coord(c);
-                let at = |t: u64, e: u64, d: u64| self.rank(self.at_stage_pos(t + etp * (e + ep * d), c.pp));
+                let at = |x| self.rank(self.at_stage_pos(self.expert_pos(x), c.pp));
                 let mut out: Vec<u64> = match kind {
-                    GroupKind::Ep => (0..ep).map(|e| at(t, e, d)).collect(),
-                    GroupKind::ExpertDp => (0..self.stage_size() / (etp * ep)).map(|d| at(t, e, d)).collect(),
-                    _ => (0..etp).map(|t| at(t, e, d)).collect(),
+                    GroupKind::Ep => (0..ep).map(|e| at((t, e, d))).collect(),
+                    GroupKind::ExpertDp => (0..edp).map(|d| at((t, e, d))).collect(),
+                    _ => (0..self.etp).map(|t| at((t, e, d))).collect(),
                 };
                 out.sort_unstable();
                 return out;
@@ -950,14 +962,35 @@ impl Placement {
         c
     }
     /// A rank's place in the expert grid, (expert-TP, EP, expert-DP) indices: Megatron-Core's
-    /// MoE parallel folding lays expert-TP innermost, then EP, then expert-DP over each
-    /// stage's ranks in rank order, whatever TP, CP and DP the attention uses. With
+    /// MoE parallel folding lays expert-TP innermost, then EP, then expert-DP (or expert-DP
+    /// inside EP where the order puts dp inside ep) over each stage's ranks in rank order,
+    /// whatever TP, CP and DP the attention uses. With
     /// expert-TP equal to TP and no CP the EP groups are those of the attention grid's `ep`;
     /// with expert-TP 1 under TP 2 they are runs of consecutive ranks.
     fn expert_coord(&self, c: Coord) -> (u64, u64, u64) {
+        let (ep, edp) = self.expert_sizes();
+        let p = self.stage_pos(c) / self.etp;
+        if self.dp_inside_ep() {
+            (self.stage_pos(c) % self.etp, p / edp, p % edp)
+        } else {
+            (self.stage_pos(c) % self.etp, p % ep, p / ep)
+        }
+    }
+    /// The stage position of expert coordinates ([`Self::expert_coord`] inverted).
+    fn expert_pos(&self, (t, e, d): (u64, u64, u64)) -> u64 {
+        let (ep, edp) = self.expert_sizes();
+        t + self.etp * if self.dp_inside_ep() { d + edp * e } else { e + ep * d }
+    }
+    /// EP and expert-DP sizes.
+    fn expert_sizes(&self) -> (u64, u64) {
         let ep = self.sizes[self.order.iter().position(|&o| o == Dim::Ep).unwrap_or(2)];
-        let p = self.stage_pos(c);
-        (p % self.etp, p / self.etp % ep, p / (self.etp * ep))
+        (ep, self.stage_size() / (self.etp * ep))
+    }
+    /// Whether the order puts dp inside ep: the expert grid then lays expert-DP inside EP,
+    /// as Megatron-Core's expert rank generator follows the same order.
+    fn dp_inside_ep(&self) -> bool {
+        let at = |d: Dim| self.order.iter().position(|&o| o == d);
+        at(Dim::Dp) < at(Dim::Ep)
     }
     /// One line per dimension, innermost first ("tp 8 (stride 1)"); with experts, their
     /// folded grid too.
@@ -968,15 +1001,14 @@ impl Placement {
             parts.push(format!("{} {} (stride {stride})", self.order[i].name(), self.sizes[i]));
             stride *= self.sizes[i];
         }
-        let ep = self.sizes[self.order.iter().position(|&o| o == Dim::Ep).unwrap_or(2)];
+        let (ep, edp) = self.expert_sizes();
         let mut out = parts.join(", ");
         if ep > 1 {
-            let edp = self.stage_size() / (self.etp * ep);
+            let (e, d) =
+                if self.dp_inside_ep() { (self.etp * edp, self.etp) } else { (self.etp, self.etp * ep) };
             out += &format!(
-                "; experts folded over each stage's ranks: etp {} (stride 1), ep {ep} (stride {}), edp {edp} (stride {})",
-                self.etp,
-                self.etp,
-                self.etp * ep
+                "; experts folded over each stage's ranks: etp {} (stride 1), ep {ep} (stride {e}), edp {edp} (stride {d})",
+                self.etp
             );
         }
         out
@@ -1024,10 +1056,11 @@ struct PlanFile {
     ep_imbalance: Option<Spanned<f64>>,
     ep_seed: Option<Spanned<u64>>,
     pp_scatter_gather: Option<bool>,
+    moe_a2a_overlap: Option<Spanned<bool>>,
 }
 
 /// Every key of a plan table, in the order of [`PlanKeys`]' fields.
-pub const PLAN_KEYS: [&str; 30] = [
+pub const PLAN_KEYS: [&str; 31] = [
     "tp",
     "pp",
     "vpp",
@@ -1058,6 +1091,7 @@ pub const PLAN_KEYS: [&str; 30] = [
     "ep_imbalance",
     "ep_seed",
     "pp_scatter_gather",
+    "moe_a2a_overlap",
 ];
 
 /// The keys of a plan table as read, with where each value stands in its document: a plan
@@ -1098,7 +1132,7 @@ impl PlanKeys {
 /// schedule, bucket = "80MB", overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
 /// pp_comm_overlap, order = "tp-cp-ep-dp-pp", decoder_first_pipeline_num_layers,
 /// decoder_last_pipeline_num_layers, cp_comm = "p2p"|"all_gather", ep_imbalance, ep_seed,
-/// pp_scatter_gather) and
+/// pp_scatter_gather, moe_a2a_overlap) and
 /// checks it against `model` on `gpus`
 /// GPUs. Errors name the file, the line of the offending field and the valid choices.
 pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<Plan, FileError> {
@@ -1192,6 +1226,7 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
     // Unset: Megatron-LM's choice by schedule (`Plan::pp_comm_overlap`).
     ov.pp_comm = f.pp_comm_overlap.or(ov.pp_comm);
     p.pp_scatter_gather = f.pp_scatter_gather.unwrap_or(p.pp_scatter_gather);
+    p.overlap.moe_a2a = f.moe_a2a_overlap.as_ref().map_or(p.overlap.moe_a2a, |s| *s.get_ref());
     Ok(p)
 }
 
@@ -1206,6 +1241,7 @@ fn check_located(f: &PlanFile, at: Locate<'_>, p: &Plan, model: &Model, gpus: u6
             "ep" => f.ep.as_ref().map(|s| s.span()),
             "etp" => f.etp.as_ref().map(|s| s.span()),
             "sp" => f.sp.as_ref().map(|s| s.span()),
+            "moe_a2a_overlap" => f.moe_a2a_overlap.as_ref().map(|s| s.span()),
             "mbs" => f.mbs.as_ref().map(|s| s.span()),
             "gbs" => f.gbs.as_ref().map(|s| s.span()),
             "seq" => f.seq.as_ref().map(|s| s.span()),
