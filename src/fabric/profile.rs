@@ -61,8 +61,11 @@ pub fn parse_profile(text: &str, file: &str) -> Result<toml::Table, ProfileError
             ),
         ));
     }
-    let t: toml::Table = toml::from_str(text)
-        .map_err(|e| ProfileError::Invalid { file: file.to_string(), msg: e.message().to_string() })?;
+    // Values the span parser leaves as text (an overflowing float) fail here: at their line.
+    let t: toml::Table = toml::from_str(text).map_err(|e| match e.span() {
+        Some(s) => at(s, e.message().to_string()),
+        None => ProfileError::Invalid { file: file.to_string(), msg: e.message().to_string() },
+    })?;
     match t.get("params") {
         Some(toml::Value::Table(params)) => check_params(text, file, user, params).map(|()| params.clone()),
         _ => Err(at(key.span(), "`params` must be a table".into())),

@@ -693,16 +693,14 @@ pub fn step_event_with(
     }
     let memoized = pricer.priced().1 - memo_before;
     // The rank that carries a stage's replayed collectives: a peer of the representative
-    // in the stage (TP, CP, EP or DP index 1) that runs no compute stream and no transfer.
+    // in the stage (TP, CP or DP index 1) that runs no compute stream and no transfer.
     let proxy = |s: usize| -> u32 {
         let c = Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: s as u64 };
         let c = if plan.tp > 1 {
             Coord { tp: 1, ..c }
         } else if plan.cp > 1 {
             Coord { cp: 1, ..c }
-        } else if plan.ep > 1 {
-            Coord { ep: 1, ..c }
-        } else if plan.dp / plan.ep > 1 {
+        } else if plan.dp > 1 {
             Coord { dp: 1, ..c }
         } else {
             c

@@ -550,12 +550,17 @@ impl Plan {
             }
             _ => {}
         }
-        if !self.dp.is_multiple_of(self.ep) {
+        // Megatron-Core folds the experts over each stage's ranks (expert-TP x EP x
+        // expert-DP = TP x CP x DP), so EP may span TP and CP ranks as well as DP ones.
+        let folded = self.tp / self.etp().clamp(1, self.tp) * self.cp * self.dp;
+        if !folded.is_multiple_of(self.ep) {
             return err(
                 "ep",
                 format!(
-                    "ep = {} must divide dp = {} (experts are spread over data-parallel ranks)",
-                    self.ep, self.dp
+                    "ep = {} must divide tp / etp × cp × dp = {folded} (the experts are folded over each pipeline \
+                     stage's ranks, expert-TP × EP × expert-DP); valid: {}",
+                    self.ep,
+                    divisors(folded)
                 ),
             );
         }
@@ -733,7 +738,8 @@ pub fn parse_order(s: &str) -> Option<[Dim; 5]> {
     (sorted == MEGATRON_ORDER).then_some(out)
 }
 
-/// A rank's coordinates; `dp` runs over `plan.dp / plan.ep`.
+/// A rank's coordinates in the attention's grid; `ep` is always 0 there (the experts have
+/// their own grid, folded over each stage's ranks: [`Placement::group_of`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Coord {
     /// Tensor-parallel index.
@@ -802,6 +808,7 @@ pub struct Placement {
     order: [Dim; 5],
     sizes: [u64; 5],
     etp: u64,
+    ep: u64,
     shard: u64,
 }
 
@@ -811,14 +818,15 @@ impl Placement {
         let size = |d: Dim| match d {
             Dim::Tp => plan.tp,
             Dim::Cp => plan.cp,
-            Dim::Ep => plan.ep,
-            Dim::Dp => plan.dp / plan.ep,
+            Dim::Ep => 1,
+            Dim::Dp => plan.dp,
             Dim::Pp => plan.pp,
         };
         Placement {
             order: plan.order,
             sizes: plan.order.map(size),
             etp: plan.etp(),
+            ep: plan.ep,
             shard: plan.shard_group(),
         }
     }
@@ -983,8 +991,7 @@ impl Placement {
     }
     /// EP and expert-DP sizes.
     fn expert_sizes(&self) -> (u64, u64) {
-        let ep = self.sizes[self.order.iter().position(|&o| o == Dim::Ep).unwrap_or(2)];
-        (ep, self.stage_size() / (self.etp * ep))
+        (self.ep, self.stage_size() / (self.etp * self.ep))
     }
     /// Whether the order puts dp inside ep: the expert grid then lays expert-DP inside EP,
     /// as Megatron-Core's expert rank generator follows the same order.
@@ -997,7 +1004,7 @@ impl Placement {
     pub fn describe(&self) -> String {
         let mut stride = 1;
         let mut parts = Vec::new();
-        for i in 0..5 {
+        for i in (0..5).filter(|&i| self.order[i] != Dim::Ep) {
             parts.push(format!("{} {} (stride {stride})", self.order[i].name(), self.sizes[i]));
             stride *= self.sizes[i];
         }
@@ -1275,8 +1282,9 @@ mod tests {
         }
         assert_eq!(pl.coord(1), Coord { tp: 1, cp: 0, ep: 0, dp: 0, pp: 0 });
         assert_eq!(pl.coord(2), Coord { tp: 0, cp: 1, ep: 0, dp: 0, pp: 0 });
-        assert_eq!(pl.coord(4), Coord { tp: 0, cp: 0, ep: 1, dp: 0, pp: 0 });
-        assert_eq!(pl.coord(8), Coord { tp: 0, cp: 0, ep: 0, dp: 1, pp: 0 });
+        // The attention's grid has no EP (the experts are folded over the stage).
+        assert_eq!(pl.coord(4), Coord { tp: 0, cp: 0, ep: 0, dp: 1, pp: 0 });
+        assert_eq!(pl.coord(8), Coord { tp: 0, cp: 0, ep: 0, dp: 2, pp: 0 });
         assert_eq!(pl.coord(16), Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: 1 });
     }
 

@@ -489,7 +489,8 @@ pub fn enumerate(model: &Model, spec: &SearchSpec, tp_ok: &dyn Fn(u64) -> bool) 
                     }
                     let eps = match &model.moe {
                         Some(m) => {
-                            divisors(m.experts).into_iter().filter(|e| dp.is_multiple_of(*e)).collect()
+                            // Expert-TP = TP: the experts fold over the stage's CP x DP ranks.
+                            divisors(m.experts).into_iter().filter(|e| (cp * dp).is_multiple_of(*e)).collect()
                         }
                         None => vec![1],
                     };

@@ -346,3 +346,15 @@ fn located_rejects_unlocated_errors() {
     assert!(located(&past, p, "a = 1\n", false).is_err());
     assert!(check_topology(p, "[gpu\n").is_ok());
 }
+
+/// Found by `calibration_profiles`: a float that overflows (`1e30` spliced before a long
+/// integer) passed the span parser, which keeps values as text, and failed in the typed
+/// parse without its line.
+#[test]
+fn an_overflowing_float_in_a_profile_is_located() {
+    let text = "[params.link.net]\nefficiency = 1e3018446744073709551615\n";
+    match parse_profile(text, "profile.toml") {
+        Err(FileError::At { line, .. }) => assert_eq!(line, 2),
+        other => panic!("{other:?}"),
+    }
+}

@@ -136,7 +136,13 @@ fn bad_plans_name_the_field() {
         ),
         (Plan { ep: 2, ..ok.clone() }, &m, 128, "ep", "no experts"),
         (Plan { tp: 1, pp: 1, dp: 6, ep: 3, gbs: 6, ..Plan::default() }, &moe, 6, "ep", "8 experts"),
-        (Plan { tp: 1, pp: 1, dp: 4, ep: 8, gbs: 4, ..Plan::default() }, &moe, 4, "ep", "must divide dp"),
+        (
+            Plan { tp: 1, pp: 1, dp: 4, ep: 8, gbs: 4, ..Plan::default() },
+            &moe,
+            4,
+            "ep",
+            "must divide tp / etp × cp × dp = 4",
+        ),
         (Plan { gbs: 30, ..ok.clone() }, &m, 128, "gbs", "dp × mbs"),
         // A zero-token sequence gave a step of zero tokens and 0 TFLOP/s.
         (Plan { seq: Some(0), ..ok.clone() }, &m, 128, "seq", "at least 1"),
@@ -406,8 +412,14 @@ fn placement_follows_megatron_order() {
     assert_eq!(pl.group_of(GroupKind::ExpertDp, 3), vec![3, 67]);
     assert_eq!(pl.group_of(GroupKind::Etp, 3), vec![3]);
     assert_eq!(pl.group_of(GroupKind::Tp, 3), vec![2, 3]);
-    // Expert-TP = TP under CP 2: EP strides by TP (2), not by TP x CP as the attention grid's
-    // `ep` does; expert-TP groups are the TP pairs, expert-DP the rest of the stage.
+    // Folding lets EP exceed DP: on 512 GPUs DP is 32 and EP 64 spans both TP ranks.
+    let half = Plan { dp: 32, gbs: 4096, ..plan.clone() };
+    half.check(&model("deepseek-v3"), 512).unwrap();
+    let pl = Placement::new(&half);
+    assert_eq!(pl.group_of(GroupKind::Ep, 70), (64..128).collect::<Vec<u64>>());
+    assert_eq!(pl.group_of(GroupKind::ExpertDp, 70), vec![70]);
+    // Expert-TP = TP under CP 2: EP strides by TP (2), not by TP x CP as an EP laid on the
+    // attention's grid did; expert-TP groups are the TP pairs, expert-DP the rest of the stage.
     let plan = Plan { tp: 2, cp: 2, ep: 2, dp: 4, pp: 1, ..Plan::default() };
     let pl = Placement::new(&plan);
     assert_eq!(pl.group_of(GroupKind::Ep, 0), vec![0, 2]);
