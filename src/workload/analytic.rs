@@ -120,6 +120,10 @@ pub(crate) struct ChunkComm {
     /// EP time on the wire, hidden (under `moe_a2a` overlap) or not.
     pub(crate) ep_wire_fwd: f64,
     pub(crate) ep_wire_bwd: f64,
+    /// Under `moe_a2a` overlap, the part of `ep_fwd`/`ep_bwd` that is the SM share of the
+    /// compute the all-to-alls overlap (the rest is what they leave exposed).
+    pub(crate) ep_share_fwd: f64,
+    pub(crate) ep_share_bwd: f64,
     pub(crate) fsdp_fwd: f64,
     pub(crate) fsdp_bwd: f64,
 }
@@ -235,6 +239,11 @@ pub(crate) fn chunk_costs_and_comms(
             let (gemm_f, gemm_b) = (cost.gemm_fwd, 2.0 * cost.gemm_fwd);
             let (att_f, att_b) = (cost.attention_fwd, 2.5 * cost.attention_fwd);
             let [f, b] = sums;
+            let ep_share = if ov.moe_a2a {
+                (share * f[3].min(cost.bwd()), share * b[3].min(cost.fwd))
+            } else {
+                (0.0, 0.0)
+            };
             let mut cc = ChunkComm {
                 tp_fwd: f[0] + exposed(f[1], gemm_f, true) + share * f[1].min(gemm_f),
                 tp_bwd: b[0] + exposed(b[1], gemm_b, true) + share * b[1].min(gemm_b),
@@ -248,12 +257,12 @@ pub(crate) fn chunk_costs_and_comms(
                 // micro-batch's backward run merged: the forward's dispatch and combine under
                 // the backward's compute, the backward's under the forward's, each slowing
                 // what it overlaps by the SM share.
-                ep_fwd: exposed(f[3], cost.bwd(), ov.moe_a2a)
-                    + if ov.moe_a2a { share * f[3].min(cost.bwd()) } else { 0.0 },
-                ep_bwd: exposed(b[3], cost.fwd, ov.moe_a2a)
-                    + if ov.moe_a2a { share * b[3].min(cost.fwd) } else { 0.0 },
+                ep_fwd: exposed(f[3], cost.bwd(), ov.moe_a2a) + ep_share.0,
+                ep_bwd: exposed(b[3], cost.fwd, ov.moe_a2a) + ep_share.1,
                 ep_wire_fwd: f[3],
                 ep_wire_bwd: b[3],
+                ep_share_fwd: ep_share.0,
+                ep_share_bwd: ep_share.1,
                 ..ChunkComm::default()
             };
             // Megatron's scatter/gather of pipeline transfers: the receiving op first

@@ -257,13 +257,17 @@ impl OpParts {
     }
 }
 
-fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool) -> OpParts {
+/// An op's parts; `ep_beside`: the MoE all-to-all overlap, under which the op's EP part is
+/// only the SM share by which the other pass's all-to-alls slow its compute (a forward's
+/// under a backward's and the reverse, as the merged passes run); its own all-to-alls'
+/// shadows, beside its kernels, make the exposure.
+fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool, ep_beside: bool) -> OpParts {
     match o.pass {
         Pass::F => OpParts {
             compute: c.fwd,
             tp: k.tp_fwd,
             cp: k.cp_fwd,
-            ep: k.ep_fwd,
+            ep: if ep_beside { k.ep_share_bwd } else { k.ep_fwd },
             ep_wire: k.ep_wire_fwd,
             cp_wire: k.cp_wire_fwd,
             tp_wire: k.tp_wire_fwd,
@@ -272,7 +276,7 @@ fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool) -> OpParts {
             compute: if split { c.bwd_input } else { c.bwd() },
             tp: k.tp_bwd,
             cp: k.cp_bwd,
-            ep: k.ep_bwd,
+            ep: if ep_beside { k.ep_share_fwd } else { k.ep_bwd },
             ep_wire: k.ep_wire_bwd,
             cp_wire: k.cp_wire_bwd,
             tp_wire: k.tp_wire_bwd,
@@ -759,7 +763,15 @@ pub fn step_event_with(
         .map(|s| {
             sched.ops[s]
                 .iter()
-                .map(|o| op_parts(&costs[s][o.chunk as usize], &comms[s][o.chunk as usize], o, split))
+                .map(|o| {
+                    op_parts(
+                        &costs[s][o.chunk as usize],
+                        &comms[s][o.chunk as usize],
+                        o,
+                        split,
+                        plan.overlap.moe_a2a,
+                    )
+                })
                 .collect()
         })
         .collect();
@@ -939,6 +951,11 @@ pub fn step_event_with(
             let beside = kind != StepJobKind::Ep || ep_beside;
             #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
             for s in 0..pp {
+                // Under the MoE all-to-all overlap a stage's EP shadows run one after another
+                // (each stretched to its layer's time on the wire): beside their kernels, a
+                // layer's may otherwise start while the previous one still runs, and two
+                // capped shadows at once move twice the bytes the all-to-alls can.
+                let mut prev_ep: Option<JobId> = None;
                 for (i, o) in sched.ops[s].iter().enumerate() {
                     let Some((pair, (args, choice, cap, chunk))) = table[s][i] else { continue };
                     let op = b.ops[s][i];
@@ -958,6 +975,11 @@ pub fn step_event_with(
                             None => w.add(job),
                         }
                         .map_err(e)?;
+                        if kind == StepJobKind::Ep && ep_beside {
+                            if let Some(p) = prev_ep.replace(id) {
+                                w.after(id, p);
+                            }
+                        }
                         if k > 0 {
                             w.after_kernel_on_all_ranks(id, op, k - 1);
                         } else {
