@@ -137,6 +137,10 @@ pub struct TrainingRun {
     /// release that brought PAT); empty: NCCL's defaults.
     #[serde(default)]
     pub nccl: String,
+    /// Further plan-file keys the run's recipe set, `KEY=VALUE` pairs separated by spaces
+    /// with TOML values (`etp=1 moe_a2a_overlap=true`); empty: none.
+    #[serde(default)]
+    pub plan: String,
     /// The published metric.
     pub metric: Metric,
     /// Its published value.
@@ -197,6 +201,13 @@ impl TrainingRun {
         );
         if let Some(s) = self.seq {
             t.push_str(&format!("seq = {s}\n"));
+        }
+        for kv in self.plan.split_whitespace() {
+            match kv.split_once('=') {
+                Some((k, v)) => t.push_str(&format!("{k} = {v}\n")),
+                // A pair without `=` is left whole for the plan parser to name.
+                None => t.push_str(&format!("{kv}\n")),
+            }
         }
         t
     }

@@ -590,6 +590,13 @@ fn calibrate_training_fits_a_users_run_and_refuses_bad_inputs() {
     let (code, _, err) = fabricsim(&["calibrate", "--training", bad.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("bad.csv:2: run ring: nccl") && err.contains("Rong"), "{err}");
+    // A plan key of the row (the optional `plan` column) that does not exist.
+    let h3 = header.replace("dtype,", "dtype,plan,");
+    let r3 = row("keys", "dgx-h100", 768, 96, "0.62").replace("bf16,", "bf16,etp=1 tp_overlap=true,");
+    std::fs::write(&bad, format!("{h3}{r3}")).unwrap();
+    let (code, _, err) = fabricsim(&["calibrate", "--training", bad.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("bad.csv:2: run keys:") && err.contains("tp_overlap"), "{err}");
     let (code, _, err) = fabricsim(&["calibrate", "--training"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("<INPUTS>"), "{err}");

@@ -1095,7 +1095,7 @@ fn runs_not_fitted_on_are_within_15_percent() {
 /// Held-out runs outside 15% today, with the README's mechanism ("Training steps", known
 /// misses). Nothing is fitted to them; the test bounds them loosely so that a regression
 /// still fails, and fails too when one comes within 15% (then it moves to the asserted set).
-const KNOWN_MISSES: [(&str, f64); 3] = [
+const KNOWN_MISSES: [(&str, f64); 4] = [
     // Narayanan et al.'s ZeRO-3 comparison (DeepSpeed, 2021) at 384, 768 and 1,536 GPUs
     // with the same global batch: the published throughput halves with each doubling (a
     // step of about 65 s at 768 and 1,536 GPUs however little each GPU computes), while the
@@ -1103,6 +1103,12 @@ const KNOWN_MISSES: [(&str, f64); 3] = [
     ("narayanan21-gpt3-175b-zero3-384", 0.35),
     ("narayanan21-gpt3-175b-zero3-768", 1.2),
     ("narayanan21-gpt3-175b-zero3-1536", 3.3),
+    // Megatron-Bridge 25.09's DeepSeek-V3 on 1,024 H100 with its recipe's expert-TP 1 and
+    // MoE all-to-all overlap, +16% in tokens/s: the recipe's DeepEP dispatcher (per-node
+    // deduplication: faster still), the dropless dispatcher's host synchronisation each MoE
+    // layer, the MTP layer and the up-projection recomputation (about 6% more compute from
+    // their FLOPs) are not modelled.
+    ("mbridge2509-deepseek-v3-fp8", 0.25),
 ];
 
 #[test]
