@@ -96,6 +96,9 @@
 //!   split evenly over its kernels; representative and its EP peer on another node, built
 //!   as the DP shadows are), and the kernel, which then no longer counts the EP time, waits
 //!   for it: the all-to-all queues behind DP buckets and pipeline transfers on the NIC.
+//!   Under the MoE all-to-all overlap (`moe_a2a_overlap`) a stage's EP shadows run one
+//!   after another beside their kernels instead, stretched to the all-to-alls' time on the
+//!   wire, each kernel carrying the SM share of the other pass's all-to-alls.
 //! - DP buckets beyond `max_buckets` per gradient reduction are merged into that many
 //!   collectives of the summed size (same bytes, coarser readiness).
 //! - Gradients of a stage become ready evenly over the kernels of the last micro-batch's
@@ -868,7 +871,8 @@ pub fn step_event_with(
             .collect()
     };
     // Under the MoE all-to-all overlap the EP shadows run beside their kernels (which count
-    // the exposed part), as the CP and TP shadows do, for the all-to-alls' time on the wire.
+    // only the other pass's SM share), as the CP and TP shadows do, for the all-to-alls' time
+    // on the wire: what they outlast their kernels by is the exposure.
     let ep_beside = plan.overlap.moe_a2a;
     let ep_shadow = layer_shadows(
         GroupKind::Ep,

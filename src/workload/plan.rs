@@ -550,9 +550,17 @@ impl Plan {
             }
             _ => {}
         }
+        if let Some(etp) = self.etp {
+            if etp == 0 || !self.tp.is_multiple_of(etp) {
+                return err(
+                    "etp",
+                    format!("etp = {etp} must divide tp = {}; valid: {}", self.tp, divisors(self.tp)),
+                );
+            }
+        }
         // Megatron-Core folds the experts over each stage's ranks (expert-TP x EP x
         // expert-DP = TP x CP x DP), so EP may span TP and CP ranks as well as DP ones.
-        let folded = self.tp / self.etp().clamp(1, self.tp) * self.cp * self.dp;
+        let folded = self.tp / self.etp() * self.cp * self.dp;
         if !folded.is_multiple_of(self.ep) {
             return err(
                 "ep",
@@ -580,14 +588,6 @@ impl Plan {
                     self.ep, self.tp
                 ),
             );
-        }
-        if let Some(etp) = self.etp {
-            if etp == 0 || !self.tp.is_multiple_of(etp) {
-                return err(
-                    "etp",
-                    format!("etp = {etp} must divide tp = {}; valid: {}", self.tp, divisors(self.tp)),
-                );
-            }
         }
         if !self.gbs.is_multiple_of(self.dp.saturating_mul(self.mbs)) {
             return err(
@@ -925,10 +925,8 @@ impl Placement {
                 out.sort_unstable();
                 return out;
             }
-            GroupKind::Dp => vec![(Dim::Ep, all(Dim::Ep)), (Dim::Dp, all(Dim::Dp))],
-            GroupKind::DpCp => {
-                vec![(Dim::Cp, all(Dim::Cp)), (Dim::Ep, all(Dim::Ep)), (Dim::Dp, all(Dim::Dp))]
-            }
+            GroupKind::Dp => vec![(Dim::Dp, all(Dim::Dp))],
+            GroupKind::DpCp => vec![(Dim::Cp, all(Dim::Cp)), (Dim::Dp, all(Dim::Dp))],
             GroupKind::Pp => vec![(Dim::Pp, all(Dim::Pp))],
         };
         let mut ranks = vec![c];
@@ -972,9 +970,9 @@ impl Placement {
     /// A rank's place in the expert grid, (expert-TP, EP, expert-DP) indices: Megatron-Core's
     /// MoE parallel folding lays expert-TP innermost, then EP, then expert-DP (or expert-DP
     /// inside EP where the order puts dp inside ep) over each stage's ranks in rank order,
-    /// whatever TP, CP and DP the attention uses. With
-    /// expert-TP equal to TP and no CP the EP groups are those of the attention grid's `ep`;
-    /// with expert-TP 1 under TP 2 they are runs of consecutive ranks.
+    /// whatever TP, CP and DP the attention uses. With expert-TP equal to TP and no CP, EP
+    /// strides by TP over consecutive DP ranks (Megatron's layout before folding); with
+    /// expert-TP 1 under TP 2 its groups are runs of consecutive ranks.
     fn expert_coord(&self, c: Coord) -> (u64, u64, u64) {
         let (ep, edp) = self.expert_sizes();
         let p = self.stage_pos(c) / self.etp;
