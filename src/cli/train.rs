@@ -121,7 +121,9 @@ pub struct TrainArgs {
     /// DP gradient bucket size (e.g. 40MB; Megatron's default when absent).
     #[arg(long)]
     pub bucket: Option<String>,
-    /// Rank order of the parallel dimensions, innermost first (default tp-cp-ep-dp-pp).
+    /// Rank order of the parallel dimensions, innermost first (default tp-cp-ep-dp-pp; the
+    /// experts are folded over each stage's ranks as Megatron-Core does, so ep's place only
+    /// says whether expert-DP lies inside EP, when dp comes before it).
     #[arg(long)]
     pub order: Option<String>,
     /// DP gradient reduction bucket by bucket under the backward (default true).
