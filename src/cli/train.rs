@@ -105,6 +105,11 @@ pub struct TrainArgs {
     /// Layers on the last pipeline stage (Megatron's flag).
     #[arg(long)]
     pub decoder_last_pipeline_num_layers: Option<u64>,
+    /// Megatron-Core's pipeline layout: the layers of each virtual stage in model order,
+    /// stages separated by `|`, e.g. "Et|(tt|)*30L" (E embedding, t transformer layer, L
+    /// output layer; X*n and (...)*n repeat); overrides the even split.
+    #[arg(long)]
+    pub pipeline_model_parallel_layout: Option<String>,
     /// Expert tensor parallelism (default: tp).
     #[arg(long)]
     pub etp: Option<u64>,
@@ -243,7 +248,7 @@ fn value_name<T: clap::ValueEnum>(v: Option<T>) -> Option<String> {
 }
 
 /// The plan keys given as string flags, with their values.
-fn string_flags(a: &TrainArgs) -> [(&'static str, Option<String>); 8] {
+fn string_flags(a: &TrainArgs) -> [(&'static str, Option<String>); 9] {
     [
         ("fsdp", a.fsdp.clone()),
         ("bucket", a.bucket.clone()),
@@ -253,6 +258,7 @@ fn string_flags(a: &TrainArgs) -> [(&'static str, Option<String>); 8] {
         ("schedule", a.schedule.clone()),
         ("cp_comm", value_name(a.cp_comm)),
         ("attention", value_name(a.attention)),
+        ("pipeline_model_parallel_layout", a.pipeline_model_parallel_layout.clone()),
     ]
 }
 

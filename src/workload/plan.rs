@@ -216,6 +216,10 @@ pub struct Plan {
     pub first_stage_layers: Option<u64>,
     /// Layers on the last pipeline stage (Megatron's `--decoder-last-pipeline-num-layers`).
     pub last_stage_layers: Option<u64>,
+    /// Megatron-Core's `--pipeline-model-parallel-layout`, expanded: the transformer layers of
+    /// each virtual stage in model order (see [`parse_layout`]); None: see
+    /// [`Plan::vstage_layers`].
+    pub layout: Option<Vec<u64>>,
     /// How CP exchanges keys and values.
     pub cp_comm: CpComm,
     /// Token-routing imbalance of MoE layers: the max/mean ratio of the tokens the EP ranks
@@ -259,6 +263,7 @@ impl Default for Plan {
             order: MEGATRON_ORDER,
             first_stage_layers: None,
             last_stage_layers: None,
+            layout: None,
             cp_comm: CpComm::P2p,
             ep_imbalance: 1.0,
             ep_seed: 0,
@@ -349,6 +354,10 @@ impl Plan {
     pub fn vstage_layers(&self, layers: u64, vs: u64) -> std::ops::Range<u64> {
         let (pp, vpp) = (self.pp.max(1), self.vpp.max(1));
         let v = pp * vpp;
+        if let Some(l) = &self.layout {
+            let start: u64 = l.iter().take(vs as usize).sum();
+            return start..start + l.get(vs as usize).copied().unwrap_or(0);
+        }
         if self.first_stage_layers.is_none() && self.last_stage_layers.is_none() {
             let slots = layers + 2;
             let (base, rem) = (slots / v, slots % v);
@@ -406,6 +415,30 @@ impl Plan {
         let (pp, vpp) = (self.pp, self.vpp);
         let v = pp * vpp;
         let (first, last) = (self.first_stage_layers, self.last_stage_layers);
+        if let Some(l) = &self.layout {
+            const LAYOUT: &str = "pipeline_model_parallel_layout";
+            if first.is_some() || last.is_some() {
+                let field = if first.is_some() { FIRST } else { LAST };
+                return err(
+                    field,
+                    format!("conflicts with {LAYOUT}, which places every layer; valid: one of them"),
+                );
+            }
+            if l.len() as u64 != v {
+                return err(
+                    LAYOUT,
+                    format!(
+                        "has {} virtual stages but pp × vpp = {pp} × {vpp} = {v}; valid: {v} stages",
+                        l.len()
+                    ),
+                );
+            }
+            let n: u64 = l.iter().sum();
+            if n != layers {
+                return err(LAYOUT, format!("places {n} transformer layers (t) but the model has {layers}"));
+            }
+            return Ok(());
+        }
         if first.is_some() || last.is_some() {
             let field = if first.is_some() { FIRST } else { LAST };
             if pp < 2 {
@@ -721,6 +754,61 @@ impl Dim {
             Dim::Pp => "pp",
         }
     }
+}
+
+/// Expands Megatron-Core's pipeline layout (`--pipeline-model-parallel-layout`, as
+/// Megatron-Bridge's recipes write it: "Et|(tt|)*30L") into the transformer layers of each
+/// virtual stage, in model order. `|` separates virtual stages; `E` is the embedding (first
+/// stage only), `t` a transformer layer, `L` the output layer and loss (last stage only);
+/// `X*n` repeats a symbol and `(...)*n` a group. `m` (a multi-token-prediction layer) is
+/// refused: MTP is not modelled.
+pub fn parse_layout(text: &str) -> Result<Vec<u64>, String> {
+    fn expand(s: &[char], i: &mut usize, out: &mut String) -> Result<(), String> {
+        while *i < s.len() {
+            let c = s[*i];
+            *i += 1;
+            let mut piece = String::new();
+            match c {
+                '(' => expand(s, i, &mut piece)?,
+                ')' => return Ok(()),
+                'E' | 't' | 'L' | '|' => piece.push(c),
+                'm' => {
+                    return Err("`m` (a multi-token-prediction layer): MTP is not modelled; drop it".into())
+                }
+                ' ' => continue,
+                other => return Err(format!("unknown symbol `{other}`; valid: E, t, L, |, X*n, (...)*n")),
+            }
+            let mut reps = 1;
+            if s.get(*i) == Some(&'*') {
+                *i += 1;
+                let digits: String = s[*i..].iter().take_while(|c| c.is_ascii_digit()).collect();
+                *i += digits.len();
+                reps = digits.parse::<usize>().map_err(|_| "`*` needs a count, as in t*4".to_string())?;
+            }
+            out.push_str(&piece.repeat(reps));
+        }
+        Ok(())
+    }
+    let chars: Vec<char> = text.chars().collect();
+    let (mut i, mut flat) = (0, String::new());
+    expand(&chars, &mut i, &mut flat)?;
+    if i < chars.len() {
+        return Err("unbalanced `)`".into());
+    }
+    let stages: Vec<&str> = flat.split('|').collect();
+    let last = stages.len() - 1;
+    for (k, st) in stages.iter().enumerate() {
+        if st.contains('E') && (k > 0 || !st.starts_with('E') || st.matches('E').count() > 1) {
+            return Err("`E` (the embedding) opens the first stage and appears once".into());
+        }
+        if st.contains('L') && (k < last || !st.ends_with('L') || st.matches('L').count() > 1) {
+            return Err("`L` (the output layer) closes the last stage and appears once".into());
+        }
+    }
+    if !stages[0].starts_with('E') || !stages[last].ends_with('L') {
+        return Err("the layout must open with `E` and close with `L`".into());
+    }
+    Ok(stages.iter().map(|st| st.matches('t').count() as u64).collect())
 }
 
 /// Parses an order such as "tp-cp-ep-dp-pp" (innermost first).
@@ -1062,10 +1150,11 @@ struct PlanFile {
     ep_seed: Option<Spanned<u64>>,
     pp_scatter_gather: Option<bool>,
     moe_a2a_overlap: Option<Spanned<bool>>,
+    pipeline_model_parallel_layout: Option<Spanned<String>>,
 }
 
 /// Every key of a plan table, in the order of [`PlanKeys`]' fields.
-pub const PLAN_KEYS: [&str; 31] = [
+pub const PLAN_KEYS: [&str; 32] = [
     "tp",
     "pp",
     "vpp",
@@ -1097,6 +1186,7 @@ pub const PLAN_KEYS: [&str; 31] = [
     "ep_seed",
     "pp_scatter_gather",
     "moe_a2a_overlap",
+    "pipeline_model_parallel_layout",
 ];
 
 /// The keys of a plan table as read, with where each value stands in its document: a plan
@@ -1137,7 +1227,7 @@ impl PlanKeys {
 /// schedule, bucket = "80MB", overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
 /// pp_comm_overlap, order = "tp-cp-ep-dp-pp", decoder_first_pipeline_num_layers,
 /// decoder_last_pipeline_num_layers, cp_comm = "p2p"|"all_gather", ep_imbalance, ep_seed,
-/// pp_scatter_gather, moe_a2a_overlap) and
+/// pp_scatter_gather, moe_a2a_overlap, pipeline_model_parallel_layout = "Et|(tt|)*30L") and
 /// checks it against `model` on `gpus`
 /// GPUs. Errors name the file, the line of the offending field and the valid choices.
 pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<Plan, FileError> {
@@ -1168,6 +1258,11 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
     p.seq = f.seq.as_ref().map(|s| *s.get_ref());
     p.first_stage_layers = f.decoder_first_pipeline_num_layers.as_ref().map(|s| *s.get_ref());
     p.last_stage_layers = f.decoder_last_pipeline_num_layers.as_ref().map(|s| *s.get_ref());
+    if let Some(l) = &f.pipeline_model_parallel_layout {
+        p.layout = Some(parse_layout(l.get_ref()).map_err(|e| {
+            at(Some(l.span()), format!("`pipeline_model_parallel_layout` {:?}: {e}", l.get_ref()))
+        })?);
+    }
     let choice = |v: &Spanned<String>, field: &str, choices: &str| {
         at(Some(v.span()), format!("`{field}` = \"{}\" is not known; valid: {choices}", v.get_ref()))
     };
@@ -1247,6 +1342,7 @@ fn check_located(f: &PlanFile, at: Locate<'_>, p: &Plan, model: &Model, gpus: u6
             "etp" => f.etp.as_ref().map(|s| s.span()),
             "sp" => f.sp.as_ref().map(|s| s.span()),
             "moe_a2a_overlap" => f.moe_a2a_overlap.as_ref().map(|s| s.span()),
+            "pipeline_model_parallel_layout" => f.pipeline_model_parallel_layout.as_ref().map(|s| s.span()),
             "mbs" => f.mbs.as_ref().map(|s| s.span()),
             "gbs" => f.gbs.as_ref().map(|s| s.span()),
             "seq" => f.seq.as_ref().map(|s| s.span()),

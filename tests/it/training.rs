@@ -1902,7 +1902,8 @@ fn every_plan_key_has_a_train_flag() {
     };
     let keys = "tp = 2\npp = 2\nsp = false\netp = 2\nbucket = \"100MB\"\norder = \"tp-dp-cp-ep-pp\"\n\
                 overlap_grad_reduce = false\noverlap_param_gather = false\ntp_comm_overlap = true\n\
-                pp_comm_overlap = true\npp_scatter_gather = false\nzero = 1\n";
+                pp_comm_overlap = true\npp_scatter_gather = false\nzero = 1\n\
+                pipeline_model_parallel_layout = \"Et*15|t*17L\"\n";
     let dir = crate::temp_dir("plan-key-flags");
     let plan = dir.join("plan.toml");
     std::fs::write(&plan, keys).unwrap();
@@ -1933,6 +1934,8 @@ fn every_plan_key_has_a_train_flag() {
         "false",
         "--zero",
         "1",
+        "--pipeline-model-parallel-layout",
+        "Et*15|t*17L",
     ];
     let (code, from_flags, err) = run(&flags);
     assert_eq!(code, Some(0), "{err}");
@@ -2242,4 +2245,54 @@ fn moe_a2a_overlap_hides_the_all_to_alls_behind_the_other_pass() {
     .check(&dense, 16)
     .expect_err("no EP");
     assert_eq!(e.field, "moe_a2a_overlap", "{e}");
+}
+
+/// Megatron-Core's pipeline layout (`--pipeline-model-parallel-layout`, as Megatron-Bridge's
+/// DeepSeek-V3 recipes write it): each virtual stage's layers in model order. The H100
+/// recipe's "Et|(tt|)*30mL" without its MTP layer gives one layer to the first chunk, two to
+/// the next 30 and none to the last (the output layer alone): 7, 8 x 6, 6 layers per stage
+/// on PP 8 x VP 4. Malformed layouts are refused with what is valid, at the key's line.
+#[test]
+fn pipeline_layouts_follow_megatron_core() {
+    use fabricsim::workload::plan::parse_layout;
+    let mut want = vec![1u64];
+    want.extend([2u64; 30]);
+    want.push(0);
+    assert_eq!(parse_layout("Et|(tt|)*30L").unwrap(), want);
+    assert_eq!(parse_layout("Et*4|(t*4|)*2t*3L").unwrap(), vec![4, 4, 4, 3]);
+    for (bad, why) in [
+        ("Et|(tt|)*30mL", "MTP is not modelled"),
+        ("t*4|tL", "open with `E`"),
+        ("Et|EtL", "`E` (the embedding) opens the first stage"),
+        ("EtL|t", "`L` (the output layer) closes the last stage"),
+        ("Et*|L", "needs a count"),
+        ("Ext|L", "unknown symbol `x`"),
+        ("Et)|L", "unbalanced"),
+    ] {
+        let e = parse_layout(bad).expect_err(bad);
+        assert!(e.contains(why), "{bad}: {e}");
+    }
+    let ds = model("deepseek-v3");
+    let text = "tp = 2\npp = 8\nvpp = 4\nep = 64\netp = 1\nmbs = 1\ngbs = 8192\nseq = 4096\n\
+                pipeline_model_parallel_layout = \"Et|(tt|)*30L\"\n";
+    let plan = plan_text(&ds, 1024, text);
+    assert_eq!(plan.stage_layers(ds.layers), vec![7, 8, 8, 8, 8, 8, 8, 6]);
+    assert_eq!(plan.vstage_layers(ds.layers, 31), 61..61);
+    // A layout of the wrong length or layer count, and one beside explicit stage sizes.
+    let m = model("llama3-8b");
+    for (layout, why) in [
+        ("Et*16|t*16L", "has 2 virtual stages but pp × vpp = 4 × 1 = 4"),
+        ("Et*8|t*8|t*8|t*7L", "places 31 transformer layers (t) but the model has 32"),
+    ] {
+        let t = format!("tp = 2\npp = 4\nmbs = 1\ngbs = 4\npipeline_model_parallel_layout = \"{layout}\"\n");
+        let e = parse_plan(&t, Path::new("p.toml"), &m, 8).expect_err(layout).to_string();
+        assert!(e.contains("p.toml:5:") && e.contains(why), "{e}");
+    }
+    let t = "tp = 2\npp = 4\nmbs = 1\ngbs = 4\ndecoder_first_pipeline_num_layers = 8\n\
+             pipeline_model_parallel_layout = \"Et*8|t*8|t*8|t*8L\"\n";
+    let e = parse_plan(t, Path::new("p.toml"), &m, 8).expect_err("both").to_string();
+    assert!(e.contains("p.toml:5:") && e.contains("conflicts with pipeline_model_parallel_layout"), "{e}");
+    let t = "tp = 2\npp = 4\nmbs = 1\ngbs = 4\npipeline_model_parallel_layout = \"Et*8|t*8|t*8|t*8mL\"\n";
+    let e = parse_plan(t, Path::new("p.toml"), &m, 8).expect_err("mtp").to_string();
+    assert!(e.contains("p.toml:5:") && e.contains("MTP"), "{e}");
 }
