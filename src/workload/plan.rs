@@ -785,6 +785,10 @@ pub fn parse_layout(text: &str) -> Result<Vec<u64>, String> {
                 *i += digits.len();
                 reps = digits.parse::<usize>().map_err(|_| "`*` needs a count, as in t*4".to_string())?;
             }
+            // A layout lists one symbol per layer: a million is no model's.
+            if piece.len().saturating_mul(reps).saturating_add(out.len()) > 1 << 20 {
+                return Err("expands to more than a million symbols".into());
+            }
             out.push_str(&piece.repeat(reps));
         }
         Ok(())

@@ -2268,6 +2268,7 @@ fn pipeline_layouts_follow_megatron_core() {
         ("Et*|L", "needs a count"),
         ("Ext|L", "unknown symbol `x`"),
         ("Et)|L", "unbalanced"),
+        ("E(t*99999|)*99999L", "more than a million"),
     ] {
         let e = parse_layout(bad).expect_err(bad);
         assert!(e.contains(why), "{bad}: {e}");
