@@ -51,6 +51,10 @@ pub struct PlanArgs {
     /// --tp-comm-overlap) in every plan with TP > 1 and sequence parallelism.
     #[arg(long)]
     pub tp_comm_overlap: bool,
+    /// Multi-token-prediction layers (Megatron-Core's --mtp-num-layers; DeepSeek-V3 trains
+    /// with 1), on the last pipeline stage of every plan.
+    #[arg(long, default_value_t = 0)]
+    pub mtp_num_layers: u64,
     /// Candidates to show (and keep while pruning).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -145,6 +149,7 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
         dtype,
         attention,
         tp_comm_overlap: a.tp_comm_overlap,
+        mtp_layers: a.mtp_num_layers,
         constraints,
         top: a.top,
         retime: a.retime.unwrap_or(3).min(a.top),
@@ -191,6 +196,14 @@ pub fn run(a: PlanArgs) -> Result<()> {
         super::check_out_dir("-o", dir)?;
     }
     let model = load_model(&a.model)?;
+    if a.mtp_num_layers > model.layers {
+        bail!(
+            "--mtp-num-layers {}: the model has {} layers; valid: 0 to {}",
+            a.mtp_num_layers,
+            model.layers,
+            model.layers
+        );
+    }
     let profile = a.calibration.as_deref().map(super::bench::load_profile).transpose()?;
     let mut results = Vec::new();
     for path in &a.topology {

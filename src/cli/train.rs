@@ -123,6 +123,10 @@ pub struct TrainArgs {
     /// Ranks an FSDP hybrid shard group spans.
     #[arg(long)]
     pub fsdp_shard: Option<u64>,
+    /// Multi-token-prediction layers (Megatron-Core's --mtp-num-layers; DeepSeek-V3 trains
+    /// with 1), on the last pipeline stage.
+    #[arg(long)]
+    pub mtp_num_layers: Option<u64>,
     /// DP gradient bucket size (e.g. 40MB; Megatron's default when absent).
     #[arg(long)]
     pub bucket: Option<String>,
@@ -190,7 +194,7 @@ pub struct TrainArgs {
 }
 
 /// The plan keys given as integer flags, with their values.
-fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 15] {
+fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 16] {
     [
         ("tp", a.tp),
         ("pp", a.pp),
@@ -207,6 +211,7 @@ fn numeric_flags(a: &TrainArgs) -> [(&'static str, Option<u64>); 15] {
         ("ep_seed", a.ep_seed.map(u64::from)),
         ("etp", a.etp),
         ("fsdp_shard", a.fsdp_shard),
+        ("mtp_num_layers", a.mtp_num_layers),
     ]
 }
 

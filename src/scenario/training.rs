@@ -213,13 +213,16 @@ pub fn plan_summary(p: &Plan) -> String {
         p.recompute,
         p.schedule().name()
     );
-    // The CP exchange, the EP imbalance and the attention kernel only when they differ from
-    // the defaults.
+    // The CP exchange, the EP imbalance, MTP and the attention kernel only when they differ
+    // from the defaults.
     if p.cp > 1 && p.cp_comm != CpComm::P2p {
         s.push_str(&format!(", cp_comm {}", p.cp_comm.name()));
     }
     if p.ep_imbalance != 1.0 {
         s.push_str(&format!(", ep_imbalance {} (seed {})", p.ep_imbalance, p.ep_seed));
+    }
+    if p.mtp_layers > 0 {
+        s.push_str(&format!(", {} MTP layer(s) on the last stage", p.mtp_layers));
     }
     if p.attention == Attention::Unfused {
         s.push_str(", unfused attention");

@@ -175,7 +175,7 @@ pub(crate) fn chunk_costs_and_comms(
         for s in 0..pp {
             for c in 0..vpp {
                 let cost = &mut costs[s as usize][c as usize];
-                for l in plan.vstage_layers(model.layers, c * pp + s) {
+                for l in plan.vstage_blocks(model.layers, c * pp + s) {
                     let f = load[l as usize];
                     if f == 1.0 {
                         continue;
@@ -218,7 +218,7 @@ pub(crate) fn chunk_costs_and_comms(
             // Per pass: TP exposed, TP hideable behind the GEMMs, CP hideable behind the
             // attention, EP, CP exposed.
             let mut sums = [[0.0f64; 5]; 2];
-            for l in plan.vstage_layers(model.layers, vs) {
+            for l in plan.vstage_blocks(model.layers, vs) {
                 for op in layer_comms(model, plan, l) {
                     let mut t = op.count as f64 * price(op.kind, op.group, op.bytes);
                     if op.group == GroupKind::Ep {
@@ -283,8 +283,7 @@ pub(crate) fn chunk_costs_and_comms(
                 // priced at its own size, whose latency and NCCL pick differ from one
                 // collective of the whole chunk (on 1,152 H100s a Llama 3 70B layer's
                 // gather is latency- and LL128-bound where the whole chunk's is not).
-                let layers = plan.vstage_layers(model.layers, vs);
-                let n = (layers.end - layers.start).max(1);
+                let n = (plan.vstage_blocks(model.layers, vs).count() as u64).max(1);
                 let ag = n as f64 * price(CollectiveKind::AllGather, group, bytes / n);
                 let rs = n as f64 * price(CollectiveKind::ReduceScatter, group, bytes / n);
                 // Layer by layer, each gather (and reduce-scatter) runs on its own stream for
@@ -335,8 +334,8 @@ pub fn estimate(
     // showed these, and its first lowering gathered whole chunks, hence a 13% gap.)
     let fsdp_edge = |s: u64, kind: CollectiveKind, o: Option<&PipeOp>| -> f64 {
         let Some(o) = o else { return 0.0 };
-        let r = plan.vstage_layers(model.layers, u64::from(o.chunk) * pp + s);
-        let bytes = chunk_gather_bytes(model, plan, s, u64::from(o.chunk)) / (r.end - r.start).max(1);
+        let n = plan.vstage_blocks(model.layers, u64::from(o.chunk) * pp + s).count() as u64;
+        let bytes = chunk_gather_bytes(model, plan, s, u64::from(o.chunk)) / n.max(1);
         let ranks = pl.group_of(shard_group_kind(plan), rank_of(s));
         if bytes == 0 || ranks.len() < 2 {
             0.0

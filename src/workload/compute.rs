@@ -422,18 +422,39 @@ pub fn edge_ops(model: &Model, plan: &Plan, r: &Roofline, vstage: u64) -> Vec<Op
         });
     }
     if vstage == plan.pp * plan.vpp - 1 {
-        ops.push(gemm_op(r, &logits_gemm(model, t), plan));
-        let bytes = 16.0 * (t * model.vocab) as f64 / plan.tp as f64;
-        let ce = r.memory_time(bytes);
-        ops.push(OpCost {
-            name: "cross_entropy",
-            kind: OpKind::Elementwise,
-            flops: 0.0,
-            bytes,
-            fwd: ce,
-            bwd_input: ce,
-            bwd_weight: 0.0,
-        });
+        // The output layer and loss, once for the model and once per MTP layer (which
+        // shares the output layer), and each MTP layer's projection of its two normalised
+        // inputs (the hidden state and the next token's embedding, 2h) to h; its transformer
+        // layer is one of the stage's blocks ([`Plan::vstage_blocks`]).
+        for k in 0..=plan.mtp_layers {
+            if k > 0 {
+                let h = model.hidden;
+                ops.push(gemm_op(r, &crate::workload::flops::mtp_projection_gemm(model, t), plan));
+                let bytes = 2.0 * 3.0 * (t * 2 * h) as f64 / if plan.sp { plan.tp as f64 } else { 1.0 };
+                let fwd = r.memory_time(bytes);
+                ops.push(OpCost {
+                    name: "mtp_norms",
+                    kind: OpKind::Elementwise,
+                    flops: 0.0,
+                    bytes,
+                    fwd,
+                    bwd_input: 2.0 * fwd,
+                    bwd_weight: 0.0,
+                });
+            }
+            ops.push(gemm_op(r, &logits_gemm(model, t), plan));
+            let bytes = 16.0 * (t * model.vocab) as f64 / plan.tp as f64;
+            let ce = r.memory_time(bytes);
+            ops.push(OpCost {
+                name: "cross_entropy",
+                kind: OpKind::Elementwise,
+                flops: 0.0,
+                bytes,
+                fwd: ce,
+                bwd_input: ce,
+                bwd_weight: 0.0,
+            });
+        }
     }
     ops
 }
@@ -453,7 +474,7 @@ pub fn chunk_cost(model: &Model, plan: &Plan, r: &Roofline, stage: u64, chunk: u
             OpKind::Elementwise => {}
         }
     };
-    for l in plan.vstage_layers(model.layers, vs) {
+    for l in plan.vstage_blocks(model.layers, vs) {
         for o in layer_ops(model, plan, r, l) {
             add(&o, &mut c);
             c.bwd_input += match (plan.recompute, o.kind) {

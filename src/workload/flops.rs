@@ -159,6 +159,12 @@ pub fn logits_gemm(model: &Model, tokens: u64) -> Gemm {
     gemm("logits", tokens, model.vocab, model.hidden, Split::Column)
 }
 
+/// An MTP layer's projection of its two normalised inputs (hidden state and the next
+/// token's embedding, 2h wide) to the hidden size, for `tokens` tokens.
+pub fn mtp_projection_gemm(model: &Model, tokens: u64) -> Gemm {
+    gemm("mtp_projection", tokens, model.hidden, 2 * model.hidden, Split::Column)
+}
+
 /// Forward FLOPs of one layer for `b` sequences of `s` tokens: GEMMs and the full attention
 /// square.
 pub fn layer_forward_flops(model: &Model, layer: u64, b: u64, s: u64) -> f64 {
@@ -194,8 +200,21 @@ pub fn recompute_flops_per_sequence(model: &Model, s: u64, recompute: Recompute)
 /// Model and hardware FLOPs of one step of `plan` (all `gbs` sequences).
 pub fn step_flops(model: &Model, plan: &Plan) -> StepFlops {
     let s = plan.seq(model);
-    let per_seq = model_flops_per_sequence(model, s);
-    let extra = recompute_flops_per_sequence(model, s, plan.recompute);
+    // Each MTP layer: its projection, a layer of the last layer's kind and the output layer
+    // (counted in model FLOPs, as Megatron-Core's formula does), and what recomputation
+    // reruns of its layer.
+    let last = model.layers.saturating_sub(1);
+    let mtp = plan.mtp_layers as f64;
+    let mtp_fwd = layer_forward_flops(model, last, 1, s)
+        + mtp_projection_gemm(model, s).flops()
+        + logits_gemm(model, s).flops();
+    let mtp_re = match plan.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective => attention(model, 1, s).flops_full(),
+        Recompute::Full => layer_forward_flops(model, last, 1, s),
+    };
+    let per_seq = model_flops_per_sequence(model, s) + mtp * 3.0 * mtp_fwd;
+    let extra = recompute_flops_per_sequence(model, s, plan.recompute) + mtp * mtp_re;
     let b = plan.gbs as f64;
     StepFlops { model: b * per_seq, hardware: b * (per_seq + extra) }
 }

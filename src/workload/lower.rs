@@ -787,8 +787,7 @@ pub fn step_event_with(
     // Kernels (layers) of one op of chunk `c` on stage `s`; chunks differ under uneven
     // pipeline layouts.
     let layers_of = |s: usize, c: u32| {
-        let r = plan.vstage_layers(model.layers, u64::from(c) * plan.pp + s as u64);
-        (r.end - r.start).max(1) as u32
+        (plan.vstage_blocks(model.layers, u64::from(c) * plan.pp + s as u64).count() as u32).max(1)
     };
     let last_k = |s: usize, c: u32| layers_of(s, c) - 1;
     let rate = engine_rate(f);
@@ -831,7 +830,7 @@ pub fn step_event_with(
                         }
                         let vs = u64::from(o.chunk) * plan.pp + s as u64;
                         let (mut x, mut found) = (0.0, None);
-                        for l in plan.vstage_layers(model.layers, vs) {
+                        for l in plan.vstage_blocks(model.layers, vs) {
                             for op in layer_comms(model, plan, l) {
                                 if op.group != group || op.pass != o.pass {
                                     continue;

@@ -152,7 +152,7 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: u64) -> (u64, u64) {
 pub fn vstage_params(model: &Model, plan: &Plan, vs: u64) -> (u64, u64) {
     let last_vstage = plan.pp * plan.vpp - 1;
     let (mut dense, mut experts) = (0u64, 0u64);
-    for l in plan.vstage_layers(model.layers, vs) {
+    for l in plan.vstage_blocks(model.layers, vs) {
         let p = model.layer_params(l);
         let replicated: u64 = p.norms
             + layer_gemms(model, l, 1)
@@ -171,6 +171,15 @@ pub fn vstage_params(model: &Model, plan: &Plan, vs: u64) -> (u64, u64) {
         let tied_copy = if model.tied_embeddings && plan.pp > 1 { model.vocab * model.hidden } else { 0 };
         let norm = model.output_params() - if model.tied_embeddings { 0 } else { model.vocab * model.hidden };
         dense += (model.output_params() - norm + tied_copy) / plan.tp + norm;
+        // Each MTP layer's projection (2h to h, split by TP) and its two input norms; its
+        // transformer layer is a block above, and the output layer is shared.
+        let h = model.hidden;
+        dense += plan.mtp_layers * (2 * h * h / plan.tp + 2 * h);
+        // MTP embeds the next tokens: with pp > 1 the last stage keeps its own copy of an
+        // untied embedding (a tied one is there already as the output layer).
+        if plan.mtp_layers > 0 && plan.pp > 1 && !model.tied_embeddings {
+            dense += model.vocab * h / plan.tp;
+        }
     }
     (dense, experts)
 }
@@ -249,16 +258,17 @@ pub fn stage_memory(model: &Model, plan: &Plan, stage: u64, in_flight_chunks: u6
 
     // Chunks of a stage may differ in layers (uneven pipeline layouts): a chunk in flight
     // is counted at the stage's largest chunk.
-    let chunks: Vec<std::ops::Range<u64>> =
-        (0..plan.vpp).map(|c| plan.vstage_layers(model.layers, c * plan.pp + stage)).collect();
-    let chunk_layers = chunks.iter().map(|r| r.end - r.start).max().unwrap_or(0);
+    let chunks: Vec<Vec<u64>> =
+        (0..plan.vpp).map(|c| plan.vstage_blocks(model.layers, c * plan.pp + stage).collect()).collect();
+    let chunk_layers = chunks.iter().map(|r| r.len() as u64).max().unwrap_or(0);
     let stage_layers: Vec<u64> = chunks.into_iter().flatten().collect();
     let per_layer: u64 =
         stage_layers.iter().map(|&l| layer_activation_bytes(model, plan, l)).max().unwrap_or(0);
     let mut activations = in_flight_chunks * chunk_layers * per_layer;
     let t = plan.mbs * plan.seq(model) / plan.cp;
     if stage == plan.pp - 1 {
-        activations += 4 * t * model.vocab / plan.tp;
+        // FP32 logits, of the model's output and of each MTP layer's.
+        activations += (1 + plan.mtp_layers) * 4 * t * model.vocab / plan.tp;
     }
 
     let grads_total = gd + ge;

@@ -219,7 +219,12 @@ pub struct Plan {
     /// Megatron-Core's `--pipeline-model-parallel-layout`, expanded: the transformer layers of
     /// each virtual stage in model order (see [`parse_layout`]); None: see
     /// [`Plan::vstage_layers`].
-    pub layout: Option<Vec<u64>>,
+    pub layout: Option<Layout>,
+    /// Multi-token-prediction layers (Megatron-Core's `--mtp-num-layers`; DeepSeek-V3 trains
+    /// with 1): on the last virtual stage, each a projection of the hidden state and the next
+    /// token's embedding, a transformer layer of the last layer's kind and the shared output
+    /// layer with its loss.
+    pub mtp_layers: u64,
     /// How CP exchanges keys and values.
     pub cp_comm: CpComm,
     /// Token-routing imbalance of MoE layers: the max/mean ratio of the tokens the EP ranks
@@ -264,6 +269,7 @@ impl Default for Plan {
             first_stage_layers: None,
             last_stage_layers: None,
             layout: None,
+            mtp_layers: 0,
             cp_comm: CpComm::P2p,
             ep_imbalance: 1.0,
             ep_seed: 0,
@@ -355,8 +361,8 @@ impl Plan {
         let (pp, vpp) = (self.pp.max(1), self.vpp.max(1));
         let v = pp * vpp;
         if let Some(l) = &self.layout {
-            let start: u64 = l.iter().take(vs as usize).sum();
-            return start..start + l.get(vs as usize).copied().unwrap_or(0);
+            let start: u64 = l.layers.iter().take(vs as usize).sum();
+            return start..start + l.layers.get(vs as usize).copied().unwrap_or(0);
         }
         if self.first_stage_layers.is_none() && self.last_stage_layers.is_none() {
             let slots = layers + 2;
@@ -395,6 +401,14 @@ impl Plan {
         start..start + stage(s) / vpp
     }
 
+    /// The transformer blocks of virtual stage `vs` in order: its layers, then on the last
+    /// virtual stage one per MTP layer, each of the last layer's kind (index `layers - 1`),
+    /// so that compute, communication and memory take it as a layer.
+    pub fn vstage_blocks(&self, layers: u64, vs: u64) -> impl Iterator<Item = u64> {
+        let mtp = if vs + 1 == self.pp * self.vpp { self.mtp_layers } else { 0 };
+        self.vstage_layers(layers, vs).chain(std::iter::repeat_n(layers.saturating_sub(1), mtp as usize))
+    }
+
     /// Layers per pipeline stage (all its chunks), first stage first.
     pub fn stage_layers(&self, layers: u64) -> Vec<u64> {
         (0..self.pp)
@@ -415,6 +429,15 @@ impl Plan {
         let (pp, vpp) = (self.pp, self.vpp);
         let v = pp * vpp;
         let (first, last) = (self.first_stage_layers, self.last_stage_layers);
+        if self.mtp_layers > layers {
+            return err(
+                "mtp_num_layers",
+                format!(
+                    "is {} but the model has {layers} layers; valid: 0 to {layers} (DeepSeek-V3 trains with 1)",
+                    self.mtp_layers
+                ),
+            );
+        }
         if let Some(l) = &self.layout {
             const LAYOUT: &str = "pipeline_model_parallel_layout";
             if first.is_some() || last.is_some() {
@@ -424,16 +447,25 @@ impl Plan {
                     format!("conflicts with {LAYOUT}, which places every layer; valid: one of them"),
                 );
             }
-            if l.len() as u64 != v {
+            if l.layers.len() as u64 != v {
                 return err(
                     LAYOUT,
                     format!(
                         "has {} virtual stages but pp × vpp = {pp} × {vpp} = {v}; valid: {v} stages",
-                        l.len()
+                        l.layers.len()
                     ),
                 );
             }
-            let n: u64 = l.iter().sum();
+            if l.mtp != self.mtp_layers {
+                return err(
+                    LAYOUT,
+                    format!(
+                        "places {} MTP layers (m) but mtp_num_layers = {}; valid: as many m as MTP layers",
+                        l.mtp, self.mtp_layers
+                    ),
+                );
+            }
+            let n: u64 = l.layers.iter().sum();
             if n != layers {
                 return err(LAYOUT, format!("places {n} transformer layers (t) but the model has {layers}"));
             }
@@ -759,10 +791,10 @@ impl Dim {
 /// Expands Megatron-Core's pipeline layout (`--pipeline-model-parallel-layout`, as
 /// Megatron-Bridge's recipes write it: "Et|(tt|)*30L") into the transformer layers of each
 /// virtual stage, in model order. `|` separates virtual stages; `E` is the embedding (first
-/// stage only), `t` a transformer layer, `L` the output layer and loss (last stage only);
-/// `X*n` repeats a symbol and `(...)*n` a group. `m` (a multi-token-prediction layer) is
-/// refused: MTP is not modelled.
-pub fn parse_layout(text: &str) -> Result<Vec<u64>, String> {
+/// stage only), `t` a transformer layer, `m` a multi-token-prediction layer and `L` the
+/// output layer and loss (both last stage only, `m` before `L`); `X*n` repeats a symbol and
+/// `(...)*n` a group.
+pub fn parse_layout(text: &str) -> Result<Layout, String> {
     fn expand(s: &[char], i: &mut usize, out: &mut String) -> Result<(), String> {
         while *i < s.len() {
             let c = s[*i];
@@ -771,12 +803,9 @@ pub fn parse_layout(text: &str) -> Result<Vec<u64>, String> {
             match c {
                 '(' => expand(s, i, &mut piece)?,
                 ')' => return Ok(()),
-                'E' | 't' | 'L' | '|' => piece.push(c),
-                'm' => {
-                    return Err("`m` (a multi-token-prediction layer): MTP is not modelled; drop it".into())
-                }
+                'E' | 't' | 'm' | 'L' | '|' => piece.push(c),
                 ' ' => continue,
-                other => return Err(format!("unknown symbol `{other}`; valid: E, t, L, |, X*n, (...)*n")),
+                other => return Err(format!("unknown symbol `{other}`; valid: E, t, m, L, |, X*n, (...)*n")),
             }
             let mut reps = 1;
             if s.get(*i) == Some(&'*') {
@@ -808,11 +837,27 @@ pub fn parse_layout(text: &str) -> Result<Vec<u64>, String> {
         if st.contains('L') && (k < last || !st.ends_with('L') || st.matches('L').count() > 1) {
             return Err("`L` (the output layer) closes the last stage and appears once".into());
         }
+        if st.contains('m') && (k < last || st.trim_end_matches('L').trim_end_matches('m').contains('m')) {
+            return Err("`m` (an MTP layer) goes in the last stage, after its layers, before `L`".into());
+        }
     }
     if !stages[0].starts_with('E') || !stages[last].ends_with('L') {
         return Err("the layout must open with `E` and close with `L`".into());
     }
-    Ok(stages.iter().map(|st| st.matches('t').count() as u64).collect())
+    Ok(Layout {
+        layers: stages.iter().map(|st| st.matches('t').count() as u64).collect(),
+        mtp: stages[last].matches('m').count() as u64,
+    })
+}
+
+/// A pipeline layout ([`parse_layout`]): transformer layers per virtual stage in model
+/// order, and the MTP layers of the last one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Transformer layers (`t`) of each virtual stage.
+    pub layers: Vec<u64>,
+    /// MTP layers (`m`), all on the last virtual stage.
+    pub mtp: u64,
 }
 
 /// Parses an order such as "tp-cp-ep-dp-pp" (innermost first).
@@ -1155,10 +1200,11 @@ struct PlanFile {
     pp_scatter_gather: Option<bool>,
     moe_a2a_overlap: Option<Spanned<bool>>,
     pipeline_model_parallel_layout: Option<Spanned<String>>,
+    mtp_num_layers: Option<Spanned<u64>>,
 }
 
 /// Every key of a plan table, in the order of [`PlanKeys`]' fields.
-pub const PLAN_KEYS: [&str; 32] = [
+pub const PLAN_KEYS: [&str; 33] = [
     "tp",
     "pp",
     "vpp",
@@ -1191,6 +1237,7 @@ pub const PLAN_KEYS: [&str; 32] = [
     "pp_scatter_gather",
     "moe_a2a_overlap",
     "pipeline_model_parallel_layout",
+    "mtp_num_layers",
 ];
 
 /// The keys of a plan table as read, with where each value stands in its document: a plan
@@ -1231,7 +1278,8 @@ impl PlanKeys {
 /// schedule, bucket = "80MB", overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
 /// pp_comm_overlap, order = "tp-cp-ep-dp-pp", decoder_first_pipeline_num_layers,
 /// decoder_last_pipeline_num_layers, cp_comm = "p2p"|"all_gather", ep_imbalance, ep_seed,
-/// pp_scatter_gather, moe_a2a_overlap, pipeline_model_parallel_layout = "Et|(tt|)*30L") and
+/// pp_scatter_gather, moe_a2a_overlap, pipeline_model_parallel_layout = "Et|(tt|)*30mL",
+/// mtp_num_layers) and
 /// checks it against `model` on `gpus`
 /// GPUs. Errors name the file, the line of the offending field and the valid choices.
 pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<Plan, FileError> {
@@ -1262,6 +1310,7 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
     p.seq = f.seq.as_ref().map(|s| *s.get_ref());
     p.first_stage_layers = f.decoder_first_pipeline_num_layers.as_ref().map(|s| *s.get_ref());
     p.last_stage_layers = f.decoder_last_pipeline_num_layers.as_ref().map(|s| *s.get_ref());
+    p.mtp_layers = f.mtp_num_layers.as_ref().map_or(0, |s| *s.get_ref());
     if let Some(l) = &f.pipeline_model_parallel_layout {
         p.layout = Some(parse_layout(l.get_ref()).map_err(|e| {
             at(Some(l.span()), format!("`pipeline_model_parallel_layout` {:?}: {e}", l.get_ref()))
@@ -1347,6 +1396,7 @@ fn check_located(f: &PlanFile, at: Locate<'_>, p: &Plan, model: &Model, gpus: u6
             "sp" => f.sp.as_ref().map(|s| s.span()),
             "moe_a2a_overlap" => f.moe_a2a_overlap.as_ref().map(|s| s.span()),
             "pipeline_model_parallel_layout" => f.pipeline_model_parallel_layout.as_ref().map(|s| s.span()),
+            "mtp_num_layers" => f.mtp_num_layers.as_ref().map(|s| s.span()),
             "mbs" => f.mbs.as_ref().map(|s| s.span()),
             "gbs" => f.gbs.as_ref().map(|s| s.span()),
             "seq" => f.seq.as_ref().map(|s| s.span()),

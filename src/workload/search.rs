@@ -374,6 +374,9 @@ pub struct SearchSpec {
     /// for every plan that can use it (TP > 1 with sequence parallelism, as Megatron
     /// requires), not searched.
     pub tp_comm_overlap: bool,
+    /// Multi-token-prediction layers of the model's training (Megatron-Core's
+    /// `--mtp-num-layers`), held for every plan, not searched.
+    pub mtp_layers: u64,
     /// Rules every plan must follow (`--constraint` and `--fix`).
     pub constraints: Vec<Constraint>,
     /// How many candidates to keep (and the k of the bound).
@@ -400,6 +403,7 @@ impl SearchSpec {
             dtype: Dtype::Bf16,
             attention: Attention::Flash,
             tp_comm_overlap: false,
+            mtp_layers: 0,
             constraints: Vec::new(),
             top: 10,
             retime: 3,
@@ -556,6 +560,7 @@ pub fn enumerate(model: &Model, spec: &SearchSpec, tp_ok: &dyn Fn(u64) -> bool) 
                                                     tp_comm: spec.tp_comm_overlap && sp && tp > 1,
                                                     ..Overlap::default()
                                                 },
+                                                mtp_layers: spec.mtp_layers,
                                                 ..Plan::default()
                                             };
                                             if plan.check(model, gpus).is_ok() {

@@ -389,6 +389,28 @@ fn a_model_too_large_for_the_cluster_names_the_smallest_shortfall() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("--gpus 12") && err.contains("multiple of 8"), "{err}");
+    let (code, _, err) = cli(&[&LLAMA8_ON_ONE_H100[..], &["--mtp-num-layers", "40"][..]].concat());
+    assert_eq!(code, 2);
+    assert!(err.contains("--mtp-num-layers 40: the model has 32 layers; valid: 0 to 32"), "{err}");
+}
+
+/// `--mtp-num-layers` holds an MTP module on the last stage of every plan searched: each
+/// candidate carries it, and the best step is slower than without (one layer, a projection
+/// and a second output layer more on its last stage).
+#[test]
+fn the_search_holds_the_mtp_layers() {
+    let (m, f) = (model("llama3-8b"), fabric("dgx-h100", 1));
+    let pricer = FabricPricer::new(&f);
+    let price = |k, b, r: &[u64]| pricer.analytic(k, b, r);
+    let tp_ok = |tp| tp_in_domain(&f, tp);
+    let best = |mtp_layers| {
+        let spec = SearchSpec { seq: Some(4096), mtp_layers, top: 3, ..SearchSpec::new(8, 16) };
+        let r = search(&m, &f, &spec, &tp_ok, &price, None, &mut |_| {}).unwrap();
+        assert!(r.candidates.iter().all(|c| c.plan.mtp_layers == mtp_layers));
+        r.candidates[0].step_time_s
+    };
+    let (with, without) = (best(1), best(0));
+    assert!(with > without * 1.01, "{with} s with MTP vs {without} s without");
 }
 
 #[test]
