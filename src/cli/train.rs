@@ -73,6 +73,11 @@ pub struct TrainArgs {
     /// Activation recomputation: none, selective, full.
     #[arg(long)]
     pub recompute: Option<String>,
+    /// What selective recomputation recomputes (Megatron-Core's --recompute-modules):
+    /// comma-separated from core_attn (the default), mla_up_proj, mlp, moe_act,
+    /// shared_experts, layernorm.
+    #[arg(long)]
+    pub recompute_modules: Option<String>,
     /// GEMM dtype: bf16, fp8.
     #[arg(long)]
     pub dtype: Option<String>,
@@ -253,12 +258,13 @@ fn value_name<T: clap::ValueEnum>(v: Option<T>) -> Option<String> {
 }
 
 /// The plan keys given as string flags, with their values.
-fn string_flags(a: &TrainArgs) -> [(&'static str, Option<String>); 9] {
+fn string_flags(a: &TrainArgs) -> [(&'static str, Option<String>); 10] {
     [
         ("fsdp", a.fsdp.clone()),
         ("bucket", a.bucket.clone()),
         ("order", a.order.clone()),
         ("recompute", a.recompute.clone()),
+        ("recompute_modules", a.recompute_modules.clone()),
         ("dtype", a.dtype.clone()),
         ("schedule", a.schedule.clone()),
         ("cp_comm", value_name(a.cp_comm)),

@@ -17,7 +17,7 @@ use crate::fabric::Fabric;
 use crate::workload::analytic::StepEstimate;
 use crate::workload::concurrent::step_on_fabric_with;
 use crate::workload::lower::{step_event_with, EventOpts, EventStep};
-use crate::workload::plan::{Attention, CpComm, Dtype, PlanKeys};
+use crate::workload::plan::{Attention, CpComm, Dtype, PlanKeys, Recompute, RecomputeModules};
 use crate::workload::search::FabricPricer;
 use crate::workload::{Model, Placement, Plan};
 
@@ -197,8 +197,13 @@ pub fn plan_summary(p: &Plan) -> String {
         Dtype::Bf16 => "bf16",
         Dtype::Fp8 => "fp8",
     };
+    // The recomputed modules only when they are not the default (the core attention).
+    let mut recompute = format!("{:?}", p.recompute);
+    if p.recompute == Recompute::Selective && p.recompute_modules != RecomputeModules::default() {
+        recompute.push_str(&format!(" ({})", p.recompute_modules.names().join(", ")));
+    }
     let mut s = format!(
-        "tp {} pp {} vpp {} cp {} ep {} dp {}, mbs {} gbs {} ({} micro-batches), sp {}, {:?}, recompute {:?}, {dt}, {}",
+        "tp {} pp {} vpp {} cp {} ep {} dp {}, mbs {} gbs {} ({} micro-batches), sp {}, {:?}, recompute {recompute}, {dt}, {}",
         p.tp,
         p.pp,
         p.vpp,
@@ -210,7 +215,6 @@ pub fn plan_summary(p: &Plan) -> String {
         p.microbatches(),
         p.sp,
         p.sharding,
-        p.recompute,
         p.schedule().name()
     );
     // The CP exchange, the EP imbalance, MTP and the attention kernel only when they differ

@@ -16,9 +16,9 @@
 
 use serde::Deserialize;
 
-use super::flops::{attention, layer_gemms, logits_gemm, Gemm, Split};
+use super::flops::{attention, gemm_recompute_module, layer_gemms, logits_gemm, Gemm, Split};
 use super::model::Model;
-use super::plan::{Attention, Dtype, Plan, Recompute};
+use super::plan::{Attention, Dtype, Plan, Recompute, RecomputeModule};
 use crate::fabric::{Fabric, Generation, GpuSpec};
 
 const PARAMS: &str = include_str!("gpu_params.toml");
@@ -249,15 +249,50 @@ pub fn local_shape(g: &Gemm, plan: &Plan) -> (u64, u64, u64, u64) {
     }
 }
 
+/// Bytes the element-wise kernels of a layer move in the forward on one GPU, by part.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct ElementwiseBytes {
+    /// The two norms (each reads and writes the hidden state).
+    norms: f64,
+    /// Residual adds and the rest of the hidden-state traffic.
+    adds: f64,
+    /// The activation function of the dense MLP or of the routed experts.
+    act: f64,
+    /// The shared experts' activation function.
+    shared_act: f64,
+    /// RoPE on the queries and keys.
+    rope: f64,
+    /// An MoE layer's token permutations.
+    dispatch: f64,
+}
+
+impl ElementwiseBytes {
+    fn total(&self) -> f64 {
+        self.norms + self.adds + self.act + self.shared_act + self.rope + self.dispatch
+    }
+
+    /// The parts `plan`'s selective recomputation reruns in layer `layer`.
+    fn recomputed(&self, model: &Model, plan: &Plan, layer: u64) -> f64 {
+        let moe = model.moe.is_some() && model.is_moe_layer(layer);
+        let on = |m: RecomputeModule, b: f64| if plan.recomputes(m) { b } else { 0.0 };
+        on(RecomputeModule::Layernorm, self.norms)
+            + if moe { on(RecomputeModule::MoeAct, self.act) } else { on(RecomputeModule::Mlp, self.act) }
+            + on(RecomputeModule::SharedExperts, self.shared_act)
+            + if model.mla.is_some() { on(RecomputeModule::MlaUpProj, self.rope) } else { 0.0 }
+    }
+}
+
 /// Bytes element-wise kernels of a layer move in the forward on one GPU (norms, residual
 /// adds, the activation function, RoPE, and an MoE layer's token permutations), for `t`
 /// local tokens.
-fn elementwise_bytes(model: &Model, plan: &Plan, layer: u64, t: u64) -> f64 {
+fn elementwise_bytes(model: &Model, plan: &Plan, layer: u64, t: u64) -> ElementwiseBytes {
     let h = model.hidden as f64;
     let t = t as f64;
     let sp = if plan.sp { plan.tp as f64 } else { 1.0 };
     let tp = plan.tp as f64;
-    let norms_and_adds = (8.0 + 12.0) * t * h / sp;
+    // Two norms read and write t h (8 bytes an element of h); the residual adds and the
+    // rest, 12.
+    let (norms, adds) = (8.0 * t * h / sp, 12.0 * t * h / sp);
     // Megatron-Core's all-to-all token dispatcher around the routed experts: `permute` copies
     // each of the rank's tokens once per chosen expert (reads t h, writes t k h), and
     // `unpermute` reads the k expert outputs back and sums them, weighted, into each token
@@ -274,15 +309,16 @@ fn elementwise_bytes(model: &Model, plan: &Plan, layer: u64, t: u64) -> f64 {
         }
         _ => 0.0,
     };
-    let ffn = match &model.moe {
+    let (ffn, shared_ffn) = match &model.moe {
         Some(m) if model.is_moe_layer(layer) => {
-            (m.top_k + m.shared_experts) as f64 * m.expert_ffn_hidden as f64
+            let f = m.expert_ffn_hidden as f64;
+            (m.top_k as f64 * f, m.shared_experts as f64 * f)
         }
-        _ => model.ffn_hidden as f64,
+        _ => (model.ffn_hidden as f64, 0.0),
     };
-    let act = if model.activation.gated() { 6.0 } else { 4.0 } * t * ffn / tp;
+    let per = if model.activation.gated() { 6.0 } else { 4.0 } * t / tp;
     let rope = 4.0 * t * (model.q_dim() + model.kv_dim()) as f64 / tp;
-    norms_and_adds + act + rope + dispatch
+    ElementwiseBytes { norms, adds, act: per * ffn, shared_act: per * shared_ffn, rope, dispatch }
 }
 
 /// What an op is, for the lowering to the schedule IR and for reports.
@@ -314,6 +350,8 @@ pub struct OpCost {
     pub bwd_input: f64,
     /// Weight-gradient time.
     pub bwd_weight: f64,
+    /// Forward time the backward reruns under the plan's recomputation (0 outside a layer).
+    pub recompute: f64,
 }
 
 /// The compute ops of layer `layer` for one micro-batch on one GPU, in forward order
@@ -325,7 +363,8 @@ pub fn layer_ops(model: &Model, plan: &Plan, r: &Roofline, layer: u64) -> Vec<Op
     let mut ops: Vec<OpCost> = layer_gemms(model, layer, t).iter().map(|g| gemm_op(r, g, plan)).collect();
     let at = ops.iter().position(|o| o.name == "attn_out").unwrap_or(ops.len());
     ops.insert(at, attention_op(model, plan, r, s, t));
-    let bytes = elementwise_bytes(model, plan, layer, t);
+    let parts = elementwise_bytes(model, plan, layer, t);
+    let bytes = parts.total();
     let ew = r.memory_time(bytes);
     ops.push(OpCost {
         name: "elementwise",
@@ -335,7 +374,32 @@ pub fn layer_ops(model: &Model, plan: &Plan, r: &Roofline, layer: u64) -> Vec<Op
         fwd: ew,
         bwd_input: 2.0 * ew,
         bwd_weight: 0.0,
+        recompute: 0.0,
     });
+    // What the backward reruns: everything (full), or the selected modules (selective).
+    for o in &mut ops {
+        o.recompute = match (plan.recompute, o.kind) {
+            (Recompute::None, _) => 0.0,
+            (Recompute::Full, _) => o.fwd,
+            (Recompute::Selective, OpKind::Attention) => {
+                if plan.recomputes(RecomputeModule::CoreAttn) {
+                    o.fwd
+                } else {
+                    0.0
+                }
+            }
+            (Recompute::Selective, OpKind::Gemm) => {
+                if gemm_recompute_module(o.name).is_some_and(|m| plan.recomputes(m)) {
+                    o.fwd
+                } else {
+                    0.0
+                }
+            }
+            (Recompute::Selective, OpKind::Elementwise) => {
+                r.memory_time(parts.recomputed(model, plan, layer))
+            }
+        };
+    }
     ops
 }
 
@@ -349,6 +413,7 @@ fn gemm_op(r: &Roofline, g: &Gemm, plan: &Plan) -> OpCost {
         fwd: r.gemm_time(m, n, k, c),
         bwd_input: r.gemm_time(m, k, n, c),
         bwd_weight: r.gemm_time(k, n, m, c),
+        recompute: 0.0,
     }
 }
 
@@ -371,6 +436,7 @@ fn attention_op(model: &Model, plan: &Plan, r: &Roofline, s: u64, t: u64) -> OpC
                 fwd: att,
                 bwd_input: 2.5 * att,
                 bwd_weight: 0.0,
+                recompute: 0.0,
             }
         }
         Attention::Unfused => {
@@ -398,6 +464,7 @@ fn attention_op(model: &Model, plan: &Plan, r: &Roofline, s: u64, t: u64) -> OpC
                 fwd: gemms + r.memory_time(elems * fwd_b),
                 bwd_input: bwd_gemms + r.memory_time(elems * bwd_b),
                 bwd_weight: 0.0,
+                recompute: 0.0,
             }
         }
     }
@@ -419,6 +486,7 @@ pub fn edge_ops(model: &Model, plan: &Plan, r: &Roofline, vstage: u64) -> Vec<Op
             fwd,
             bwd_input: 0.0,
             bwd_weight: 0.0,
+            recompute: 0.0,
         });
     }
     if vstage == plan.pp * plan.vpp - 1 {
@@ -440,6 +508,7 @@ pub fn edge_ops(model: &Model, plan: &Plan, r: &Roofline, vstage: u64) -> Vec<Op
                     fwd,
                     bwd_input: 2.0 * fwd,
                     bwd_weight: 0.0,
+                    recompute: 0.0,
                 });
             }
             ops.push(gemm_op(r, &logits_gemm(model, t), plan));
@@ -453,6 +522,7 @@ pub fn edge_ops(model: &Model, plan: &Plan, r: &Roofline, vstage: u64) -> Vec<Op
                 fwd: ce,
                 bwd_input: ce,
                 bwd_weight: 0.0,
+                recompute: 0.0,
             });
         }
     }
@@ -477,10 +547,7 @@ pub fn chunk_cost(model: &Model, plan: &Plan, r: &Roofline, stage: u64, chunk: u
     for l in plan.vstage_blocks(model.layers, vs) {
         for o in layer_ops(model, plan, r, l) {
             add(&o, &mut c);
-            c.bwd_input += match (plan.recompute, o.kind) {
-                (Recompute::Full, _) | (Recompute::Selective, OpKind::Attention) => o.fwd,
-                _ => 0.0,
-            };
+            c.bwd_input += o.recompute;
         }
     }
     for o in edge_ops(model, plan, r, vs) {
@@ -513,11 +580,11 @@ mod tests {
         let act = 6.0 * t * (k * 14336.0);
         let rope = 4.0 * t * (32.0 * 128.0 + 8.0 * 128.0);
         let dispatch = 2.0 * (2.0 * t * h + 2.0 * t * k * h);
-        assert_eq!(elementwise_bytes(&m, &plan, 0, 4096), norms_and_adds + act + rope + dispatch);
+        assert_eq!(elementwise_bytes(&m, &plan, 0, 4096).total(), norms_and_adds + act + rope + dispatch);
         let two_local = Plan { ep: 4, ..plan.clone() };
         let sorts = 2.0 * 4.0 * t * k * h;
         assert_eq!(
-            elementwise_bytes(&m, &two_local, 0, 4096),
+            elementwise_bytes(&m, &two_local, 0, 4096).total(),
             norms_and_adds + act + rope + dispatch + sorts
         );
     }

@@ -20,7 +20,7 @@
 //!   counts the attention core three times more; we count the work that actually reruns.
 
 use super::model::Model;
-use super::plan::{Plan, Recompute};
+use super::plan::{Plan, Recompute, RecomputeModule};
 
 /// How tensor parallelism splits a GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,13 +188,43 @@ pub fn model_flops_per_sequence(model: &Model, s: u64) -> f64 {
     3.0 * (layers + logits_gemm(model, s).flops())
 }
 
-/// Extra forward FLOPs per sequence that recomputation reruns.
-pub fn recompute_flops_per_sequence(model: &Model, s: u64, recompute: Recompute) -> f64 {
-    match recompute {
-        Recompute::None => 0.0,
-        Recompute::Selective => model.layers as f64 * attention(model, 1, s).flops_full(),
-        Recompute::Full => (0..model.layers).map(|l| layer_forward_flops(model, l, 1, s)).sum(),
+/// The module of selective recomputation ([`RecomputeModule`]) that reruns the GEMM named
+/// `name`, if any: MLA's up-projections, a dense layer's MLP, the shared experts.
+pub fn gemm_recompute_module(name: &str) -> Option<RecomputeModule> {
+    match name {
+        "q_up" | "kv_up" => Some(RecomputeModule::MlaUpProj),
+        "mlp_up" | "mlp_down" => Some(RecomputeModule::Mlp),
+        "shared_up" | "shared_down" => Some(RecomputeModule::SharedExperts),
+        _ => None,
     }
+}
+
+/// Extra forward FLOPs that `plan`'s recomputation reruns in layer `layer` for one sequence
+/// of `s` tokens: the whole layer (full), or the attention core and the GEMMs of the
+/// selected modules (selective; the element-wise modules run no GEMM).
+pub fn layer_recompute_flops(model: &Model, plan: &Plan, layer: u64, s: u64) -> f64 {
+    match plan.recompute {
+        Recompute::None => 0.0,
+        Recompute::Full => layer_forward_flops(model, layer, 1, s),
+        Recompute::Selective => {
+            let core = if plan.recomputes(RecomputeModule::CoreAttn) {
+                attention(model, 1, s).flops_full()
+            } else {
+                0.0
+            };
+            let gemms: f64 = layer_gemms(model, layer, s)
+                .iter()
+                .filter(|g| gemm_recompute_module(g.name).is_some_and(|m| plan.recomputes(m)))
+                .map(Gemm::flops)
+                .sum();
+            core + gemms
+        }
+    }
+}
+
+/// Extra forward FLOPs per sequence that `plan`'s recomputation reruns.
+pub fn recompute_flops_per_sequence(model: &Model, s: u64, plan: &Plan) -> f64 {
+    (0..model.layers).map(|l| layer_recompute_flops(model, plan, l, s)).sum()
 }
 
 /// Model and hardware FLOPs of one step of `plan` (all `gbs` sequences).
@@ -208,13 +238,9 @@ pub fn step_flops(model: &Model, plan: &Plan) -> StepFlops {
     let mtp_fwd = layer_forward_flops(model, last, 1, s)
         + mtp_projection_gemm(model, s).flops()
         + logits_gemm(model, s).flops();
-    let mtp_re = match plan.recompute {
-        Recompute::None => 0.0,
-        Recompute::Selective => attention(model, 1, s).flops_full(),
-        Recompute::Full => layer_forward_flops(model, last, 1, s),
-    };
+    let mtp_re = layer_recompute_flops(model, plan, last, s);
     let per_seq = model_flops_per_sequence(model, s) + mtp * 3.0 * mtp_fwd;
-    let extra = recompute_flops_per_sequence(model, s, plan.recompute) + mtp * mtp_re;
+    let extra = recompute_flops_per_sequence(model, s, plan) + mtp * mtp_re;
     let b = plan.gbs as f64;
     StepFlops { model: b * per_seq, hardware: b * (per_seq + extra) }
 }

@@ -34,7 +34,7 @@ use std::fmt;
 use super::flops::{layer_gemms, Split};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
-use super::plan::{Attention, Dtype, Plan, Recompute, Sharding};
+use super::plan::{Attention, Dtype, Plan, Recompute, RecomputeModule, Sharding};
 
 /// A memory category.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,31 +197,41 @@ pub fn layer_activation_bytes(model: &Model, plan: &Plan, layer: u64) -> u64 {
     // Bytes of a saved GEMM input: under FP8 the GEMMs keep the FP8 copy of their input for
     // the weight gradient (1 byte), the other saved tensors stay BF16.
     let g = if plan.dtype == Dtype::Fp8 { 1 } else { 2 };
+    // Selective recomputation drops what its modules rerun (Megatron-Core's
+    // `--recompute-modules`): `on(m, x)` is x unless m is recomputed.
+    let on = |m: RecomputeModule, x: u64| if plan.recomputes(m) { 0 } else { x };
     // Not split by TP unless SP: both norm inputs, the attention and MLP inputs (GEMM
-    // inputs), the masks.
-    let replicated = 4 * t * h + g * t * h + g * t * h + 2 * mask;
+    // inputs: the norms' outputs, which `layernorm` drops in BF16; under FP8 the GEMMs keep
+    // their own FP8 copies), the masks.
+    let norm_outputs = 2 * g * t * h;
+    let norm_outputs = if g == 2 { on(RecomputeModule::Layernorm, norm_outputs) } else { norm_outputs };
+    let replicated = 4 * t * h + norm_outputs + 2 * mask;
+    // The attention's queries, keys and values (MLA's up-projected ones `mla_up_proj` drops).
     let qkv = 2 * t * (model.q_dim() + model.kv_dim() + v_dim(model));
+    let qkv = if model.mla.is_some() { on(RecomputeModule::MlaUpProj, qkv) } else { qkv };
     let attn_out = g * t * model.attn_out_dim();
     let up_factor = if model.activation.gated() { 2 } else { 1 };
-    let mlp = |ffn: u64| 2 * t * up_factor * ffn + g * t * ffn;
+    // An MLP keeps its up-projection's output and its activation's (the down GEMM's input).
+    let (up_out, act_out) = (|ffn: u64| 2 * t * up_factor * ffn, |ffn: u64| g * t * ffn);
     let ffn_part = match &model.moe {
         Some(moe) if model.is_moe_layer(layer) => {
-            let pairs = t * moe.top_k;
+            let (pairs, f) = (t * moe.top_k, moe.expert_ffn_hidden);
             // Routed tokens (permuted input) and expert intermediates, balanced over EP.
-            let routed = g * pairs * h + mlp(moe.expert_ffn_hidden) * moe.top_k;
-            let shared = mlp(moe.expert_ffn_hidden) * moe.shared_experts;
+            let routed = g * pairs * h + (up_out(f) + on(RecomputeModule::MoeAct, act_out(f))) * moe.top_k;
+            let shared = on(RecomputeModule::SharedExperts, (up_out(f) + act_out(f)) * moe.shared_experts);
             routed + shared + 4 * t * moe.experts
         }
-        _ => mlp(model.ffn_hidden),
+        _ => on(RecomputeModule::Mlp, up_out(model.ffn_hidden) + act_out(model.ffn_hidden)),
     };
-    // Unfused attention without recomputation keeps its scores (Korthikanti's 5as/h).
-    let scores = match (plan.attention, plan.recompute) {
-        (Attention::Unfused, Recompute::None) => {
+    // Unfused attention keeps its scores (Korthikanti's 5as/h) unless its core is
+    // recomputed.
+    let scores = match plan.attention {
+        Attention::Unfused => {
             let per = if model.dropout { 5 } else { 2 };
             // `t` local queries (mbs sequences) against the sequence's keys, per head.
-            per * model.heads * t * plan.seq(model)
+            on(RecomputeModule::CoreAttn, per * model.heads * t * plan.seq(model))
         }
-        _ => 0,
+        Attention::Flash => 0,
     };
     replicated / sp_div + (qkv + attn_out + ffn_part + scores) / tp
 }

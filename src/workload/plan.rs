@@ -55,6 +55,107 @@ pub enum Recompute {
     Full,
 }
 
+/// A part of a layer that selective recomputation reruns in the backward instead of keeping
+/// its activations (Megatron-Core's `--recompute-modules`, whose default is the core
+/// attention alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecomputeModule {
+    /// The attention core (`core_attn`; Korthikanti et al.'s selective recomputation).
+    CoreAttn,
+    /// MLA's query and key-value up-projections and RoPE (`mla_up_proj`): the projected
+    /// queries, keys and values are dropped.
+    MlaUpProj,
+    /// A dense layer's MLP (`mlp`): only its input is kept.
+    Mlp,
+    /// The routed experts' activation function (`moe_act`): its output is dropped.
+    MoeAct,
+    /// An MoE layer's shared experts (`shared_experts`): only their input is kept.
+    SharedExperts,
+    /// The two norms before attention and MLP (`layernorm`): their outputs are dropped.
+    Layernorm,
+}
+
+impl RecomputeModule {
+    /// Every module, in Megatron-Core's order.
+    pub const ALL: [RecomputeModule; 6] = [
+        RecomputeModule::CoreAttn,
+        RecomputeModule::MoeAct,
+        RecomputeModule::Layernorm,
+        RecomputeModule::MlaUpProj,
+        RecomputeModule::Mlp,
+        RecomputeModule::SharedExperts,
+    ];
+
+    /// Megatron-Core's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            RecomputeModule::CoreAttn => "core_attn",
+            RecomputeModule::MlaUpProj => "mla_up_proj",
+            RecomputeModule::Mlp => "mlp",
+            RecomputeModule::MoeAct => "moe_act",
+            RecomputeModule::SharedExperts => "shared_experts",
+            RecomputeModule::Layernorm => "layernorm",
+        }
+    }
+}
+
+/// The set of [`RecomputeModule`]s of a selective recomputation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecomputeModules(u8);
+
+impl Default for RecomputeModules {
+    /// Megatron-Core's default: the core attention.
+    fn default() -> Self {
+        RecomputeModules::of(&[RecomputeModule::CoreAttn])
+    }
+}
+
+impl RecomputeModules {
+    /// The set of `modules`.
+    pub fn of(modules: &[RecomputeModule]) -> RecomputeModules {
+        RecomputeModules(modules.iter().fold(0, |b, &m| b | 1 << m as u8))
+    }
+
+    /// Whether `m` is in the set.
+    pub fn contains(self, m: RecomputeModule) -> bool {
+        self.0 & 1 << m as u8 != 0
+    }
+
+    /// The names of the set, in Megatron-Core's order.
+    pub fn names(self) -> Vec<&'static str> {
+        RecomputeModule::ALL.iter().filter(|&&m| self.contains(m)).map(|m| m.name()).collect()
+    }
+
+    /// Reads Megatron-Core's names (a list, or one string separated by commas or spaces).
+    /// `moe` (the whole MoE layer, its all-to-alls rerun) is refused as not modelled.
+    pub fn parse<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<RecomputeModules, String> {
+        let valid = RecomputeModule::ALL.map(RecomputeModule::name).join(", ");
+        let mut set = RecomputeModules(0);
+        for n in names.into_iter().flat_map(|n| n.split([',', ' '])).filter(|n| !n.is_empty()) {
+            match RecomputeModule::ALL.iter().find(|m| m.name() == n) {
+                Some(&m) => set = RecomputeModules(set.0 | RecomputeModules::of(&[m]).0),
+                None if n == "moe" => {
+                    return Err(format!(
+                        "`moe` (the whole MoE layer, its dispatch and combine rerun) is not modelled; valid: {valid}"
+                    ))
+                }
+                None => {
+                    let hint = crate::suggest::nearest(n, RecomputeModule::ALL.map(RecomputeModule::name))
+                        .map(|c| format!(" (did you mean `{c}`?)"))
+                        .unwrap_or_default();
+                    return Err(format!("unknown module `{n}`{hint}; valid: {valid}"));
+                }
+            }
+        }
+        if set.0 == 0 {
+            return Err(format!(
+                "an empty set recomputes nothing (that is recompute = \"none\"); valid: {valid}"
+            ));
+        }
+        Ok(set)
+    }
+}
+
 /// The attention kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Attention {
@@ -199,6 +300,9 @@ pub struct Plan {
     pub seq: Option<u64>,
     /// Activation recomputation.
     pub recompute: Recompute,
+    /// What selective recomputation reruns (Megatron-Core's `--recompute-modules`; used when
+    /// `recompute` is selective).
+    pub recompute_modules: RecomputeModules,
     /// Attention kernel.
     pub attention: Attention,
     /// GEMM dtype.
@@ -259,6 +363,7 @@ impl Default for Plan {
             gbs: 1,
             seq: None,
             recompute: Recompute::None,
+            recompute_modules: RecomputeModules::default(),
             attention: Attention::Flash,
             dtype: Dtype::Bf16,
             schedule: None,
@@ -399,6 +504,12 @@ impl Plan {
         let before = if s == 0 { 0 } else { stage(0) / vpp + (s - 1) * (mid / vpp) };
         let start = (vs / pp) * (layers / vpp) + before;
         start..start + stage(s) / vpp
+    }
+
+    /// Whether the backward reruns `m`'s forward (selective recomputation with `m` among
+    /// its modules; full recomputation reruns everything and is asked of `recompute`).
+    pub fn recomputes(&self, m: RecomputeModule) -> bool {
+        self.recompute == Recompute::Selective && self.recompute_modules.contains(m)
     }
 
     /// The transformer blocks of virtual stage `vs` in order: its layers, then on the last
@@ -1201,10 +1312,19 @@ struct PlanFile {
     moe_a2a_overlap: Option<Spanned<bool>>,
     pipeline_model_parallel_layout: Option<Spanned<String>>,
     mtp_num_layers: Option<Spanned<u64>>,
+    recompute_modules: Option<Spanned<Names>>,
+}
+
+/// A list of names, or one string of them (`recompute_modules`).
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+enum Names {
+    One(String),
+    Many(Vec<String>),
 }
 
 /// Every key of a plan table, in the order of [`PlanKeys`]' fields.
-pub const PLAN_KEYS: [&str; 33] = [
+pub const PLAN_KEYS: [&str; 34] = [
     "tp",
     "pp",
     "vpp",
@@ -1238,6 +1358,7 @@ pub const PLAN_KEYS: [&str; 33] = [
     "moe_a2a_overlap",
     "pipeline_model_parallel_layout",
     "mtp_num_layers",
+    "recompute_modules",
 ];
 
 /// The keys of a plan table as read, with where each value stands in its document: a plan
@@ -1279,7 +1400,7 @@ impl PlanKeys {
 /// pp_comm_overlap, order = "tp-cp-ep-dp-pp", decoder_first_pipeline_num_layers,
 /// decoder_last_pipeline_num_layers, cp_comm = "p2p"|"all_gather", ep_imbalance, ep_seed,
 /// pp_scatter_gather, moe_a2a_overlap, pipeline_model_parallel_layout = "Et|(tt|)*30mL",
-/// mtp_num_layers) and
+/// mtp_num_layers, recompute_modules = ["mla_up_proj", "mlp"]) and
 /// checks it against `model` on `gpus`
 /// GPUs. Errors name the file, the line of the offending field and the valid choices.
 pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<Plan, FileError> {
@@ -1340,6 +1461,25 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
             _ => return Err(choice(r, "recompute", "none, selective, full")),
         };
     }
+    if let Some(m) = &f.recompute_modules {
+        let names: Vec<&str> = match m.get_ref() {
+            Names::One(s) => vec![s.as_str()],
+            Names::Many(v) => v.iter().map(String::as_str).collect(),
+        };
+        p.recompute_modules = RecomputeModules::parse(names)
+            .map_err(|e| at(Some(m.span()), format!("`recompute_modules`: {e}")))?;
+        if p.recompute != Recompute::Selective {
+            let span = f.recompute.as_ref().map_or(m.span(), |r| r.span());
+            return Err(at(
+                Some(span),
+                format!(
+                    "`recompute_modules` needs recompute = \"selective\" (Megatron's --recompute-granularity \
+                     selective), not {:?}",
+                    format!("{:?}", p.recompute).to_lowercase()
+                ),
+            ));
+        }
+    }
     if let Some(a) = &f.attention {
         p.attention = match a.get_ref().as_str() {
             "flash" => Attention::Flash,
@@ -1397,6 +1537,7 @@ fn check_located(f: &PlanFile, at: Locate<'_>, p: &Plan, model: &Model, gpus: u6
             "moe_a2a_overlap" => f.moe_a2a_overlap.as_ref().map(|s| s.span()),
             "pipeline_model_parallel_layout" => f.pipeline_model_parallel_layout.as_ref().map(|s| s.span()),
             "mtp_num_layers" => f.mtp_num_layers.as_ref().map(|s| s.span()),
+            "recompute_modules" => f.recompute_modules.as_ref().map(|s| s.span()),
             "mbs" => f.mbs.as_ref().map(|s| s.span()),
             "gbs" => f.gbs.as_ref().map(|s| s.span()),
             "seq" => f.seq.as_ref().map(|s| s.span()),

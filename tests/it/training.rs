@@ -463,7 +463,8 @@ fn model_flops_match_published_formulas() {
     let m = model("gpt3-175b");
     let (s, l, h, v) = (2048.0, 96.0, 12288.0, 51200.0);
     let eq3 = 96.0 * s * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h));
-    let ours = model_flops_per_sequence(&m, 2048) + recompute_flops_per_sequence(&m, 2048, Recompute::Full);
+    let ours = model_flops_per_sequence(&m, 2048)
+        + recompute_flops_per_sequence(&m, 2048, &Plan { recompute: Recompute::Full, ..Plan::default() });
     assert!(rel_err(ours, eq3) < 1e-12, "{ours} vs {eq3}");
     // Korthikanti Eq. 7 (no recomputation): 72 B L s h^2 (1 + s/(6h) + V/(12 h L)).
     let eq7 = 72.0 * l * s * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * l));
@@ -1899,7 +1900,8 @@ fn every_plan_key_has_a_train_flag() {
     let keys = "tp = 2\npp = 2\nsp = false\netp = 2\nbucket = \"100MB\"\norder = \"tp-dp-cp-ep-pp\"\n\
                 overlap_grad_reduce = false\noverlap_param_gather = false\ntp_comm_overlap = true\n\
                 pp_comm_overlap = true\npp_scatter_gather = false\nzero = 1\n\
-                pipeline_model_parallel_layout = \"Et*15|t*17L\"\n";
+                pipeline_model_parallel_layout = \"Et*15|t*17L\"\nrecompute = \"selective\"\n\
+                recompute_modules = \"mlp,layernorm\"\n";
     let dir = crate::temp_dir("plan-key-flags");
     let plan = dir.join("plan.toml");
     std::fs::write(&plan, keys).unwrap();
@@ -1932,6 +1934,10 @@ fn every_plan_key_has_a_train_flag() {
         "1",
         "--pipeline-model-parallel-layout",
         "Et*15|t*17L",
+        "--recompute",
+        "selective",
+        "--recompute-modules",
+        "mlp,layernorm",
     ];
     let (code, from_flags, err) = run(&flags);
     assert_eq!(code, Some(0), "{err}");
@@ -2372,4 +2378,99 @@ fn mtp_layers_load_the_last_stage() {
     let logits = 3.0 * r.gemm_time(2048, m.vocab, m.hidden, 1);
     assert!(grown > one_layer + logits, "{grown} vs {one_layer} + {logits}");
     assert!(e.step_time_s > run("llama3-8b", &no, "dgx-h100.toml", &free).step_time_s);
+}
+
+/// Megatron-Core's `recompute_modules` (with `recompute = "selective"`): each named module
+/// reruns its forward in the backward and drops what it saved. DeepSeek-V3 with its
+/// recipe's mla_up_proj and mlp, closed form: the up-projections of all 61 layers and the
+/// MLP GEMMs of the 3 dense layers rerun, and the attention core no longer does; the
+/// projected queries, keys and values go from every layer's saved tensors, the MLP's
+/// intermediates from the dense layers'.
+#[test]
+fn recompute_modules_rerun_what_they_name() {
+    use fabricsim::workload::compute::{chunk_cost, Roofline};
+    use fabricsim::workload::flops::{attention, layer_gemms, step_flops};
+    use fabricsim::workload::memory::layer_activation_bytes;
+    use fabricsim::workload::plan::{Dtype, RecomputeModule, RecomputeModules};
+    let ds = model("deepseek-v3");
+    let path = Path::new("plan.toml");
+    let base = "pp = 2\nep = 32\nmbs = 1\ngbs = 64\nseq = 4096\nrecompute = \"selective\"\n";
+    let core = parse_plan(base, path, &ds, 64).unwrap();
+    assert_eq!(core.recompute_modules, RecomputeModules::default());
+    let listed =
+        parse_plan(&format!("{base}recompute_modules = [\"mla_up_proj\", \"mlp\"]\n"), path, &ds, 64)
+            .unwrap();
+    let string =
+        parse_plan(&format!("{base}recompute_modules = \"mlp,mla_up_proj\"\n"), path, &ds, 64).unwrap();
+    assert_eq!(listed, string);
+    assert_eq!(
+        listed.recompute_modules,
+        RecomputeModules::of(&[RecomputeModule::MlaUpProj, RecomputeModule::Mlp])
+    );
+
+    // Hardware FLOPs beyond the model's, per step of 64 sequences.
+    let s = 4096;
+    let gemms = |l: u64, names: &[&str]| -> f64 {
+        layer_gemms(&ds, l, s).iter().filter(|g| names.contains(&g.name)).map(|g| g.flops()).sum()
+    };
+    let dense: Vec<u64> = (0..ds.layers).filter(|&l| !ds.is_moe_layer(l)).collect();
+    assert_eq!(dense, [0, 1, 2]);
+    assert!(gemms(0, &["mlp_up"]) > 0.0 && gemms(3, &["mlp_up", "mlp_down"]) == 0.0);
+    let want: f64 = (0..ds.layers).map(|l| gemms(l, &["q_up", "kv_up", "mlp_up", "mlp_down"])).sum();
+    let extra = |p: &Plan| step_flops(&ds, p).hardware - step_flops(&ds, p).model;
+    assert!(rel_err(extra(&listed), 64.0 * want) < 1e-12, "{} vs {}", extra(&listed), 64.0 * want);
+    let attn = 61.0 * attention(&ds, 1, s).flops_full();
+    assert!(rel_err(extra(&core), 64.0 * attn) < 1e-12);
+
+    // Saved activations: t = 4096 tokens, tp 1.
+    let t = 4096;
+    let mla = ds.mla.as_ref().unwrap();
+    let qkv = 2 * t * (ds.q_dim() + ds.kv_dim() + ds.heads * mla.v_head_dim);
+    let dropped = |l| layer_activation_bytes(&ds, &core, l) - layer_activation_bytes(&ds, &listed, l);
+    assert_eq!(dropped(3), qkv, "an MoE layer drops its queries, keys and values");
+    assert_eq!(
+        dropped(0),
+        qkv + 2 * t * 2 * ds.ffn_hidden + 2 * t * ds.ffn_hidden,
+        "a dense one its MLP too"
+    );
+    let norms = with_modules(&ds, base, "\"layernorm\"");
+    let (a, b) = (layer_activation_bytes(&ds, &core, 3), layer_activation_bytes(&ds, &norms, 3));
+    assert_eq!(a - b, 2 * 2 * t * ds.hidden, "the two norms' BF16 outputs");
+
+    // Compute: the backward reruns exactly the named GEMMs (stage 0 holds the 3 dense layers).
+    let g = gpu("dgx-h100.toml");
+    let r = Roofline::new(&g, Dtype::Bf16, GpuParams::for_generation(g.generation).unwrap()).unwrap();
+    let (c_core, c_listed) = (chunk_cost(&ds, &core, &r, 0, 0), chunk_cost(&ds, &listed, &r, 0, 0));
+    assert_eq!((c_core.fwd, c_core.bwd_weight), (c_listed.fwd, c_listed.bwd_weight));
+    assert!(c_listed.bwd_input != c_core.bwd_input, "{c_core:?} {c_listed:?}");
+    let none = parse_plan(&base.replace("selective", "none"), path, &ds, 64).unwrap();
+    let c_none = chunk_cost(&ds, &none, &r, 0, 0);
+    assert!(c_listed.bwd_input > c_none.bwd_input && c_core.bwd_input > c_none.bwd_input);
+
+    // Errors: located, with what would be valid.
+    let err = |extra: &str| parse_plan(&format!("{base}{extra}"), path, &ds, 64).unwrap_err().to_string();
+    let e = err("recompute_modules = [\"mla_up\"]\n");
+    assert!(
+        e.starts_with("plan.toml:7:")
+            && e.contains("did you mean `mla_up_proj`")
+            && e.contains("valid: core_attn"),
+        "{e}"
+    );
+    let e = err("recompute_modules = [\"moe\"]\n");
+    assert!(e.contains("`moe`") && e.contains("not modelled"), "{e}");
+    let e = err("recompute_modules = []\n");
+    assert!(e.contains("recomputes nothing"), "{e}");
+    let e = parse_plan(
+        &format!("{}recompute_modules = [\"mlp\"]\n", base.replace("selective", "full")),
+        path,
+        &ds,
+        64,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("plan.toml:6:") && e.contains("needs recompute = \"selective\""), "{e}");
+}
+
+fn with_modules(m: &Model, base: &str, modules: &str) -> Plan {
+    parse_plan(&format!("{base}recompute_modules = [{modules}]\n"), Path::new("plan.toml"), m, 64).unwrap()
 }
