@@ -377,7 +377,9 @@ pub fn score_run_event(
         Err(e) => return EventCell::Failed(e),
     };
     let transfers = pipeline_transfers(&plan);
-    let shard = if plan.sharding.shards_params() { plan.shard_group() } else { 0 };
+    // The larger weight-gather group: the dense weights', or an MoE model's experts'.
+    let experts = if model.moe.is_some() { plan.expert_shard_group() } else { 0 };
+    let shard = if plan.sharding.shards_params() { plan.shard_group().max(experts) } else { 0 };
     let mut over = Vec::new();
     if run.gpus > rule.max_gpus {
         over.push(format!("{} GPUs (rule: at most {})", run.gpus, rule.max_gpus));

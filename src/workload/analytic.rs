@@ -25,8 +25,9 @@
 //! - DP: gradients reduced bucket by bucket while the last micro-batch's backward produces
 //!   them (`grad_reduce` overlap), all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, then an
 //!   all-gather of the updated weights, hidden under the next step's forward with
-//!   `param_gather`); ZeRO-3/FSDP gathers each layer's weights before its forward and
-//!   backward and reduce-scatters its gradients (each collective priced at one layer's
+//!   `param_gather`); ZeRO-3/FSDP gathers each layer's weights (dense over their sharding
+//!   group, experts over the expert data-parallel ranks) before its forward and backward
+//!   and reduce-scatters its gradients (each collective priced at one layer's
 //!   size), hidden with prefetching for as long as the layers run (their compute and their
 //!   exposed TP, CP and EP communication).
 //!
@@ -34,8 +35,7 @@
 
 pub use super::comm::CollectiveKind;
 use super::comm::{
-    chunk_gather_bytes, ep_load_factors, grad_reduces, layer_comms, p2p_bytes, p2p_gather_bytes,
-    shard_group_kind, HiddenBehind,
+    chunk_gathers, ep_load_factors, grad_reduces, layer_comms, p2p_bytes, p2p_gather_bytes, HiddenBehind,
 };
 use super::compute::{chunk_cost, local_shape, optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::flops::layer_gemms;
@@ -275,17 +275,20 @@ pub(crate) fn chunk_costs_and_comms(
                 cc.tp_wire_fwd += if vs > 0 { ag } else { 0.0 };
                 cc.tp_wire_bwd += if vs + 1 < pp * vpp { ag } else { 0.0 };
             }
-            let bytes = chunk_gather_bytes(model, plan, s, c);
-            if bytes > 0 {
-                let group = shard_group_kind(plan);
-                // One gather and one reduce-scatter per layer, each of its share of the
-                // chunk's weights (as the event mode lowers them): a layer's collective is
-                // priced at its own size, whose latency and NCCL pick differ from one
-                // collective of the whole chunk (on 1,152 H100s a Llama 3 70B layer's
-                // gather is latency- and LL128-bound where the whole chunk's is not).
+            let gathers = chunk_gathers(model, plan, s, c);
+            if !gathers.is_empty() {
+                // One gather and one reduce-scatter per layer and communicator (the dense
+                // weights', the experts'), each of its share of the chunk's weights (as the
+                // event mode lowers them): a layer's collective is priced at its own size,
+                // whose latency and NCCL pick differ from one collective of the whole chunk
+                // (on 1,152 H100s a Llama 3 70B layer's gather is latency- and LL128-bound
+                // where the whole chunk's is not).
                 let n = (plan.vstage_blocks(model.layers, vs).count() as u64).max(1);
-                let ag = n as f64 * price(CollectiveKind::AllGather, group, bytes / n);
-                let rs = n as f64 * price(CollectiveKind::ReduceScatter, group, bytes / n);
+                let mut per_layer = |kind| -> f64 {
+                    gathers.iter().map(|g| n as f64 * price(kind, g.group, g.bytes / n)).sum()
+                };
+                let (ag, rs) =
+                    (per_layer(CollectiveKind::AllGather), per_layer(CollectiveKind::ReduceScatter));
                 // Layer by layer, each gather (and reduce-scatter) runs on its own stream for
                 // as long as the chunk's layers take: under their compute, which slows by the
                 // SM share while they overlap, and under their exposed TP, CP and EP
@@ -335,13 +338,10 @@ pub fn estimate(
     let fsdp_edge = |s: u64, kind: CollectiveKind, o: Option<&PipeOp>| -> f64 {
         let Some(o) = o else { return 0.0 };
         let n = plan.vstage_blocks(model.layers, u64::from(o.chunk) * pp + s).count() as u64;
-        let bytes = chunk_gather_bytes(model, plan, s, u64::from(o.chunk)) / n.max(1);
-        let ranks = pl.group_of(shard_group_kind(plan), rank_of(s));
-        if bytes == 0 || ranks.len() < 2 {
-            0.0
-        } else {
-            comm(kind, bytes, &ranks)
-        }
+        chunk_gathers(model, plan, s, u64::from(o.chunk))
+            .iter()
+            .map(|g| comm(kind, g.bytes / n.max(1), &pl.group_of(g.group, rank_of(s))))
+            .sum()
     };
     let head = fsdp_edge(0, CollectiveKind::AllGather, sched.ops[0].first());
     let tail: Vec<f64> = (0..pp)

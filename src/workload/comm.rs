@@ -222,22 +222,33 @@ pub fn p2p_gather_bytes(model: &Model, plan: &Plan) -> u64 {
     }
 }
 
-/// Bytes of the dense weights of chunk `chunk` of `stage` that ZeRO-3/FSDP gathers before
-/// each forward and backward (and reduce-scatters as gradients after the backward); 0 when
-/// weights are not sharded.
-pub fn chunk_gather_bytes(model: &Model, plan: &Plan, stage: u64, chunk: u64) -> u64 {
-    if !plan.sharding.shards_params() {
-        return 0;
-    }
-    2 * vstage_params(model, plan, chunk * plan.pp + stage).0
+/// The weights of one chunk that ZeRO-3/FSDP gathers before each forward and backward
+/// (and whose gradients it reduce-scatters after the backward), over one communicator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamGather {
+    /// The communicator: the dense weights' sharding group, or the experts'.
+    pub group: GroupKind,
+    /// Bytes of the chunk's weights (BF16) the group shares.
+    pub bytes: u64,
 }
 
-/// The communicator ZeRO-3/FSDP gathers weights over.
-pub fn shard_group_kind(plan: &Plan) -> GroupKind {
-    match plan.sharding {
-        Sharding::FsdpHybrid { .. } => GroupKind::FsdpShard,
-        _ => GroupKind::DpCp,
+/// What ZeRO-3/FSDP gathers of chunk `chunk` of `stage`: the dense weights over their
+/// sharding group ([`GroupKind::FsdpShard`], all of dp x cp unless hybrid) and the expert
+/// weights over theirs ([`GroupKind::ExpertShard`], the expert data-parallel ranks); none
+/// when weights are not sharded, and none for a part with no weights or a group of one rank.
+pub fn chunk_gathers(model: &Model, plan: &Plan, stage: u64, chunk: u64) -> Vec<ParamGather> {
+    if !plan.sharding.shards_params() {
+        return Vec::new();
     }
+    let (dense, experts) = vstage_params(model, plan, chunk * plan.pp + stage);
+    [
+        (GroupKind::FsdpShard, dense, plan.shard_group()),
+        (GroupKind::ExpertShard, experts, plan.expert_shard_group()),
+    ]
+    .into_iter()
+    .filter(|&(_, params, ranks)| params > 0 && ranks > 1)
+    .map(|(group, params, _)| ParamGather { group, bytes: 2 * params })
+    .collect()
 }
 
 /// One gradient reduction of a stage, split into buckets.
@@ -259,7 +270,7 @@ pub struct GradReduce {
 /// over data x context parallel ranks, expert gradients over the expert data-parallel
 /// ranks; all-reduce for ZeRO-0, reduce-scatter (then an all-gather of the weights) for
 /// ZeRO-1/2; under FSDP hybrid sharding an all-reduce of the shard across replicas. ZeRO-3
-/// and full FSDP reduce per chunk instead ([`chunk_gather_bytes`]).
+/// and full FSDP reduce per chunk instead ([`chunk_gathers`]).
 pub fn grad_reduces(model: &Model, plan: &Plan, stage: u64) -> Vec<GradReduce> {
     let (dense, experts) = stage_params(model, plan, stage);
     let mut out = Vec::new();
@@ -278,13 +289,23 @@ pub fn grad_reduces(model: &Model, plan: &Plan, stage: u64) -> Vec<GradReduce> {
                 buckets: bytes.div_ceil(plan.bucket_bytes).max(1),
                 gather_after: z >= 1,
             }),
-            Sharding::FsdpHybrid { shard } if ranks > shard => out.push(GradReduce {
-                kind: CollectiveKind::AllReduce,
-                group: if group == GroupKind::DpCp { GroupKind::FsdpReplica } else { group },
-                bytes: bytes / shard,
-                buckets: 1,
-                gather_after: false,
-            }),
+            Sharding::FsdpHybrid { .. } => {
+                // The shard's gradients, all-reduced across the replicas of the shard.
+                let (replica, shard) = if group == GroupKind::DpCp {
+                    (GroupKind::FsdpReplica, plan.shard_group())
+                } else {
+                    (GroupKind::ExpertReplica, plan.expert_shard_group())
+                };
+                if ranks > shard {
+                    out.push(GradReduce {
+                        kind: CollectiveKind::AllReduce,
+                        group: replica,
+                        bytes: bytes / shard,
+                        buckets: 1,
+                        gather_after: false,
+                    });
+                }
+            }
             _ => {}
         }
     }

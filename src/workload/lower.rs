@@ -105,9 +105,7 @@
 //!   backward (as in the analytical estimate), not layer by layer by parameter count.
 
 use super::analytic::{chunk_costs_and_comms, summarize, Breakdown, ChunkComm, StepEstimate};
-use super::comm::{
-    chunk_gather_bytes, ep_load_factors, grad_reduces, layer_comms, shard_group_kind, CollectiveKind,
-};
+use super::comm::{chunk_gathers, ep_load_factors, grad_reduces, layer_comms, CollectiveKind};
 use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{nccl_choice_with, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
 use super::memory::stage_params;
@@ -1026,60 +1024,71 @@ pub fn step_event_with(
         if plan.sharding.shards_params() {
             #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
             for s in 0..pp {
-                let group: Vec<u32> =
-                    pl.group_of(shard_group_kind(plan), rep(s)).iter().map(|&x| x as u32).collect();
                 // The stage's kernels so far, in stream order.
                 let mut stream: Vec<(JobId, u32)> = Vec::new();
                 for (i, o) in sched.ops[s].iter().enumerate() {
                     let layers = layers_of(s, o.chunk);
-                    let bytes = chunk_gather_bytes(model, plan, s as u64, o.chunk as u64) / u64::from(layers);
+                    // The dense weights over their sharding group, the experts' over theirs.
+                    let gathers: Vec<(Vec<u32>, u64, &str)> =
+                        chunk_gathers(model, plan, s as u64, o.chunk as u64)
+                            .iter()
+                            .map(|g| {
+                                let group = pl.group_of(g.group, rep(s)).iter().map(|&x| x as u32).collect();
+                                let what = if g.group == GroupKind::ExpertShard { "expert " } else { "" };
+                                (group, g.bytes / u64::from(layers), what)
+                            })
+                            .collect();
                     for k in 0..layers {
                         let g = stream.len();
                         stream.push((b.ops[s][i], k));
                         if o.pass == Pass::W {
                             continue;
                         }
-                        let name = format!(
-                            "fsdp gather {:?} mb {} chunk {} layer {k} stage {s}",
-                            o.pass, o.mb, o.chunk
-                        );
-                        if let Some(added) =
-                            coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, &group)
-                        {
-                            let (id, replayed, sh) = added.map_err(e)?;
-                            let ahead = if plan.overlap.param_gather { 2 } else { 1 };
-                            let all = std::iter::once(id).chain(sh.iter().map(|x| x.0));
-                            for x in all.clone() {
-                                if let Some(&(op, kernel)) = g.checked_sub(ahead).and_then(|x| stream.get(x))
-                                {
-                                    w.after_kernel_on_all_ranks(x, op, kernel);
-                                }
-                            }
-                            if replayed {
-                                for x in all {
-                                    w.kernel_after_everywhere(b.ops[s][i], k, x);
-                                }
-                            } else {
-                                w.kernel_after(b.ops[s][i], k, id);
-                            }
-                            let replay = replayed.then(|| (proxy(s), &sh));
-                            b.push_collective(s as u32, StepJobKind::Fsdp, name, &group, replay);
-                        }
-                        if o.pass == Pass::B {
+                        for (group, bytes, what) in &gathers {
+                            let (group, bytes) = (group, *bytes);
                             let name = format!(
-                                "fsdp reduce-scatter mb {} chunk {} layer {k} stage {s}",
-                                o.mb, o.chunk
+                                "fsdp {what}gather {:?} mb {} chunk {} layer {k} stage {s}",
+                                o.pass, o.mb, o.chunk
                             );
                             if let Some(added) =
-                                coll_job(&mut w, s, &name, CollectiveKind::ReduceScatter, bytes, &group)
+                                coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, group)
                             {
                                 let (id, replayed, sh) = added.map_err(e)?;
-                                for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
-                                    w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
-                                    fsdp_rs[s].push((x, replayed));
+                                let ahead = if plan.overlap.param_gather { 2 } else { 1 };
+                                let all = std::iter::once(id).chain(sh.iter().map(|x| x.0));
+                                for x in all.clone() {
+                                    if let Some(&(op, kernel)) =
+                                        g.checked_sub(ahead).and_then(|x| stream.get(x))
+                                    {
+                                        w.after_kernel_on_all_ranks(x, op, kernel);
+                                    }
+                                }
+                                if replayed {
+                                    for x in all {
+                                        w.kernel_after_everywhere(b.ops[s][i], k, x);
+                                    }
+                                } else {
+                                    w.kernel_after(b.ops[s][i], k, id);
                                 }
                                 let replay = replayed.then(|| (proxy(s), &sh));
-                                b.push_collective(s as u32, StepJobKind::Fsdp, name, &group, replay);
+                                b.push_collective(s as u32, StepJobKind::Fsdp, name, group, replay);
+                            }
+                            if o.pass == Pass::B {
+                                let name = format!(
+                                    "fsdp {what}reduce-scatter mb {} chunk {} layer {k} stage {s}",
+                                    o.mb, o.chunk
+                                );
+                                if let Some(added) =
+                                    coll_job(&mut w, s, &name, CollectiveKind::ReduceScatter, bytes, group)
+                                {
+                                    let (id, replayed, sh) = added.map_err(e)?;
+                                    for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
+                                        w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
+                                        fsdp_rs[s].push((x, replayed));
+                                    }
+                                    let replay = replayed.then(|| (proxy(s), &sh));
+                                    b.push_collective(s as u32, StepJobKind::Fsdp, name, group, replay);
+                                }
                             }
                         }
                     }

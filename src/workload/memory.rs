@@ -247,10 +247,7 @@ fn v_dim(model: &Model) -> u64 {
 pub fn stage_memory(model: &Model, plan: &Plan, stage: u64, in_flight_chunks: u64) -> Memory {
     let (dense, experts) = stage_params(model, plan, stage);
     let n_dense = plan.shard_group();
-    let n_expert = match plan.sharding {
-        Sharding::FsdpHybrid { shard } => (plan.expert_dp() * shard / (plan.dp * plan.cp)).max(1),
-        _ => plan.expert_dp(),
-    };
+    let n_expert = plan.expert_shard_group();
     let shard = |params: u64, n: u64, bytes: u64, sharded: bool| {
         if sharded {
             params * bytes / n

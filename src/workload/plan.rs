@@ -446,6 +446,16 @@ impl Plan {
         }
     }
 
+    /// Ranks over which expert optimizer states (ZeRO) and, under ZeRO-3/FSDP, expert
+    /// weights are sharded: the expert data-parallel group, or under FSDP hybrid sharding the
+    /// part of it inside one dense shard group (at least one rank).
+    pub fn expert_shard_group(&self) -> u64 {
+        match self.sharding {
+            Sharding::FsdpHybrid { shard } => (self.expert_dp() * shard / (self.dp * self.cp)).max(1),
+            _ => self.expert_dp(),
+        }
+    }
+
     /// The layers of virtual pipeline stage `vs` (model chunk `vs / pp` of stage `vs % pp`,
     /// Megatron's numbering), as a range of layer indices, for a model of `layers` layers.
     /// The plan must have passed [`Plan::check_layout`].
@@ -1048,6 +1058,13 @@ pub enum GroupKind {
     FsdpShard,
     /// FSDP hybrid sharding: the ranks of a `DpCp` group that hold the same shard.
     FsdpReplica,
+    /// ZeRO-3/FSDP sharding group of the expert weights: the whole `ExpertDp` group, or
+    /// under FSDP hybrid sharding consecutive runs of [`Plan::expert_shard_group`] of its
+    /// ranks.
+    ExpertShard,
+    /// FSDP hybrid sharding: the ranks of an `ExpertDp` group that hold the same expert
+    /// shard.
+    ExpertReplica,
 }
 
 /// Where each rank sits in the plan's grid.
@@ -1058,6 +1075,7 @@ pub struct Placement {
     etp: u64,
     ep: u64,
     shard: u64,
+    expert_shard: u64,
 }
 
 impl Placement {
@@ -1076,6 +1094,7 @@ impl Placement {
             etp: plan.etp(),
             ep: plan.ep,
             shard: plan.shard_group(),
+            expert_shard: plan.expert_shard_group(),
         }
     }
     /// Ranks in all.
@@ -1100,13 +1119,24 @@ impl Placement {
         }
         c
     }
+    /// A sharding group kind as (the group it splits, the shard's ranks, whether `kind` is
+    /// a shard (consecutive ranks) rather than a replica set (strided)).
+    fn sharded(&self, kind: GroupKind) -> Option<(GroupKind, u64, bool)> {
+        match kind {
+            GroupKind::FsdpShard => Some((GroupKind::DpCp, self.shard, true)),
+            GroupKind::FsdpReplica => Some((GroupKind::DpCp, self.shard, false)),
+            GroupKind::ExpertShard => Some((GroupKind::ExpertDp, self.expert_shard, true)),
+            GroupKind::ExpertReplica => Some((GroupKind::ExpertDp, self.expert_shard, false)),
+            _ => None,
+        }
+    }
     /// The groups of one kind, each a list of ranks in increasing order, sorted by first rank.
     pub fn groups(&self, kind: GroupKind) -> Vec<Vec<u64>> {
-        if matches!(kind, GroupKind::FsdpShard | GroupKind::FsdpReplica) {
+        if let Some((whole, shard, shards)) = self.sharded(kind) {
             let mut out = Vec::new();
-            for g in self.groups(GroupKind::DpCp) {
-                let shard = (self.shard as usize).clamp(1, g.len());
-                if kind == GroupKind::FsdpShard {
+            for g in self.groups(whole) {
+                let shard = (shard as usize).clamp(1, g.len());
+                if shards {
                     out.extend(g.chunks(shard).map(<[u64]>::to_vec));
                 } else {
                     out.extend(
@@ -1134,7 +1164,7 @@ impl Placement {
                     }
                 }
                 GroupKind::Pp => vec![c.tp, c.cp, c.ep, c.dp],
-                GroupKind::FsdpShard | GroupKind::FsdpReplica => Vec::new(),
+                _ => Vec::new(),
             };
             by_key.entry(key).or_default().push(r);
         }
@@ -1149,11 +1179,15 @@ impl Placement {
         let size = |d: Dim| self.sizes[self.order.iter().position(|&o| o == d).unwrap_or(0)];
         let all = |d: Dim| (0..size(d)).collect::<Vec<u64>>();
         let vary: Vec<(Dim, Vec<u64>)> = match kind {
-            GroupKind::FsdpShard | GroupKind::FsdpReplica => {
-                let g = self.group_of(GroupKind::DpCp, rank);
-                let shard = (self.shard as usize).clamp(1, g.len().max(1));
+            GroupKind::FsdpShard
+            | GroupKind::FsdpReplica
+            | GroupKind::ExpertShard
+            | GroupKind::ExpertReplica => {
+                let (whole, shard, shards) = self.sharded(kind).unwrap_or((GroupKind::DpCp, 1, true));
+                let g = self.group_of(whole, rank);
+                let shard = (shard as usize).clamp(1, g.len().max(1));
                 let pos = g.iter().position(|&r| r == rank).unwrap_or(0);
-                return if kind == GroupKind::FsdpShard {
+                return if shards {
                     g[pos / shard * shard..((pos / shard + 1) * shard).min(g.len())].to_vec()
                 } else {
                     g.iter().skip(pos % shard).step_by(shard).copied().collect()
