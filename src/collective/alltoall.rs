@@ -150,6 +150,18 @@ pub fn p2p_op_channels(comm: &Comm, knobs: &Knobs, p2p_channels: u32, bytes: u64
     nch.max(1)
 }
 
+/// Channels one call runs on: a send/recv has one peer each way, so NCCL runs it on that
+/// peer's channels ([`p2p_op_channels`], fewer for a smaller operation); an all-to-all
+/// spreads its peers over the communicator's p2p channels. Shared by the schedule and the
+/// closed form.
+pub fn call_channels(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> u32 {
+    if args.coll == Collective::SendRecv {
+        choice.nchannels.min(p2p_op_channels(comm, knobs, choice.nchannels, args.count * args.dtype.size()))
+    } else {
+        choice.nchannels
+    }
+}
+
 fn chunks(off: u64, len: u64, chunk: u64) -> Vec<Loop> {
     let mut v = Vec::new();
     let mut lb = off;
@@ -186,13 +198,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
     };
     let chunk = (chunk_bytes.min(knobs.buffsize / NCCL_STEPS as u64) / elem).max(1);
     s.part0_mut().net_conn_bw = Some(crate::units::Bandwidth::from_gbytes(net_channel_gbps(chunk * elem)));
-    // Send/recv has one peer each way, so NCCL runs it on that peer's channels (see
-    // `p2p_op_channels`); all-to-all spreads its peers over the communicator's p2p channels.
-    let nch = if args.coll == Collective::SendRecv {
-        choice.nchannels.min(p2p_op_channels(comm, knobs, choice.nchannels, args.count * elem))
-    } else {
-        choice.nchannels
-    };
+    let nch = call_channels(comm, args, choice, knobs);
     let parts = channel_parts(args.count, elem, nch);
     let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
     let count = args.count;

@@ -230,7 +230,12 @@ impl<'a> Model<'a> {
             return Ok(SimTime::checked_from_us_f64(t0)?);
         }
         let e = args.dtype.size();
-        let nch = choice.nchannels.max(1);
+        // A send/recv runs on its peer's channels, as the schedule does.
+        let nch = match choice.algo {
+            Algo::P2p => crate::collective::alltoall::call_channels(comm, args, choice, knobs),
+            _ => choice.nchannels,
+        }
+        .max(1);
         let parts = channel_parts(args.count, e, nch);
         let used = parts.iter().filter(|x| x.1 > 0).count().max(1) as u32;
         let per_ch = parts.first().map(|x| x.1).unwrap_or(0) as f64;
@@ -419,7 +424,11 @@ impl<'a> Model<'a> {
                         TreeShape::default(),
                     )
                 });
-                let hops: Vec<Hop> = built.0.iter().map(|x| x.0).collect();
+                // A channel's block copies both its sends and its receives (on separate
+                // warps, as the schedule interleaves them): each direction at most half its
+                // rate.
+                let half = p.proto[proto].channel_bw.0 as f64 / 1e6 / 2.0;
+                let hops: Vec<Hop> = built.0.iter().map(|x| Hop { bw: x.0.bw.min(half), ..x.0 }).collect();
                 crate::collective::alltoall::closed_form(&hops, rounds, per_ch * e as f64, payload)
             }
         };
