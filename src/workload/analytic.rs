@@ -40,10 +40,10 @@ use super::comm::{
 use super::compute::{chunk_cost, local_shape, optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::flops::layer_gemms;
 use super::flops::step_flops;
-use super::memory::{memory_by_stage, stage_params, Memory};
+use super::memory::{memory_by_stage, optimizer_params, Memory};
 use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineRun, PipelineSchedule};
-use super::plan::{Coord, GroupKind, Placement, Plan, Recompute, Sharding};
+use super::plan::{Coord, GroupKind, Placement, Plan, Recompute};
 use crate::fabric::GpuSpec;
 
 /// Where the step time goes, in seconds; the parts add up to the step time.
@@ -417,16 +417,20 @@ pub fn estimate(
     let mut opt = 0.0f64;
     for s in 0..pp {
         let rank = rank_of(s);
-        let mut reduce = 0.0;
-        let mut n_buckets = 0u64;
+        // Each reduction's buckets, (the share of the window after which it is ready, its
+        // time): a reduction's buckets become ready evenly over the window (as the event
+        // mode lowers them), whatever the other reductions' bucket counts.
+        let mut buckets: Vec<(f64, f64)> = Vec::new();
         for g in grad_reduces(model, plan, s) {
             let ranks = pl.group_of(g.group, rank);
-            reduce += g.buckets as f64 * comm(g.kind, g.bytes.div_ceil(g.buckets), &ranks);
-            n_buckets += g.buckets;
+            let t = comm(g.kind, g.bytes.div_ceil(g.buckets), &ranks);
+            buckets.extend((0..g.buckets).map(|j| ((j + 1) as f64 / g.buckets as f64, t)));
             if g.gather_after && !plan.overlap.param_gather {
                 ag_after = ag_after.max(comm(CollectiveKind::AllGather, g.bytes, &ranks));
             }
         }
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let reduce: f64 = buckets.iter().map(|b| b.1).sum();
         let list = &sched.ops[s as usize];
         let stage_end = timing.end[s as usize].iter().cloned().fold(0.0, f64::max);
         let last_mb = m as u32 - 1;
@@ -435,28 +439,20 @@ pub fn estimate(
             .filter(|o| o.mb == last_mb && o.pass != Pass::F)
             .map(|o| parts(s as u32, o).compute)
             .sum();
-        let end = if n_buckets == 0 {
+        let end = if buckets.is_empty() {
             stage_end + tail[s as usize]
         } else if plan.overlap.grad_reduce {
-            // Buckets become ready evenly over the window and are reduced one after another.
-            let per = reduce / n_buckets as f64;
+            // Reduced one after another, each once it is ready.
             let mut free = stage_end - window;
-            for i in 0..n_buckets {
-                let ready = stage_end - window + window * (i + 1) as f64 / n_buckets as f64;
-                free = free.max(ready) + per;
+            for &(at, t) in &buckets {
+                free = free.max(stage_end - window + window * at) + t;
             }
             free
         } else {
             stage_end + reduce
         };
         dp_end = dp_end.max(end);
-        let (dense, experts) = stage_params(model, plan, s);
-        let local = if matches!(plan.sharding, Sharding::Zero(0)) {
-            dense + experts
-        } else {
-            dense / plan.shard_group() + experts / plan.expert_dp()
-        };
-        opt = opt.max(optimizer_time(&r, local));
+        opt = opt.max(optimizer_time(&r, optimizer_params(model, plan, s)));
     }
 
     let step = dp_end + ag_after + opt;

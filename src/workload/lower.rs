@@ -108,10 +108,10 @@ use super::analytic::{chunk_costs_and_comms, summarize, Breakdown, ChunkComm, St
 use super::comm::{chunk_gathers, ep_load_factors, grad_reduces, layer_comms, CollectiveKind};
 use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{nccl_choice_with, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
-use super::memory::stage_params;
+use super::memory::optimizer_params;
 use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineRun, PipelineSchedule, Timing};
-use super::plan::{Coord, GroupKind, Placement, Plan, Sharding};
+use super::plan::{Coord, GroupKind, Placement, Plan};
 use super::search::FabricPricer;
 use crate::collective::{self, Choice, CollArgs, Knobs};
 use crate::exec::simulate::SimOpts;
@@ -789,17 +789,8 @@ pub fn step_event_with(
     };
     let last_k = |s: usize, c: u32| layers_of(s, c) - 1;
     let rate = engine_rate(f);
-    let optimizer: Vec<f64> = (0..pp)
-        .map(|s| {
-            let (dense, experts) = stage_params(model, plan, s as u64);
-            let local = if matches!(plan.sharding, Sharding::Zero(0)) {
-                dense + experts
-            } else {
-                dense / plan.shard_group() + experts / plan.expert_dp()
-            };
-            optimizer_time(&r, local)
-        })
-        .collect();
+    let optimizer: Vec<f64> =
+        (0..pp).map(|s| optimizer_time(&r, optimizer_params(model, plan, s as u64))).collect();
     let p2p = super::comm::p2p_bytes(model, plan);
     // Layer shadows, per stage and op: one per layer kernel of an op whose EP, CP or TP group
     // leaves the node, on the representative and its peer of the group on another node, with

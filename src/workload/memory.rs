@@ -140,6 +140,18 @@ impl Memory {
     }
 }
 
+/// Parameters whose optimizer states one GPU of `stage` holds and updates: all it holds
+/// under ZeRO-0, else its shard, the dense ones over their sharding group and the experts'
+/// over theirs ([`Plan::shard_group`], [`Plan::expert_shard_group`]).
+pub fn optimizer_params(model: &Model, plan: &Plan, stage: u64) -> u64 {
+    let (dense, experts) = stage_params(model, plan, stage);
+    if matches!(plan.sharding, Sharding::Zero(0)) {
+        dense + experts
+    } else {
+        dense / plan.shard_group() + experts / plan.expert_shard_group()
+    }
+}
+
 /// Parameters one GPU of `stage` holds: (dense, routed-expert).
 pub fn stage_params(model: &Model, plan: &Plan, stage: u64) -> (u64, u64) {
     (0..plan.vpp).fold((0, 0), |(d, e), c| {

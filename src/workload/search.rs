@@ -37,7 +37,7 @@ use super::comm::CollectiveKind;
 use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{collective_time, nccl_choice_with};
 use super::lower::{step_event_with, EventOpts};
-use super::memory::{memory_by_stage_with, stage_params, Oom};
+use super::memory::{memory_by_stage_with, optimizer_params, Oom};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
 use super::plan::{Attention, Dtype, GroupKind, Overlap, Placement, Plan, Recompute, Schedule, Sharding};
@@ -1224,13 +1224,7 @@ impl Bounder<'_> {
             costs.iter().map(|st| m * st.iter().map(|c| c.fwd + c.bwd()).sum::<f64>()).fold(0.0, f64::max);
         let mut opt = 0.0f64;
         for s in 0..plan.pp {
-            let (dense, experts) = stage_params(self.model, plan, s);
-            let local = if matches!(plan.sharding, Sharding::Zero(0)) {
-                dense + experts
-            } else {
-                dense / plan.shard_group() + experts / plan.expert_dp()
-            };
-            opt = opt.max(optimizer_time(roof, local));
+            opt = opt.max(optimizer_time(roof, optimizer_params(self.model, plan, s)));
         }
         compute + opt
     }
