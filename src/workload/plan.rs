@@ -1351,7 +1351,10 @@ struct PlanFile {
 
 /// A list of names, or one string of them (`recompute_modules`).
 #[derive(Deserialize, Debug, Clone)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a list of module names or one string of them, e.g. [\"core_attn\", \"mlp\"] or \"core_attn,mlp\""
+)]
 enum Names {
     One(String),
     Many(Vec<String>),

@@ -1481,6 +1481,9 @@ fn no_plan_reason(model: &Model, spec: &SearchSpec) -> String {
             format!(" under {}", c.join(", "))
         }
     );
+    if model.moe.is_none() && !spec.allows(Dimension::Ep, 1) {
+        why.push_str(&format!("; {} has no experts, so ep is 1 (ep applies to MoE models)", model.name));
+    }
     why.push_str(
         "; a plan needs tp (dividing the attention heads and KV groups, inside an NVLink domain), pp x vpp \
          (at most the layers), cp (dividing seq / 2) and dp = gpus / (tp x pp x cp) dividing the global batch",

@@ -127,6 +127,16 @@ fn constraints_and_fixes_restrict_every_plan() {
     assert!(enumerate(&m70, &none, &tp_ok).iter().all(|p| p.tp <= 8));
     // llama3-70b has 8 KV groups: tp 16 does not divide them, so even the rule gives none.
     assert!(enumerate(&m70, &wide, &tp_ok).is_empty());
+    // An ep rule on a dense model says why nothing is left.
+    let ep = SearchSpec {
+        seq: Some(4096),
+        constraints: vec![parse_constraint("ep=2", "--fix", true).unwrap()],
+        ..SearchSpec::new(16, 32)
+    };
+    let pricer = FabricPricer::new(&f);
+    let price = |k, b, r: &[u64]| pricer.analytic(k, b, r);
+    let e = search(&m, &f, &ep, &tp_ok, &price, None, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("under ep=2") && e.contains("llama3-8b has no experts, so ep is 1"), "{e}");
 }
 
 /// Layers that do not divide the pipeline are searched too: Llama 3 405B (126 layers) at

@@ -2460,6 +2460,8 @@ fn recompute_modules_rerun_what_they_name() {
     assert!(e.contains("`moe`") && e.contains("not modelled"), "{e}");
     let e = err("recompute_modules = []\n");
     assert!(e.contains("recomputes nothing"), "{e}");
+    let e = err("recompute_modules = 3\n");
+    assert!(e.starts_with("plan.toml:7:") && e.contains("a list of module names"), "{e}");
     let e = parse_plan(
         &format!("{}recompute_modules = [\"mlp\"]\n", base.replace("selective", "full")),
         path,
