@@ -8,14 +8,14 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use fabricsim::fabric::{self, build::BuildOpts, Fabric};
 use fabricsim::report::frontier::{FrontierChart, PointSet};
 use fabricsim::workload::load_model;
-use fabricsim::workload::plan::{Attention, Dtype};
+use fabricsim::workload::plan::{Attention, Dtype, RecomputeModules};
 use fabricsim::workload::search::{
     parse_constraint, search_on_fabric, Candidate, Objective, Progress, SearchResult, SearchSpec,
     DEFAULT_PRICE_PER_GPU_HOUR,
@@ -55,6 +55,11 @@ pub struct PlanArgs {
     /// with 1), on the last pipeline stage of every plan.
     #[arg(long, default_value_t = 0)]
     pub mtp_num_layers: u64,
+    /// What selective recomputation reruns in every plan that recomputes selectively
+    /// (Megatron-Core's --recompute-modules, comma-separated: core_attn, the default,
+    /// mla_up_proj, mlp, moe_act, shared_experts, layernorm).
+    #[arg(long)]
+    pub recompute_modules: Option<String>,
     /// Candidates to show (and keep while pruning).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -150,6 +155,12 @@ fn spec(a: &PlanArgs) -> Result<SearchSpec> {
         attention,
         tp_comm_overlap: a.tp_comm_overlap,
         mtp_layers: a.mtp_num_layers,
+        recompute_modules: match &a.recompute_modules {
+            Some(m) => {
+                RecomputeModules::parse([m.as_str()]).map_err(|e| anyhow!("--recompute-modules {m}: {e}"))?
+            }
+            None => RecomputeModules::default(),
+        },
         constraints,
         top: a.top,
         retime: a.retime.unwrap_or(3).min(a.top),
@@ -293,6 +304,9 @@ fn print_table(r: &SearchResult, spec: &SearchSpec) {
         gib(r.hbm_bytes),
         spec.gbs
     );
+    if spec.recompute_modules != RecomputeModules::default() {
+        println!("# sel: selective recomputation of {}", spec.recompute_modules.names().join(", "));
+    }
     println!(
         "# {} valid plans: {} out of memory, {} pruned by bound, {} timed (closed-form collectives), {} re-timed \
          (event mode); {} distinct collectives priced, {} simulated",

@@ -40,7 +40,9 @@ use super::lower::{step_event_with, EventOpts};
 use super::memory::{memory_by_stage_with, optimizer_params, Oom};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
-use super::plan::{Attention, Dtype, GroupKind, Overlap, Placement, Plan, Recompute, Schedule, Sharding};
+use super::plan::{
+    Attention, Dtype, GroupKind, Overlap, Placement, Plan, Recompute, RecomputeModules, Schedule, Sharding,
+};
 use crate::collective::{CollArgs, Collective, Comm, Knobs, NcclPolicy};
 use crate::exec::analytic;
 use crate::fabric::{Fabric, GpuSpec, Router};
@@ -377,6 +379,9 @@ pub struct SearchSpec {
     /// Multi-token-prediction layers of the model's training (Megatron-Core's
     /// `--mtp-num-layers`), held for every plan, not searched.
     pub mtp_layers: u64,
+    /// What selective recomputation reruns in every plan that searches it (Megatron-Core's
+    /// `--recompute-modules`; default the core attention), held, not searched.
+    pub recompute_modules: RecomputeModules,
     /// Rules every plan must follow (`--constraint` and `--fix`).
     pub constraints: Vec<Constraint>,
     /// How many candidates to keep (and the k of the bound).
@@ -404,6 +409,7 @@ impl SearchSpec {
             attention: Attention::Flash,
             tp_comm_overlap: false,
             mtp_layers: 0,
+            recompute_modules: RecomputeModules::default(),
             constraints: Vec::new(),
             top: 10,
             retime: 3,
@@ -561,6 +567,7 @@ pub fn enumerate(model: &Model, spec: &SearchSpec, tp_ok: &dyn Fn(u64) -> bool) 
                                                     ..Overlap::default()
                                                 },
                                                 mtp_layers: spec.mtp_layers,
+                                                recompute_modules: spec.recompute_modules,
                                                 ..Plan::default()
                                             };
                                             if plan.check(model, gpus).is_ok() {

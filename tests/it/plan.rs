@@ -423,6 +423,56 @@ fn the_search_holds_the_mtp_layers() {
     assert!(with > without * 1.01, "{with} s with MTP vs {without} s without");
 }
 
+/// `plan --recompute-modules`: every selective plan recomputes the modules given, and the
+/// flag's bad names are refused with the valid ones.
+#[test]
+fn the_search_holds_the_recompute_modules() {
+    use fabricsim::workload::plan::{Recompute, RecomputeModule, RecomputeModules};
+    let m = model("llama3-8b");
+    let f = fabric("dgx-h100", 1);
+    let tp_ok = |tp| tp_in_domain(&f, tp);
+    let modules = RecomputeModules::of(&[RecomputeModule::Mlp, RecomputeModule::Layernorm]);
+    let spec = SearchSpec { seq: Some(4096), recompute_modules: modules, ..SearchSpec::new(8, 16) };
+    let plans = enumerate(&m, &spec, &tp_ok);
+    let selective: Vec<_> = plans.iter().filter(|p| p.recompute == Recompute::Selective).collect();
+    assert!(!selective.is_empty());
+    assert!(selective.iter().all(|p| p.recompute_modules == modules));
+    let (code, out, _) = cli(&[
+        "plan",
+        "--model",
+        "models/llama3-8b.toml",
+        "--topology",
+        "topologies/dgx-h100.toml",
+        "--gpus",
+        "8",
+        "--gbs",
+        "16",
+        "--fix",
+        "recompute=selective",
+        "--top",
+        "1",
+        "--recompute-modules",
+        "mlp,layernorm",
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.contains("# sel: selective recomputation of layernorm, mlp"), "{out}");
+    let (code, _, err) = cli(&[
+        "plan",
+        "--model",
+        "models/llama3-8b.toml",
+        "--topology",
+        "topologies/dgx-h100.toml",
+        "--gpus",
+        "8",
+        "--gbs",
+        "16",
+        "--recompute-modules",
+        "mlp,moe",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--recompute-modules mlp,moe") && err.contains("not modelled"), "{err}");
+}
+
 #[test]
 fn plan_writes_csv_json_and_the_frontier_figure() {
     let dir = crate::temp_dir("plan-out");
