@@ -437,38 +437,12 @@ fn the_search_holds_the_recompute_modules() {
     let selective: Vec<_> = plans.iter().filter(|p| p.recompute == Recompute::Selective).collect();
     assert!(!selective.is_empty());
     assert!(selective.iter().all(|p| p.recompute_modules == modules));
-    let (code, out, _) = cli(&[
-        "plan",
-        "--model",
-        "models/llama3-8b.toml",
-        "--topology",
-        "topologies/dgx-h100.toml",
-        "--gpus",
-        "8",
-        "--gbs",
-        "16",
-        "--fix",
-        "recompute=selective",
-        "--top",
-        "1",
-        "--recompute-modules",
-        "mlp,layernorm",
-    ]);
+    let with = |extra: &[&str]| cli(&[&LLAMA8_ON_ONE_H100[..], extra].concat());
+    let (code, out, _) =
+        with(&["--fix", "recompute=selective", "--top", "1", "--recompute-modules", "mlp,layernorm"]);
     assert_eq!(code, 0);
     assert!(out.contains("# sel: selective recomputation of layernorm, mlp"), "{out}");
-    let (code, _, err) = cli(&[
-        "plan",
-        "--model",
-        "models/llama3-8b.toml",
-        "--topology",
-        "topologies/dgx-h100.toml",
-        "--gpus",
-        "8",
-        "--gbs",
-        "16",
-        "--recompute-modules",
-        "mlp,moe",
-    ]);
+    let (code, _, err) = with(&["--recompute-modules", "mlp,moe"]);
     assert_ne!(code, 0);
     assert!(err.contains("--recompute-modules mlp,moe") && err.contains("not modelled"), "{err}");
 }
