@@ -381,22 +381,19 @@ pub fn layer_ops(model: &Model, plan: &Plan, r: &Roofline, layer: u64) -> Vec<Op
         o.recompute = match (plan.recompute, o.kind) {
             (Recompute::None, _) => 0.0,
             (Recompute::Full, _) => o.fwd,
-            (Recompute::Selective, OpKind::Attention) => {
-                if plan.recomputes(RecomputeModule::CoreAttn) {
-                    o.fwd
-                } else {
-                    0.0
-                }
-            }
-            (Recompute::Selective, OpKind::Gemm) => {
-                if gemm_recompute_module(o.name).is_some_and(|m| plan.recomputes(m)) {
-                    o.fwd
-                } else {
-                    0.0
-                }
-            }
             (Recompute::Selective, OpKind::Elementwise) => {
                 r.memory_time(parts.recomputed(model, plan, layer))
+            }
+            (Recompute::Selective, kind) => {
+                let module = match kind {
+                    OpKind::Attention => Some(RecomputeModule::CoreAttn),
+                    _ => gemm_recompute_module(o.name),
+                };
+                if module.is_some_and(|m| plan.recomputes(m)) {
+                    o.fwd
+                } else {
+                    0.0
+                }
             }
         };
     }

@@ -1035,8 +1035,7 @@ pub fn step_event_with(
                         if o.pass == Pass::W {
                             continue;
                         }
-                        for (group, bytes, what) in &gathers {
-                            let (group, bytes) = (group, *bytes);
+                        for &(ref group, bytes, what) in &gathers {
                             let name = format!(
                                 "fsdp {what}gather {:?} mb {} chunk {} layer {k} stage {s}",
                                 o.pass, o.mb, o.chunk

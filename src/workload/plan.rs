@@ -1175,24 +1175,20 @@ impl Placement {
     /// The group of one kind that holds `rank`, in increasing order (computed from the
     /// rank's coordinates, without listing the other groups).
     pub fn group_of(&self, kind: GroupKind, rank: u64) -> Vec<u64> {
+        if let Some((whole, shard, shards)) = self.sharded(kind) {
+            let g = self.group_of(whole, rank);
+            let shard = (shard as usize).clamp(1, g.len().max(1));
+            let pos = g.iter().position(|&r| r == rank).unwrap_or(0);
+            return if shards {
+                g[pos / shard * shard..((pos / shard + 1) * shard).min(g.len())].to_vec()
+            } else {
+                g.iter().skip(pos % shard).step_by(shard).copied().collect()
+            };
+        }
         let c = self.coord(rank);
         let size = |d: Dim| self.sizes[self.order.iter().position(|&o| o == d).unwrap_or(0)];
         let all = |d: Dim| (0..size(d)).collect::<Vec<u64>>();
         let vary: Vec<(Dim, Vec<u64>)> = match kind {
-            GroupKind::FsdpShard
-            | GroupKind::FsdpReplica
-            | GroupKind::ExpertShard
-            | GroupKind::ExpertReplica => {
-                let (whole, shard, shards) = self.sharded(kind).unwrap_or((GroupKind::DpCp, 1, true));
-                let g = self.group_of(whole, rank);
-                let shard = (shard as usize).clamp(1, g.len().max(1));
-                let pos = g.iter().position(|&r| r == rank).unwrap_or(0);
-                return if shards {
-                    g[pos / shard * shard..((pos / shard + 1) * shard).min(g.len())].to_vec()
-                } else {
-                    g.iter().skip(pos % shard).step_by(shard).copied().collect()
-                };
-            }
             GroupKind::Tp => vec![(Dim::Tp, all(Dim::Tp))],
             GroupKind::Cp => vec![(Dim::Cp, all(Dim::Cp))],
             GroupKind::Ep | GroupKind::ExpertDp | GroupKind::Etp => {
@@ -1210,6 +1206,11 @@ impl Placement {
             GroupKind::Dp => vec![(Dim::Dp, all(Dim::Dp))],
             GroupKind::DpCp => vec![(Dim::Cp, all(Dim::Cp)), (Dim::Dp, all(Dim::Dp))],
             GroupKind::Pp => vec![(Dim::Pp, all(Dim::Pp))],
+            // Returned above.
+            GroupKind::FsdpShard
+            | GroupKind::FsdpReplica
+            | GroupKind::ExpertShard
+            | GroupKind::ExpertReplica => Vec::new(),
         };
         let mut ranks = vec![c];
         for (d, values) in &vary {
