@@ -421,14 +421,17 @@ pub fn estimate(
         // time): a reduction's buckets become ready evenly over the window (as the event
         // mode lowers them), whatever the other reductions' bucket counts.
         let mut buckets: Vec<(f64, f64)> = Vec::new();
+        let mut stage_ag = 0.0;
         for g in grad_reduces(model, plan, s) {
             let ranks = pl.group_of(g.group, rank);
             let t = comm(g.kind, g.bytes.div_ceil(g.buckets), &ranks);
             buckets.extend((0..g.buckets).map(|j| ((j + 1) as f64 / g.buckets as f64, t)));
             if g.gather_after && !plan.overlap.param_gather {
-                ag_after = ag_after.max(comm(CollectiveKind::AllGather, g.bytes, &ranks));
+                // Issued synchronously, one buffer after the other.
+                stage_ag += comm(CollectiveKind::AllGather, g.bytes, &ranks);
             }
         }
+        ag_after = ag_after.max(stage_ag);
         buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
         let reduce: f64 = buckets.iter().map(|b| b.1).sum();
         let list = &sched.ops[s as usize];

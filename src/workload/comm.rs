@@ -270,7 +270,8 @@ pub struct GradReduce {
 /// over data x context parallel ranks, expert gradients over the expert data-parallel
 /// ranks; all-reduce for ZeRO-0, reduce-scatter (then an all-gather of the weights) for
 /// ZeRO-1/2; under FSDP hybrid sharding an all-reduce of the shard across replicas. ZeRO-3
-/// and full FSDP reduce per chunk instead ([`chunk_gathers`]).
+/// and full FSDP reduce per chunk instead ([`chunk_gathers`]). The reductions are in the
+/// order Megatron-Core issues them (dense buffer, then the experts').
 pub fn grad_reduces(model: &Model, plan: &Plan, stage: u64) -> Vec<GradReduce> {
     let (dense, experts) = stage_params(model, plan, stage);
     let mut out = Vec::new();
@@ -286,7 +287,9 @@ pub fn grad_reduces(model: &Model, plan: &Plan, stage: u64) -> Vec<GradReduce> {
                 kind: if z == 0 { CollectiveKind::AllReduce } else { CollectiveKind::ReduceScatter },
                 group,
                 bytes,
-                buckets: bytes.div_ceil(plan.bucket_bytes).max(1),
+                // Megatron-Core buckets gradients only to overlap their reduction with the
+                // backward; without the overlap a buffer is one bucket (`bucket_size = None`).
+                buckets: if plan.overlap.grad_reduce { bytes.div_ceil(plan.bucket_bytes).max(1) } else { 1 },
                 gather_after: z >= 1,
             }),
             Sharding::FsdpHybrid { .. } => {

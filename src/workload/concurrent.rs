@@ -312,6 +312,26 @@ impl<'f> Concurrent<'f> {
         }
     }
 
+    /// Job `later` starts on every one of its ranks only once job `first` is done on all of
+    /// its own: for a job that stands for work on ranks `first` does not run on (a NIC shadow
+    /// whose peer copies the representative, which waits for the pipeline transfer that
+    /// `first` is).
+    pub fn after_everywhere(&mut self, later: JobId, first: JobId) {
+        let (Some(l), Some(f)) = (self.jobs.get(later.0 as usize), self.jobs.get(first.0 as usize)) else {
+            return;
+        };
+        let (lp, fp) = (l.1, f.1);
+        let ends: Vec<LocalOp> =
+            self.job_ranks(fp).into_iter().flat_map(|q| self.composer.all_ops(fp, q)).collect();
+        for r in self.job_ranks(lp) {
+            for start in self.composer.first_ops(lp, r) {
+                for &end in &ends {
+                    self.composer.after(start, end);
+                }
+            }
+        }
+    }
+
     fn compose(self) -> Result<(Schedule, Vec<Placed>), WorkloadError> {
         let Concurrent { composer, jobs, .. } = self;
         let c = composer.finish()?;

@@ -16,8 +16,9 @@
 //! - the data-parallel gradient reduction, bucket by bucket, as collectives on the stage's
 //!   real data-parallel group (all its replicas; replayed by default, see below), each
 //!   bucket issued when the backward kernels that produce its gradients are done (with
-//!   `grad_reduce` overlap; at the end of the last backward without), buckets in order on
-//!   one stream; ZeRO-3/FSDP weight
+//!   `grad_reduce` overlap; at the end of the last backward without, one bucket per buffer),
+//!   a communicator's buckets in order on one stream (without the overlap every buffer's
+//!   reduction after the last, as Megatron-Core issues them synchronously); ZeRO-3/FSDP weight
 //!   gathers layer by layer before every forward and backward kernel (prefetched one kernel
 //!   ahead with `param_gather`) and gradient reduce-scatters after every backward kernel, on
 //!   the sharding group, the optimizer after the last of them (a gather of a whole chunk
@@ -42,9 +43,10 @@
 //!   and of all TP ranks, are translations of one another: congruent placements), and its
 //!   time is replayed in the step as a timed job on a proxy rank of the stage (a TP, CP, EP
 //!   or DP peer of the representative, which carries no other work), with the same
-//!   dependencies as the real collective. The stage's replayed collectives share that
-//!   proxy's resource fairly, so the buckets and gathers of one stage that overlap slow each
-//!   other down as they would on their shared links.
+//!   dependencies as the real collective. The stage's replayed collectives on different
+//!   communicators (the dense and the expert buffers, FSDP gathers) share that proxy's
+//!   resource fairly, so those that overlap slow each other down as they would on their
+//!   shared links.
 //! - NIC shadows ([`EventOpts::nic_shadows`], on by default): what a replayed collective
 //!   loads on the links is kept in the step by its shadow, the same collective (the same
 //!   algorithm where it runs on two ranks, else a ring; the same protocol; NCCL's channels
@@ -64,8 +66,8 @@
 //!   (Llama 3 405B on 16,384 GPUs, TP8 PP16 VPP4 DP128: 155 M events and 30 s of CPU,
 //!   against 0.5 s and 1.4 M events replayed with shadows, the step +0.02% apart); `tests/it/training.rs`
 //!   holds the replay within 2.5% of the full simulation on plans of 64 to 128 GPUs
-//!   (measured +0.51%, +2.14%, +0.05%, +0.01%, the second on CollNet; without the shadows
-//!   −6.4% where DP buckets reduced during the backward share the representative's NIC
+//!   (measured +0.06%, +1.27%, +0.97%, +0.01%, the second on CollNet; without the shadows
+//!   −3.8% where DP buckets reduced during the backward share the representative's NIC
 //!   with pipeline transfers). A shadow moves NCCL's bus-bandwidth share of the buffer
 //!   through the NIC, or the buffer once each way for an all-reduce reduced in the switches.
 //!
@@ -935,6 +937,9 @@ pub fn step_event_with(
         // layer. CP KV exchanges: beside the kernel, the next kernel (the stage's next op
         // after the last layer) waiting for it; alone it ends within its kernel, which
         // already counts what the exchanges leave exposed.
+        // The EP shadow before each layer kernel, which the layer's CP and TP shadows follow:
+        // in the layer the attention's exchanges and the MoE's all-to-alls take turns.
+        let mut ep_before: BTreeMap<(usize, usize, u32), JobId> = BTreeMap::new();
         for (table, kind, what) in [
             (&ep_shadow, StepJobKind::Ep, "ep all-to-all"),
             (&cp_shadow, StepJobKind::Cp, "cp kv exchange"),
@@ -972,6 +977,11 @@ pub fn step_event_with(
                                 w.after(id, p);
                             }
                         }
+                        if !beside {
+                            ep_before.insert((s, i, k), id);
+                        } else if let Some(&x) = ep_before.get(&(s, i, k)) {
+                            w.after(id, x);
+                        }
                         if k > 0 {
                             w.after_kernel_on_all_ranks(id, op, k - 1);
                         } else {
@@ -979,7 +989,7 @@ pub fn step_event_with(
                                 w.after_kernel_on_all_ranks(id, prev, last_k(s, sched.ops[s][i - 1].chunk));
                             }
                             if let Some(&feed) = feeds.get(&(s, i)) {
-                                w.after(id, feed);
+                                w.after_everywhere(id, feed);
                             }
                             match b.ep_first.get(&(s, i)) {
                                 Some(&first) if beside => w.after(id, first),
@@ -1126,16 +1136,31 @@ pub fn step_event_with(
             }
             let buckets = merged;
             let mut dp_jobs = Vec::new();
+            // A communicator's buckets run one after another (one NCCL stream per process
+            // group); without the overlap Megatron-Core issues each buffer's reduction
+            // synchronously, so the next waits for it whatever its communicator.
+            let mut previous: Vec<(Vec<u32>, Vec<JobId>)> = Vec::new();
             for (ready, kind, ranks, bytes, j) in buckets {
                 let name = format!("dp {kind:?} bucket {j} on {} ranks, stage {s}", ranks.len());
                 let Some(added) = coll_job(&mut w, s, &name, kind, bytes, &ranks) else { continue };
                 let (id, replayed, sh) = added.map_err(e)?;
                 let (op, k) = window[ready];
-                for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
+                let ids: Vec<JobId> = std::iter::once(id).chain(sh.iter().map(|x| x.0)).collect();
+                let before: Vec<JobId> = previous
+                    .iter()
+                    .filter(|(group, _)| !plan.overlap.grad_reduce || *group == ranks)
+                    .flat_map(|(_, ids)| ids.iter().copied())
+                    .collect();
+                for &x in &ids {
                     w.after_kernel_on_all_ranks(x, b.ops[s][op], k);
                     dp_jobs.push((x, replayed));
+                    for &p in &before {
+                        w.after_everywhere(x, p);
+                    }
                 }
                 b.push_collective(s as u32, StepJobKind::Dp, name, &ranks, replayed.then(|| (proxy(s), &sh)));
+                previous.retain(|(group, _)| *group != ranks);
+                previous.push((ranks, ids));
             }
             let name = format!("stage {s} optimizer");
             let opt = w
@@ -1151,15 +1176,22 @@ pub fn step_event_with(
             }
             b.push(s as u32, StepJobKind::Optimizer, name, &[rank as u32], None);
             b.opt.push(opt);
+            // Synchronous too (`overlap_param_gather` off), one buffer after the other.
+            let mut previous: Vec<JobId> = Vec::new();
             for (ranks, bytes) in gathers {
                 let name = format!("dp weight all-gather on {} ranks, stage {s}", ranks.len());
                 let Some(added) = coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, &ranks) else {
                     continue;
                 };
                 let (id, replayed, sh) = added.map_err(e)?;
-                for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
+                let ids: Vec<JobId> = std::iter::once(id).chain(sh.iter().map(|x| x.0)).collect();
+                for &x in &ids {
                     w.after_kernel_on_all_ranks(x, opt, 0);
+                    for &p in &previous {
+                        w.after_everywhere(x, p);
+                    }
                 }
+                previous = ids;
                 b.push_collective(s as u32, StepJobKind::Dp, name, &ranks, replayed.then(|| (proxy(s), &sh)));
             }
         }

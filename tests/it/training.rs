@@ -1251,7 +1251,7 @@ use fabricsim::collective::NcclPolicy;
 use fabricsim::fabric::build::{build, BuildOpts};
 use fabricsim::fabric::Fabric;
 use fabricsim::workload::concurrent::{step_on_fabric, step_on_fabric_with};
-use fabricsim::workload::lower::{step_event, step_event_with, EventOpts, StepJobKind};
+use fabricsim::workload::lower::{step_event, step_event_with, EventOpts, StepJob, StepJobKind};
 use fabricsim::workload::search::FabricPricer;
 
 fn built(topology: &str, nodes: u32) -> Fabric {
@@ -1685,9 +1685,76 @@ fn replayed_dp_collectives_match_the_simulated_ones() {
         if text.contains("vpp = 2") {
             let bare = run(&EventOpts { nic_shadows: false, ..EventOpts::default() });
             let (b, s) = (bare.estimate.step_time_s, full.estimate.step_time_s);
-            assert!(b < 0.96 * s, "{text:?}: without NIC shadows {b} s vs simulated {s} s");
+            assert!(b < 0.97 * s, "{text:?}: without NIC shadows {b} s vs simulated {s} s");
         }
     }
+}
+
+/// Megatron-Core reduces a communicator's gradient buckets one after another (one NCCL stream
+/// per process group). Without `overlap_grad_reduce` a buffer is one bucket and each buffer's
+/// reduction is issued synchronously, the experts' after the dense one, so that nothing of it
+/// overlaps. The event mode had run the buckets of one group at once and the two buffers side
+/// by side (the Mixtral plan below 0.478 s against 0.621 s in the closed form, which priced
+/// 80 MB buckets; the Llama plan 8% apart); now the modes agree.
+#[test]
+fn gradient_buckets_of_one_communicator_run_in_turn() {
+    use fabricsim::workload::comm::grad_reduces;
+    let moe = model("mixtral-8x7b");
+    let f = built("dgx-b200", 2);
+    let text = "tp = 1\ncp = 2\ndp = 8\nep = 4\nsp = false\nmbs = 1\ngbs = 8\nseq = 4096\n";
+    let off = plan_text(&moe, 16, &format!("{text}overlap_grad_reduce = false\n"));
+    let on = plan_text(&moe, 16, text);
+    // Dense over dp x cp, experts over expert-DP: one bucket each without the overlap.
+    let (g_off, g_on) = (grad_reduces(&moe, &off, 0), grad_reduces(&moe, &on, 0));
+    assert_eq!(g_off.len(), 2);
+    assert!(g_off.iter().all(|g| g.buckets == 1), "{g_off:?}");
+    assert!(g_on.iter().all(|g| g.buckets == g.bytes.div_ceil(on.bucket_bytes)), "{g_on:?}");
+    let (a, _) = step_on_fabric(&f, &moe, &off).unwrap();
+    let e = step_event(&f, &moe, &off, &EventOpts::default()).unwrap();
+    let err = rel_err(e.estimate.step_time_s, a.step_time_s);
+    assert!(err < 0.02, "event {:.4} s vs analytical {:.4} s", e.estimate.step_time_s, a.step_time_s);
+    let dp: Vec<&StepJob> = e.jobs.iter().filter(|j| j.kind == StepJobKind::Dp).collect();
+    assert_eq!(dp.len(), 2, "{dp:?}");
+    assert!(dp[0].ranks == 16 && dp[1].ranks == 4 && dp[1].start >= dp[0].end, "{dp:?}");
+
+    // With the overlap: 16 buckets on one DP group of 4 ranks, each after the last.
+    let dense = model("llama2-7b");
+    let f = built("dgx-h100", 2);
+    let plan = plan_text(&dense, 16, "tp = 4\ncp = 2\ndp = 2\nmbs = 1\ngbs = 2\nseq = 4096\n");
+    let (a, _) = step_on_fabric(&f, &dense, &plan).unwrap();
+    let e = step_event(&f, &dense, &plan, &EventOpts::default()).unwrap();
+    let dp: Vec<&StepJob> = e.jobs.iter().filter(|j| j.kind == StepJobKind::Dp).collect();
+    assert!(dp.len() > 8, "{dp:?}");
+    for w in dp.windows(2) {
+        assert!(w[1].start >= w[0].end, "{} starts before {} ends", w[1].name, w[0].name);
+    }
+    let err = rel_err(e.estimate.step_time_s, a.step_time_s);
+    assert!(err < 0.03, "event {:.4} s vs analytical {:.4} s", e.estimate.step_time_s, a.step_time_s);
+}
+
+/// A NIC shadow's peer copies the representative: it waits for the pipeline transfer that
+/// feeds the op as the representative does (it had started early, so an op with EP shadows
+/// seemed to run from long before its input arrived and the EP time of the breakdown grew:
+/// the parts added up to 10% more than the step), and the layer's CP and TP shadows follow
+/// its EP shadow (the attention's exchanges and the MoE all-to-alls take turns on the NIC;
+/// side by side they slowed each other: DeepSeek-V3 with CP 2 and EP 2 across two B200
+/// nodes ran 20% over the closed form). Mixtral 8x7B, TP 8 PP 2 VPP 2 CP 2 EP 2 on four
+/// DGX B200: the CP and EP peers are the same rank on the other node.
+#[test]
+fn layer_shadows_wait_for_what_their_op_waits_for() {
+    let m = model("mixtral-8x7b");
+    let f = built("dgx-b200", 4);
+    let text = "tp = 8\npp = 2\nvpp = 2\ncp = 2\nep = 2\nmbs = 1\ngbs = 4\nseq = 4096\n";
+    let plan = plan_text(&m, 32, text);
+    let (a, _) = step_on_fabric(&f, &m, &plan).unwrap();
+    let e = step_event(&f, &m, &plan, &EventOpts::default()).unwrap();
+    let (step, b) = (e.estimate.step_time_s, e.estimate.breakdown);
+    assert!(rel_err(b.total(), step) < 0.01, "parts {:.4} s vs step {step:.4} s: {b:?}", b.total());
+    assert!(rel_err(b.ep, a.breakdown.ep) < 0.05, "EP {:.4} s vs {:.4} s", b.ep, a.breakdown.ep);
+    assert!(rel_err(step, a.step_time_s) < 0.02, "event {step:.4} s vs analytical {:.4} s", a.step_time_s);
+    assert!(
+        e.jobs.iter().any(|j| j.kind == StepJobKind::Ep) && e.jobs.iter().any(|j| j.kind == StepJobKind::Cp)
+    );
 }
 
 // ---------------------------------------------------------------- CP all-gather, EP imbalance
