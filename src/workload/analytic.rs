@@ -126,6 +126,11 @@ pub(crate) struct ChunkComm {
     pub(crate) ep_share_bwd: f64,
     pub(crate) fsdp_fwd: f64,
     pub(crate) fsdp_bwd: f64,
+    /// Under a schedule that splits the backward (ZB-H1): the gathers exposed in the
+    /// input-gradient pass, and the reduce-scatters in the weight-gradient pass, which makes
+    /// the gradients they reduce.
+    pub(crate) fsdp_bwd_input: f64,
+    pub(crate) fsdp_bwd_weight: f64,
 }
 
 /// Per-op duration parts.
@@ -302,6 +307,11 @@ pub(crate) fn chunk_costs_and_comms(
                 );
                 cc.fsdp_fwd = exposed(ag, busy_f, ov.param_gather) + slow(ag, cost.fwd);
                 cc.fsdp_bwd = exposed(ag + rs, busy_b, ov.param_gather) + slow(ag + rs, cost.bwd());
+                let busy_i = busy_b - cost.bwd_weight;
+                cc.fsdp_bwd_input = exposed(ag, busy_i, ov.param_gather) + slow(ag, cost.bwd_input);
+                // Each layer's reduce-scatter follows its weight-gradient kernel: hidden under
+                // the later layers' (the last is the stage's tail, [`estimate`]).
+                cc.fsdp_bwd_weight = (rs - cost.bwd_weight).max(0.0) + share * rs.min(cost.bwd_weight);
             }
             comms[s as usize][c as usize] = cc;
         }
@@ -346,7 +356,7 @@ pub fn estimate(
     let head = fsdp_edge(0, CollectiveKind::AllGather, sched.ops[0].first());
     let tail: Vec<f64> = (0..pp)
         .map(|s| {
-            let last_b = sched.ops[s as usize].iter().rev().find(|o| o.pass == Pass::B);
+            let last_b = sched.ops[s as usize].iter().rev().find(|o| o.pass != Pass::F);
             fsdp_edge(s, CollectiveKind::ReduceScatter, last_b)
         })
         .collect();
@@ -364,9 +374,9 @@ pub fn estimate(
                 tp: k.tp_bwd,
                 cp: k.cp_bwd,
                 ep: k.ep_bwd,
-                fsdp: k.fsdp_bwd,
+                fsdp: if split { k.fsdp_bwd_input } else { k.fsdp_bwd },
             },
-            Pass::W => Parts { compute: c.bwd_weight, ..Parts::default() },
+            Pass::W => Parts { compute: c.bwd_weight, fsdp: k.fsdp_bwd_weight, ..Parts::default() },
         }
     };
     let p2p_bytes = p2p_bytes(model, plan);
@@ -440,7 +450,7 @@ pub fn estimate(
         let window: f64 = list
             .iter()
             .filter(|o| o.mb == last_mb && o.pass != Pass::F)
-            .map(|o| parts(s as u32, o).compute)
+            .map(|o| parts(s as u32, o).sum())
             .sum();
         let end = if buckets.is_empty() {
             stage_end + tail[s as usize]

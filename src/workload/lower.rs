@@ -510,23 +510,30 @@ impl<'a> ShadowMemo<'a> {
                 return None;
             }
             let need = x as f64 / (t - lat);
-            if need < rate {
-                // A capped connection also waits out its steps' latencies at the lower rate,
-                // so the cap that `need` implies runs long (EP shadows of a Mixtral layer took
-                // 10% more than the all-to-all they stand for). The capped time is about
-                // `a + b / cap`: two capped runs fix `a` and `b`, and the cap that gives `t`
-                // follows.
-                let conns = f64::from(choice.nchannels.max(1));
+            let conns = f64::from(choice.nchannels.max(1));
+            // A capped connection also waits out its steps' latencies at the lower rate, so
+            // the cap that `need` implies runs long (EP shadows of a Mixtral layer took 10%
+            // more than the all-to-all they stand for). The capped time is about
+            // `a + b / cap`: two capped runs fix `a` and `b`, and the cap that gives `t`
+            // follows. A cap at or above the uncapped rate per connection only slows the
+            // shadow (a DP all-reduce that keeps the NIC busy ran 11% long): then none.
+            let cap = if need < rate {
                 let capped = |c: f64| run(x, Some(c));
                 let c0 = need / conns;
                 let (t0, t1) = (capped(c0)?, capped(2.0 * c0)?);
                 let b = (t0 - t1) * 2.0 * c0;
                 let a = t0 - b / c0;
-                let c = if b > 0.0 && t > a { (b / (t - a)).min(rate / conns) } else { c0 };
-                Some((args, choice, Some(Bandwidth::from_gbytes(c / 1e9)), chunk))
+                let c = if b > 0.0 && t > a { b / (t - a) } else { c0 };
+                (c < rate / conns).then_some(c)
             } else {
-                let x = ((t - lat) * rate) as u64;
-                Some((coll_args(kind, buffer(x), 2)?, choice, None, chunk))
+                None
+            };
+            match cap {
+                Some(c) => Some((args, choice, Some(Bandwidth::from_gbytes(c / 1e9)), chunk)),
+                None => {
+                    let x = (((t - lat) * rate) as u64).min(x);
+                    Some((coll_args(kind, buffer(x), 2)?, choice, None, chunk))
+                }
             }
         });
         self.memo.borrow_mut().insert(key, got);
@@ -1022,6 +1029,37 @@ pub fn step_event_with(
         // The optimizer waits for every reduce-scatter of its stage. The weights of a chunk
         // are split evenly over its layers.
         let mut fsdp_rs: Vec<Vec<(JobId, bool)>> = vec![Vec::new(); pp];
+        // The reduce-scatter of layer `k`'s gradients after its kernel of op `i` (the
+        // backward, or the weight-gradient pass of a schedule that splits it).
+        #[allow(clippy::too_many_arguments)]
+        let fsdp_reduce_scatter = |w: &mut Concurrent,
+                                   b: &mut Built,
+                                   done: &mut Vec<(JobId, bool)>,
+                                   s: usize,
+                                   i: usize,
+                                   o: &PipeOp,
+                                   k: u32,
+                                   group: &[u32],
+                                   bytes: u64,
+                                   what: &str|
+         -> Result<(), String> {
+            let name = format!("fsdp {what}reduce-scatter mb {} chunk {} layer {k} stage {s}", o.mb, o.chunk);
+            if let Some(added) = coll_job(w, s, &name, CollectiveKind::ReduceScatter, bytes, group) {
+                let (id, replayed, sh) = added.map_err(e)?;
+                for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
+                    w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
+                    done.push((x, replayed));
+                }
+                b.push_collective(
+                    s as u32,
+                    StepJobKind::Fsdp,
+                    name,
+                    group,
+                    replayed.then(|| (proxy(s), &sh)),
+                );
+            }
+            Ok(())
+        };
         if plan.sharding.shards_params() {
             #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
             for s in 0..pp {
@@ -1042,10 +1080,25 @@ pub fn step_event_with(
                     for k in 0..layers {
                         let g = stream.len();
                         stream.push((b.ops[s][i], k));
-                        if o.pass == Pass::W {
-                            continue;
-                        }
                         for &(ref group, bytes, what) in &gathers {
+                            // A weight-gradient pass needs no weights; it makes the gradients.
+                            if o.pass == Pass::W {
+                                if split {
+                                    fsdp_reduce_scatter(
+                                        &mut w,
+                                        &mut b,
+                                        &mut fsdp_rs[s],
+                                        s,
+                                        i,
+                                        o,
+                                        k,
+                                        group,
+                                        bytes,
+                                        what,
+                                    )?;
+                                }
+                                continue;
+                            }
                             let name = format!(
                                 "fsdp {what}gather {:?} mb {} chunk {} layer {k} stage {s}",
                                 o.pass, o.mb, o.chunk
@@ -1073,22 +1126,19 @@ pub fn step_event_with(
                                 let replay = replayed.then(|| (proxy(s), &sh));
                                 b.push_collective(s as u32, StepJobKind::Fsdp, name, group, replay);
                             }
-                            if o.pass == Pass::B {
-                                let name = format!(
-                                    "fsdp {what}reduce-scatter mb {} chunk {} layer {k} stage {s}",
-                                    o.mb, o.chunk
-                                );
-                                if let Some(added) =
-                                    coll_job(&mut w, s, &name, CollectiveKind::ReduceScatter, bytes, group)
-                                {
-                                    let (id, replayed, sh) = added.map_err(e)?;
-                                    for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
-                                        w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
-                                        fsdp_rs[s].push((x, replayed));
-                                    }
-                                    let replay = replayed.then(|| (proxy(s), &sh));
-                                    b.push_collective(s as u32, StepJobKind::Fsdp, name, group, replay);
-                                }
+                            if o.pass == Pass::B && !split {
+                                fsdp_reduce_scatter(
+                                    &mut w,
+                                    &mut b,
+                                    &mut fsdp_rs[s],
+                                    s,
+                                    i,
+                                    o,
+                                    k,
+                                    group,
+                                    bytes,
+                                    what,
+                                )?;
                             }
                         }
                     }

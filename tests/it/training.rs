@@ -1757,6 +1757,58 @@ fn layer_shadows_wait_for_what_their_op_waits_for() {
     );
 }
 
+/// A NIC shadow alone takes the time of the collective it stands for. A DP all-reduce that
+/// keeps the NIC busy needs a cap at the shadow's uncapped rate per connection, and a capped
+/// connection waits out its steps' latencies at that rate: capped, the shadow ran 18% long
+/// (Llama 3 8B, TP 8 DP 4 on four DGX H100 without the overlap: 0.1689 s against 0.1567 s
+/// without shadows); such a shadow now runs uncapped.
+#[test]
+fn a_shadow_that_fills_the_nic_is_not_capped() {
+    let m = model("llama3-8b");
+    let f = built("dgx-h100", 4);
+    let plan =
+        plan_text(&m, 32, "tp = 8\ndp = 4\nmbs = 1\ngbs = 4\nseq = 4096\noverlap_grad_reduce = false\n");
+    let (a, _) = step_on_fabric(&f, &m, &plan).unwrap();
+    let with = step_event(&f, &m, &plan, &EventOpts::default()).unwrap().estimate;
+    let bare = step_event(&f, &m, &plan, &EventOpts { nic_shadows: false, ..EventOpts::default() })
+        .unwrap()
+        .estimate;
+    assert!(with.breakdown.dp > 0.3 * with.step_time_s, "{:?}", with.breakdown);
+    let err = rel_err(with.step_time_s, bare.step_time_s);
+    assert!(err < 0.005, "with shadows {:.4} s, without {:.4} s", with.step_time_s, bare.step_time_s);
+    assert!(rel_err(with.step_time_s, a.step_time_s) < 0.01, "{} vs {}", with.step_time_s, a.step_time_s);
+}
+
+/// Under a schedule that splits the backward (ZB-H1) the weight gradients exist only after
+/// the weight-gradient pass: ZeRO-3/FSDP reduce-scatters each layer's after its W kernel (they
+/// had followed the input-gradient kernel), and the closed form hides them under the W pass
+/// and the gathers under the input-gradient pass (it had hidden both under the whole
+/// backward: 0.650 s against 0.724 s in the event mode for the plan below; now 1% apart).
+#[test]
+fn fsdp_reduces_the_weight_gradients_after_the_weight_pass() {
+    let m = model("llama2-7b");
+    let f = built("dgx-h100", 4);
+    let text = "tp = 8\npp = 2\ndp = 2\nmbs = 2\ngbs = 64\nseq = 2048\nfsdp = \"full\"\nschedule = \"zb-h1\"\nrecompute = \"selective\"\n";
+    let plan = plan_text(&m, 32, text);
+    let (a, _) = step_on_fabric(&f, &m, &plan).unwrap();
+    let e = step_event(&f, &m, &plan, &EventOpts::default()).unwrap();
+    let op_start = |stage: u32, pass: &str, mb: &str| {
+        let name = format!("stage {stage} {pass} mb {mb} chunk 0");
+        e.jobs.iter().find(|j| j.name == name).unwrap_or_else(|| panic!("no {name}")).start
+    };
+    let mut n = 0;
+    for j in e.jobs.iter().filter(|j| j.name.starts_with("fsdp reduce-scatter")) {
+        // "fsdp reduce-scatter mb {mb} chunk 0 layer {k} stage {s}"
+        let w: Vec<&str> = j.name.split(' ').collect();
+        let (mb, stage): (&str, u32) = (w[3], w[9].parse().unwrap());
+        assert!(j.start >= op_start(stage, "W", mb), "{} before its W pass", j.name);
+        n += 1;
+    }
+    assert!(n > 0);
+    let err = rel_err(e.estimate.step_time_s, a.step_time_s);
+    assert!(err < 0.03, "event {:.4} s vs analytical {:.4} s", e.estimate.step_time_s, a.step_time_s);
+}
+
 // ---------------------------------------------------------------- CP all-gather, EP imbalance
 
 /// `cp_comm = "all_gather"`: K and V of the whole sequence all-gathered before the attention
@@ -2609,8 +2661,12 @@ fn zero3_gathers_the_experts_over_their_group() {
     let expert_jobs = ev.jobs.iter().filter(|j| j.name.starts_with("fsdp expert gather")).count();
     assert_eq!(expert_jobs as u64, 2 * m.layers, "a forward and a backward gather per layer");
     let err = rel_err(ev.estimate.step_time_s, a.step_time_s);
-    // (Measured 2026-12-04: 0.680 s against 0.689 s, 1.4%.)
-    assert!(err < 0.03, "event {} s vs analytical {} s", ev.estimate.step_time_s, a.step_time_s);
+    // (Measured 2026-12-04: 0.651 s against 0.690 s, 5.6%; 0.680 s and 1.4% while the NIC
+    // shadows of these gathers were capped and ran long. The event mode runs a layer's dense
+    // and expert gathers side by side on the stage's proxy, the closed form one after the
+    // other; the 6% bound is the one every plan of `event_mode_agrees_with_the_analytical_mode`
+    // is held to.)
+    assert!(err < 0.06, "event {} s vs analytical {} s", ev.estimate.step_time_s, a.step_time_s);
 
     // FSDP hybrid: each GPU updates its shard of the experts (a half here, over the expert
     // shard group of 2, not a quarter over the 4 expert data-parallel ranks), and the two
