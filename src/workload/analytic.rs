@@ -29,7 +29,8 @@
 //!   group, experts over the expert data-parallel ranks) before its forward and backward
 //!   and reduce-scatters its gradients (each collective priced at one layer's
 //!   size), hidden with prefetching for as long as the layers run (their compute and their
-//!   exposed TP, CP and EP communication).
+//!   exposed TP, CP and EP communication; under a split backward the gathers behind the
+//!   input-gradient pass, the reduce-scatters behind the weight-gradient pass).
 //!
 //! What is sent, on which communicator and how large, comes from [`super::comm`].
 

@@ -20,7 +20,8 @@
 //!   a communicator's buckets in order on one stream (without the overlap every buffer's
 //!   reduction after the last, as Megatron-Core issues them synchronously); ZeRO-3/FSDP weight
 //!   gathers layer by layer before every forward and backward kernel (prefetched one kernel
-//!   ahead with `param_gather`) and gradient reduce-scatters after every backward kernel, on
+//!   ahead with `param_gather`) and gradient reduce-scatters after every backward kernel
+//!   (after every weight-gradient kernel when the schedule splits the backward), on
 //!   the sharding group, the optimizer after the last of them (a gather of a whole chunk
 //!   before each op, and an optimizer that did not wait for the last reduce-scatter, made
 //!   this mode 13% slower than the analytical one on ZeRO-3 plans);
@@ -1029,37 +1030,6 @@ pub fn step_event_with(
         // The optimizer waits for every reduce-scatter of its stage. The weights of a chunk
         // are split evenly over its layers.
         let mut fsdp_rs: Vec<Vec<(JobId, bool)>> = vec![Vec::new(); pp];
-        // The reduce-scatter of layer `k`'s gradients after its kernel of op `i` (the
-        // backward, or the weight-gradient pass of a schedule that splits it).
-        #[allow(clippy::too_many_arguments)]
-        let fsdp_reduce_scatter = |w: &mut Concurrent,
-                                   b: &mut Built,
-                                   done: &mut Vec<(JobId, bool)>,
-                                   s: usize,
-                                   i: usize,
-                                   o: &PipeOp,
-                                   k: u32,
-                                   group: &[u32],
-                                   bytes: u64,
-                                   what: &str|
-         -> Result<(), String> {
-            let name = format!("fsdp {what}reduce-scatter mb {} chunk {} layer {k} stage {s}", o.mb, o.chunk);
-            if let Some(added) = coll_job(w, s, &name, CollectiveKind::ReduceScatter, bytes, group) {
-                let (id, replayed, sh) = added.map_err(e)?;
-                for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
-                    w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
-                    done.push((x, replayed));
-                }
-                b.push_collective(
-                    s as u32,
-                    StepJobKind::Fsdp,
-                    name,
-                    group,
-                    replayed.then(|| (proxy(s), &sh)),
-                );
-            }
-            Ok(())
-        };
         if plan.sharding.shards_params() {
             #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
             for s in 0..pp {
@@ -1077,26 +1047,45 @@ pub fn step_event_with(
                                 (group, g.bytes / u64::from(layers), what)
                             })
                             .collect();
+                    // Layer `k`'s reduce-scatter after its kernel of this op: the backward, or
+                    // the weight-gradient pass of a schedule that splits the backward.
+                    let fsdp_rs_after = |w: &mut Concurrent,
+                                         b: &mut Built,
+                                         done: &mut Vec<(JobId, bool)>,
+                                         group: &[u32],
+                                         bytes: u64,
+                                         what: &str,
+                                         k: u32|
+                     -> Result<(), String> {
+                        let name = format!(
+                            "fsdp {what}reduce-scatter mb {} chunk {} layer {k} stage {s}",
+                            o.mb, o.chunk
+                        );
+                        let Some(added) = coll_job(w, s, &name, CollectiveKind::ReduceScatter, bytes, group)
+                        else {
+                            return Ok(());
+                        };
+                        let (id, replayed, sh) = added.map_err(e)?;
+                        for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
+                            w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
+                            done.push((x, replayed));
+                        }
+                        b.push_collective(
+                            s as u32,
+                            StepJobKind::Fsdp,
+                            name,
+                            group,
+                            replayed.then(|| (proxy(s), &sh)),
+                        );
+                        Ok(())
+                    };
                     for k in 0..layers {
                         let g = stream.len();
                         stream.push((b.ops[s][i], k));
                         for &(ref group, bytes, what) in &gathers {
                             // A weight-gradient pass needs no weights; it makes the gradients.
                             if o.pass == Pass::W {
-                                if split {
-                                    fsdp_reduce_scatter(
-                                        &mut w,
-                                        &mut b,
-                                        &mut fsdp_rs[s],
-                                        s,
-                                        i,
-                                        o,
-                                        k,
-                                        group,
-                                        bytes,
-                                        what,
-                                    )?;
-                                }
+                                fsdp_rs_after(&mut w, &mut b, &mut fsdp_rs[s], group, bytes, what, k)?;
                                 continue;
                             }
                             let name = format!(
@@ -1127,18 +1116,7 @@ pub fn step_event_with(
                                 b.push_collective(s as u32, StepJobKind::Fsdp, name, group, replay);
                             }
                             if o.pass == Pass::B && !split {
-                                fsdp_reduce_scatter(
-                                    &mut w,
-                                    &mut b,
-                                    &mut fsdp_rs[s],
-                                    s,
-                                    i,
-                                    o,
-                                    k,
-                                    group,
-                                    bytes,
-                                    what,
-                                )?;
+                                fsdp_rs_after(&mut w, &mut b, &mut fsdp_rs[s], group, bytes, what, k)?;
                             }
                         }
                     }
