@@ -787,6 +787,19 @@ impl Plan {
                 ),
             );
         }
+        if self.microbatches() > MAX_MICROBATCHES {
+            return err(
+                "gbs",
+                format!(
+                    "gbs / (dp × mbs) = {} / {} = {} micro-batches per step; at most {MAX_MICROBATCHES} are \
+                     simulated (each is an op of every stage's schedule); valid: a larger mbs or dp, or a \
+                     smaller gbs",
+                    self.gbs,
+                    self.dp.saturating_mul(self.mbs),
+                    self.microbatches()
+                ),
+            );
+        }
         let seq = self.seq(model);
         let seq_field = if self.seq.is_some() { "seq" } else { "cp" };
         let need = if self.cp > 1 { 2 * self.cp } else { 1 };
@@ -893,6 +906,11 @@ pub enum Dim {
     /// Pipeline.
     Pp,
 }
+
+/// The most micro-batches a step may have: each is an op of every stage's pipeline schedule,
+/// in both modes (2^16 is 128 times the most of any run in `validate/reference`, 512 for
+/// Narayanan et al.'s GPT 1T; a billion took the schedule past the machine's memory).
+pub const MAX_MICROBATCHES: u64 = 1 << 16;
 
 /// Megatron's order, innermost first.
 pub const MEGATRON_ORDER: [Dim; 5] = [Dim::Tp, Dim::Cp, Dim::Ep, Dim::Dp, Dim::Pp];

@@ -144,6 +144,8 @@ fn bad_plans_name_the_field() {
             "must divide tp / etp × cp × dp = 4",
         ),
         (Plan { gbs: 30, ..ok.clone() }, &m, 128, "gbs", "dp × mbs"),
+        // A billion micro-batches took the pipeline schedule past the machine's memory.
+        (Plan { gbs: 4_000_000_000, ..ok.clone() }, &m, 128, "gbs", "at most 65536"),
         // A zero-token sequence gave a step of zero tokens and 0 TFLOP/s.
         (Plan { seq: Some(0), ..ok.clone() }, &m, 128, "seq", "at least 1"),
         // Sequence parallelism scatters each CP rank's sequence over the TP ranks.
