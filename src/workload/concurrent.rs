@@ -303,11 +303,7 @@ impl<'f> Concurrent<'f> {
             return;
         };
         let (lp, fp) = (l.1, f.1);
-        let mut ranks: Vec<u32> =
-            self.composer.get(lp).map(|s| s.streams.iter().map(|st| st.rank).collect()).unwrap_or_default();
-        ranks.sort_unstable();
-        ranks.dedup();
-        for r in ranks {
+        for r in self.job_ranks(lp) {
             self.composer.after_on_rank(lp, fp, r);
         }
     }

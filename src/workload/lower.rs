@@ -565,6 +565,11 @@ struct JobMeta {
 /// The NIC shadows of one replayed collective: each job and its (sender, receiver).
 type Shadows = Vec<(JobId, [u32; 2])>;
 
+/// A replayed collective's job and its NIC shadows' (what a dependency on it must cover).
+fn with_shadows(id: JobId, sh: &Shadows) -> Vec<JobId> {
+    std::iter::once(id).chain(sh.iter().map(|x| x.0)).collect()
+}
+
 /// Where the jobs of one build are.
 struct Built {
     /// Per stage, per pipeline op: its compute job.
@@ -1066,7 +1071,7 @@ pub fn step_event_with(
                             return Ok(());
                         };
                         let (id, replayed, sh) = added.map_err(e)?;
-                        for x in std::iter::once(id).chain(sh.iter().map(|x| x.0)) {
+                        for x in with_shadows(id, &sh) {
                             w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
                             done.push((x, replayed));
                         }
@@ -1097,8 +1102,8 @@ pub fn step_event_with(
                             {
                                 let (id, replayed, sh) = added.map_err(e)?;
                                 let ahead = if plan.overlap.param_gather { 2 } else { 1 };
-                                let all = std::iter::once(id).chain(sh.iter().map(|x| x.0));
-                                for x in all.clone() {
+                                let all = with_shadows(id, &sh);
+                                for &x in &all {
                                     if let Some(&(op, kernel)) =
                                         g.checked_sub(ahead).and_then(|x| stream.get(x))
                                     {
@@ -1167,18 +1172,18 @@ pub fn step_event_with(
             // A communicator's buckets run one after another (one NCCL stream per process
             // group); without the overlap Megatron-Core issues each buffer's reduction
             // synchronously, so the next waits for it whatever its communicator.
-            let mut previous: Vec<(Vec<u32>, Vec<JobId>)> = Vec::new();
+            let mut previous: BTreeMap<Vec<u32>, Vec<JobId>> = BTreeMap::new();
             for (ready, kind, ranks, bytes, j) in buckets {
                 let name = format!("dp {kind:?} bucket {j} on {} ranks, stage {s}", ranks.len());
                 let Some(added) = coll_job(&mut w, s, &name, kind, bytes, &ranks) else { continue };
                 let (id, replayed, sh) = added.map_err(e)?;
                 let (op, k) = window[ready];
-                let ids: Vec<JobId> = std::iter::once(id).chain(sh.iter().map(|x| x.0)).collect();
-                let before: Vec<JobId> = previous
-                    .iter()
-                    .filter(|(group, _)| !plan.overlap.grad_reduce || *group == ranks)
-                    .flat_map(|(_, ids)| ids.iter().copied())
-                    .collect();
+                let ids = with_shadows(id, &sh);
+                let before: Vec<JobId> = if plan.overlap.grad_reduce {
+                    previous.get(&ranks).cloned().unwrap_or_default()
+                } else {
+                    previous.values().flatten().copied().collect()
+                };
                 for &x in &ids {
                     w.after_kernel_on_all_ranks(x, b.ops[s][op], k);
                     dp_jobs.push((x, replayed));
@@ -1187,8 +1192,7 @@ pub fn step_event_with(
                     }
                 }
                 b.push_collective(s as u32, StepJobKind::Dp, name, &ranks, replayed.then(|| (proxy(s), &sh)));
-                previous.retain(|(group, _)| *group != ranks);
-                previous.push((ranks, ids));
+                previous.insert(ranks, ids);
             }
             let name = format!("stage {s} optimizer");
             let opt = w
@@ -1212,7 +1216,7 @@ pub fn step_event_with(
                     continue;
                 };
                 let (id, replayed, sh) = added.map_err(e)?;
-                let ids: Vec<JobId> = std::iter::once(id).chain(sh.iter().map(|x| x.0)).collect();
+                let ids = with_shadows(id, &sh);
                 for &x in &ids {
                     w.after_kernel_on_all_ranks(x, opt, 0);
                     for &p in &previous {
