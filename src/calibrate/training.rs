@@ -339,7 +339,7 @@ pub struct EventRule {
 
 impl Default for EventRule {
     fn default() -> Self {
-        EventRule { max_gpus: 1024, max_transfers: 10_000, max_shard_ranks: 64 }
+        EventRule { max_gpus: 4096, max_transfers: 150_000, max_shard_ranks: 2048 }
     }
 }
 
@@ -416,9 +416,16 @@ pub fn add_event_column(
     rule: EventRule,
     profile: Option<&toml::Table>,
 ) -> Option<(f64, f64, usize)> {
+    use rayon::prelude::*;
+    // The runs in parallel (each its own fabric and pricer); the rows keep their order.
+    let cells: Vec<Option<EventCell>> = score
+        .rows
+        .par_iter()
+        .map(|r| r.run.run.contains(filter).then(|| score_run_event(root, &r.run, rule, profile)))
+        .collect();
     let (mut ev, mut an) = (Vec::new(), Vec::new());
-    for row in score.rows.iter_mut().filter(|r| r.run.run.contains(filter)) {
-        let cell = score_run_event(root, &row.run, rule, profile);
+    for (row, cell) in score.rows.iter_mut().zip(cells) {
+        let Some(cell) = cell else { continue };
         if let EventCell::Simulated { error, .. } = cell {
             ev.push(error.abs());
             an.push(row.error.abs());

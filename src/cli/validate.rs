@@ -49,9 +49,9 @@ pub struct ValidateArgs {
     #[arg(long)]
     pub training: bool,
     /// With --training: also simulate each run's whole step in the event mode (`train
-    /// --fidelity event`) when it has at most this many GPUs (and at most 10,000 pipeline
-    /// transfers and ZeRO-3/FSDP groups of at most 64 ranks); 0 turns the event column off.
-    #[arg(long, default_value_t = 1024)]
+    /// --fidelity event`) when it has at most this many GPUs (and at most 150,000 pipeline
+    /// transfers and ZeRO-3/FSDP groups of at most 2,048 ranks); 0 turns the event column off.
+    #[arg(long, default_value_t = 4096)]
     pub event_max_gpus: u64,
     /// The --gpu run and its options (src/cli/gpu.rs).
     #[command(flatten)]

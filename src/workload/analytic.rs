@@ -23,7 +23,8 @@
 //!   receiving op); it delays the dependent op on the next stage; without `pp_comm` overlap
 //!   it also blocks the sender.
 //! - DP: gradients reduced bucket by bucket while the last micro-batch's backward produces
-//!   them (`grad_reduce` overlap), all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, then an
+//!   them (`grad_reduce` overlap; that backward slows by the overlap share of the time the
+//!   buckets run beside it, as in the event mode), all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, then an
 //!   all-gather of the updated weights, hidden under the next step's forward with
 //!   `param_gather`); ZeRO-3/FSDP gathers each layer's weights (dense over their sharding
 //!   group, experts over the expert data-parallel ranks) before its forward and backward
@@ -407,8 +408,83 @@ pub fn estimate(
             _ => 0.0,
         }
     };
-    let ideal = sched.time(|s, o| parts(s, o).sum(), |_, _| 0.0)?;
-    let timing = sched.time(|s, o| parts(s, o).sum() + blocking(s, o), p2p)?;
+    // The pipeline timed with `slow[s]` added to the last micro-batch's backward on stage
+    // `s` (spread over its ops by their length), then the data-parallel reductions behind
+    // it, bucket by bucket: (ideal timing, timing, when the last reduction ends, the ZeRO
+    // weight all-gathers after the optimizer, the optimizer, and per stage how long its
+    // buckets ran beside that backward).
+    let last_mb = m as u32 - 1;
+    let window_of = |s: u32| -> f64 {
+        let list = &sched.ops[s as usize];
+        list.iter().filter(|o| o.mb == last_mb && o.pass != Pass::F).map(|o| parts(s, o).sum()).sum()
+    };
+    let windows: Vec<f64> = (0..pp as u32).map(window_of).collect();
+    let slowed = |slow: &[f64], s: u32, o: &PipeOp| -> f64 {
+        let (w, x) = (windows[s as usize], slow[s as usize]);
+        if o.mb == last_mb && o.pass != Pass::F && w > 0.0 && x > 0.0 {
+            x * parts(s, o).sum() / w
+        } else {
+            0.0
+        }
+    };
+    let timed = |slow: &[f64]| -> Result<_, String> {
+        let ideal = sched.time(|s, o| parts(s, o).sum() + slowed(slow, s, o), |_, _| 0.0)?;
+        let timing = sched.time(|s, o| parts(s, o).sum() + slowed(slow, s, o) + blocking(s, o), p2p)?;
+        let mut dp_end = timing.makespan;
+        let mut ag_after = 0.0f64;
+        let mut opt = 0.0f64;
+        let mut beside = vec![0.0; pp as usize];
+        for s in 0..pp {
+            let rank = rank_of(s);
+            // Each reduction's buckets, (the share of the window after which it is ready,
+            // its time): a reduction's buckets become ready evenly over the window (as the
+            // event mode lowers them), whatever the other reductions' bucket counts.
+            let mut buckets: Vec<(f64, f64)> = Vec::new();
+            let mut stage_ag = 0.0;
+            for g in grad_reduces(model, plan, s) {
+                let ranks = pl.group_of(g.group, rank);
+                let t = comm(g.kind, g.bytes.div_ceil(g.buckets), &ranks);
+                buckets.extend((0..g.buckets).map(|j| ((j + 1) as f64 / g.buckets as f64, t)));
+                if g.gather_after && !plan.overlap.param_gather {
+                    // Issued synchronously, one buffer after the other.
+                    stage_ag += comm(CollectiveKind::AllGather, g.bytes, &ranks);
+                }
+            }
+            ag_after = ag_after.max(stage_ag);
+            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let reduce: f64 = buckets.iter().map(|b| b.1).sum();
+            let stage_end = timing.end[s as usize].iter().cloned().fold(0.0, f64::max);
+            let window = windows[s as usize] + slow[s as usize];
+            let end = if buckets.is_empty() {
+                stage_end + tail[s as usize]
+            } else if plan.overlap.grad_reduce {
+                // Reduced one after another, each once it is ready.
+                let mut free = stage_end - window;
+                for &(at, t) in &buckets {
+                    let start = free.max(stage_end - window + window * at);
+                    free = start + t;
+                    beside[s as usize] += (free.min(stage_end) - start).max(0.0);
+                }
+                free
+            } else {
+                stage_end + reduce
+            };
+            dp_end = dp_end.max(end);
+            opt = opt.max(optimizer_time(&r, optimizer_params(model, plan, s)));
+        }
+        Ok((ideal, timing, dp_end, ag_after, opt, beside))
+    };
+    // Buckets reduced during the backward occupy SMs: that backward slows by the overlap
+    // share of the time they ran beside it, and the reductions are timed again behind the
+    // slower backward (one correction, as the event mode makes).
+    let share = r.params.overlap_slowdown;
+    let none = vec![0.0; pp as usize];
+    let (mut ideal, mut timing, mut dp_end, mut ag_after, mut opt, beside) = timed(&none)?;
+    let mut slow = none;
+    if share > 0.0 && beside.iter().any(|&b| b > 0.0) {
+        slow = beside.iter().map(|&b| share * b).collect();
+        (ideal, timing, dp_end, ag_after, opt, _) = timed(&slow)?;
+    }
 
     // The busiest stage, its parts.
     let busiest = (0..pp as usize).fold(0, |a, b| if ideal.busy[b] > ideal.busy[a] { b } else { a });
@@ -422,53 +498,6 @@ pub fn estimate(
         sum.fsdp += p.fsdp;
     }
 
-    // Data-parallel gradient reduction, bucket by bucket, behind the last backward.
-    let mut dp_end = timing.makespan;
-    let mut ag_after = 0.0f64;
-    let mut opt = 0.0f64;
-    for s in 0..pp {
-        let rank = rank_of(s);
-        // Each reduction's buckets, (the share of the window after which it is ready, its
-        // time): a reduction's buckets become ready evenly over the window (as the event
-        // mode lowers them), whatever the other reductions' bucket counts.
-        let mut buckets: Vec<(f64, f64)> = Vec::new();
-        let mut stage_ag = 0.0;
-        for g in grad_reduces(model, plan, s) {
-            let ranks = pl.group_of(g.group, rank);
-            let t = comm(g.kind, g.bytes.div_ceil(g.buckets), &ranks);
-            buckets.extend((0..g.buckets).map(|j| ((j + 1) as f64 / g.buckets as f64, t)));
-            if g.gather_after && !plan.overlap.param_gather {
-                // Issued synchronously, one buffer after the other.
-                stage_ag += comm(CollectiveKind::AllGather, g.bytes, &ranks);
-            }
-        }
-        ag_after = ag_after.max(stage_ag);
-        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let reduce: f64 = buckets.iter().map(|b| b.1).sum();
-        let list = &sched.ops[s as usize];
-        let stage_end = timing.end[s as usize].iter().cloned().fold(0.0, f64::max);
-        let last_mb = m as u32 - 1;
-        let window: f64 = list
-            .iter()
-            .filter(|o| o.mb == last_mb && o.pass != Pass::F)
-            .map(|o| parts(s as u32, o).sum())
-            .sum();
-        let end = if buckets.is_empty() {
-            stage_end + tail[s as usize]
-        } else if plan.overlap.grad_reduce {
-            // Reduced one after another, each once it is ready.
-            let mut free = stage_end - window;
-            for &(at, t) in &buckets {
-                free = free.max(stage_end - window + window * at) + t;
-            }
-            free
-        } else {
-            stage_end + reduce
-        };
-        dp_end = dp_end.max(end);
-        opt = opt.max(optimizer_time(&r, optimizer_params(model, plan, s)));
-    }
-
     let step = dp_end + ag_after + opt;
     let breakdown = Breakdown {
         compute: sum.compute,
@@ -476,7 +505,7 @@ pub fn estimate(
         cp: sum.cp,
         ep: sum.ep,
         pp: timing.makespan - ideal.makespan,
-        dp: sum.fsdp + (dp_end - timing.makespan) + ag_after,
+        dp: sum.fsdp + slow[busiest] + (dp_end - timing.makespan) + ag_after,
         bubble: ideal.makespan - ideal.busy[busiest],
         optimizer: opt,
     };

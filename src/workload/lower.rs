@@ -66,9 +66,9 @@
 //!   `replay: false` simulates every DP/FSDP collective on all its ranks inside the step
 //!   (Llama 3 405B on 16,384 GPUs, TP8 PP16 VPP4 DP128: 155 M events and 30 s of CPU,
 //!   against 0.5 s and 1.4 M events replayed with shadows, the step +0.02% apart); `tests/it/training.rs`
-//!   holds the replay within 2.5% of the full simulation on plans of 64 to 128 GPUs
-//!   (measured +0.06%, +1.27%, +0.97%, +0.01%, the second on CollNet; without the shadows
-//!   −3.8% where DP buckets reduced during the backward share the representative's NIC
+//!   holds the replay within 3.5% of the full simulation on plans of 64 to 128 GPUs
+//!   (measured +0.06%, +1.82%, +0.77%, +0.01%, the second on CollNet; without the shadows
+//!   −3.0% where DP buckets reduced during the backward share the representative's NIC
 //!   with pipeline transfers). A shadow moves NCCL's bus-bandwidth share of the buffer
 //!   through the NIC, or the buffer once each way for an all-reduce reduced in the switches.
 //!
@@ -102,8 +102,11 @@
 //!   Under the MoE all-to-all overlap (`moe_a2a_overlap`) a stage's EP shadows run one
 //!   after another beside their kernels instead, stretched to the all-to-alls' time on the
 //!   wire, each kernel carrying the SM share of the other pass's all-to-alls.
-//! - DP buckets beyond `max_buckets` per gradient reduction are merged into that many
-//!   collectives of the summed size (same bytes, coarser readiness).
+//! - Replayed, DP buckets beyond `max_buckets` per gradient reduction are merged into that
+//!   many jobs (same bytes, coarser readiness), each as long as its NCCL calls one after
+//!   another, every call paying its own fixed cost (priced as one collective of the summed
+//!   size, 201 buckets of 10 MB on 64 ranks had cost less than half their time). Simulated
+//!   on all ranks (`replay: false`), every bucket is its own collective.
 //! - Gradients of a stage become ready evenly over the kernels of the last micro-batch's
 //!   backward (as in the analytical estimate), not layer by layer by parameter count.
 
@@ -127,7 +130,8 @@ use std::collections::{BTreeMap, BTreeSet};
 /// How to lower a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EventOpts {
-    /// Most DP collectives per gradient reduction and stage (more buckets are merged).
+    /// Most replayed DP jobs per gradient reduction and stage (more buckets are merged, each
+    /// job as long as its buckets' calls).
     pub max_buckets: u64,
     /// Run the second pass that slows overlapped compute by the SM share.
     pub sm_slowdown: bool,
@@ -732,48 +736,57 @@ pub fn step_event_with(
     // shadows at the representative. Returns the job, whether it was replayed, and the
     // shadows.
     let shadows_memo = ShadowMemo::new(f, router);
-    let coll_job =
-        |w: &mut Concurrent, s: usize, name: &str, kind: CollectiveKind, bytes: u64, ranks: &[u32]| {
-            let args = coll_args(kind, bytes, ranks.len() as u64)?;
-            Some(if opts.replay {
-                let r64: Vec<u64> = ranks.iter().map(|&x| u64::from(x)).collect();
-                let t = pricer.event(kind, bytes, &r64);
-                let added = w
-                    .add_compute(name, proxy(s), &[timed_kernel(engine_rate(f), name.to_string(), t)])
-                    .and_then(|id| {
-                        let mut shadows = Shadows::new();
-                        // The replayed collective's shadows (`nic_shadows`; the EP and CP
-                        // layer shadows have switches of their own).
-                        let shadow = opts
-                            .nic_shadows
-                            .then(|| shadow_pair(f, rep(s) as u32, kind, bytes, ranks))
-                            .flatten()
-                            .and_then(|(pair, x, local)| {
-                                let real = shadows_memo.pick(pricer, kind, bytes, ranks, local)?;
-                                let x = in_switch_nic_bytes(kind, real.algo, bytes, local).unwrap_or(x);
-                                Some((pair, shadows_memo.call(pair, kind, x, t, real)?))
-                            });
-                        if let Some((pair, (args, choice, cap, chunk))) = shadow {
-                            let job = CollectiveJob {
-                                name: format!("{name} (NIC shadow)"),
-                                ranks: pair.to_vec(),
-                                args,
-                                choice: Some(choice),
-                                knobs: shadow_knobs(chunk),
-                            };
-                            let id = match cap {
-                                Some(cap) => w.add_capped(job, cap)?,
-                                None => w.add(job)?,
-                            };
-                            shadows.push((id, pair));
-                        }
-                        Ok((id, shadows))
-                    });
-                added.map(|(id, sh)| (id, true, sh))
-            } else {
-                w.add(job(name, ranks, args)).map(|id| (id, false, Shadows::new()))
-            })
-        };
+    // A collective job of `bytes` on `ranks` that stands for NCCL calls of `unit` bytes
+    // each, one after another (merged DP buckets; `unit == bytes` for one call): replayed,
+    // it takes their summed time, each call paying its own fixed costs.
+    let coll_job = |w: &mut Concurrent,
+                    s: usize,
+                    name: &str,
+                    kind: CollectiveKind,
+                    bytes: u64,
+                    unit: u64,
+                    ranks: &[u32]| {
+        let args = coll_args(kind, bytes, ranks.len() as u64)?;
+        Some(if opts.replay {
+            let r64: Vec<u64> = ranks.iter().map(|&x| u64::from(x)).collect();
+            let unit = unit.clamp(1, bytes.max(1));
+            let t = pricer.event(kind, unit, &r64) * bytes as f64 / unit as f64;
+            let added = w
+                .add_compute(name, proxy(s), &[timed_kernel(engine_rate(f), name.to_string(), t)])
+                .and_then(|id| {
+                    let mut shadows = Shadows::new();
+                    // The replayed collective's shadows (`nic_shadows`; the EP and CP
+                    // layer shadows have switches of their own).
+                    let shadow = opts
+                        .nic_shadows
+                        .then(|| shadow_pair(f, rep(s) as u32, kind, bytes, ranks))
+                        .flatten()
+                        .and_then(|(pair, x, local)| {
+                            let real = shadows_memo.pick(pricer, kind, bytes, ranks, local)?;
+                            let x = in_switch_nic_bytes(kind, real.algo, bytes, local).unwrap_or(x);
+                            Some((pair, shadows_memo.call(pair, kind, x, t, real)?))
+                        });
+                    if let Some((pair, (args, choice, cap, chunk))) = shadow {
+                        let job = CollectiveJob {
+                            name: format!("{name} (NIC shadow)"),
+                            ranks: pair.to_vec(),
+                            args,
+                            choice: Some(choice),
+                            knobs: shadow_knobs(chunk),
+                        };
+                        let id = match cap {
+                            Some(cap) => w.add_capped(job, cap)?,
+                            None => w.add(job)?,
+                        };
+                        shadows.push((id, pair));
+                    }
+                    Ok((id, shadows))
+                });
+            added.map(|(id, sh)| (id, true, sh))
+        } else {
+            w.add(job(name, ranks, args)).map(|id| (id, false, Shadows::new()))
+        })
+    };
     let split = sched.splits_backward();
     let parts: Vec<Vec<OpParts>> = (0..pp)
         .map(|s| {
@@ -1066,7 +1079,8 @@ pub fn step_event_with(
                             "fsdp {what}reduce-scatter mb {} chunk {} layer {k} stage {s}",
                             o.mb, o.chunk
                         );
-                        let Some(added) = coll_job(w, s, &name, CollectiveKind::ReduceScatter, bytes, group)
+                        let Some(added) =
+                            coll_job(w, s, &name, CollectiveKind::ReduceScatter, bytes, bytes, group)
                         else {
                             return Ok(());
                         };
@@ -1098,7 +1112,7 @@ pub fn step_event_with(
                                 o.pass, o.mb, o.chunk
                             );
                             if let Some(added) =
-                                coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, group)
+                                coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, bytes, group)
                             {
                                 let (id, replayed, sh) = added.map_err(e)?;
                                 let ahead = if plan.overlap.param_gather { 2 } else { 1 };
@@ -1140,11 +1154,16 @@ pub fn step_event_with(
                 .flat_map(|(i, o)| (0..layers_of(s, o.chunk)).map(move |k| (i, k)))
                 .collect();
             let last_op = sched.ops[s].len() - 1;
-            let mut buckets: Vec<(usize, CollectiveKind, Vec<u32>, u64, u64)> = Vec::new();
+            // (ready kernel, kind, ranks, bytes, one NCCL call's bytes, index). Replayed, at
+            // most `max_buckets` per reduction, and the buckets ready at the same kernel on
+            // the same group, go as one job that costs what its calls cost one after another;
+            // simulated on all ranks, every bucket is its own collective.
+            let mut buckets: Vec<(usize, CollectiveKind, Vec<u32>, u64, u64, u64)> = Vec::new();
             let mut gathers = Vec::new();
             for g in grad_reduces(model, plan, s as u64) {
                 let ranks: Vec<u32> = pl.group_of(g.group, rank).iter().map(|&x| x as u32).collect();
-                let nb = g.buckets.min(opts.max_buckets).max(1);
+                let unit = g.bytes.div_ceil(g.buckets.max(1));
+                let nb = if opts.replay { g.buckets.min(opts.max_buckets) } else { g.buckets }.max(1);
                 let bytes = g.bytes.div_ceil(nb);
                 for j in 0..nb {
                     let ready = if plan.overlap.grad_reduce {
@@ -1152,18 +1171,17 @@ pub fn step_event_with(
                     } else {
                         window.len() - 1
                     };
-                    buckets.push((ready, g.kind, ranks.clone(), bytes, j));
+                    buckets.push((ready, g.kind, ranks.clone(), bytes, unit, j));
                 }
                 if g.gather_after && !plan.overlap.param_gather {
                     gathers.push((ranks, g.bytes));
                 }
             }
             buckets.sort_by_key(|b| b.0);
-            // Buckets that become ready at the same kernel on the same group go as one.
-            let mut merged: Vec<(usize, CollectiveKind, Vec<u32>, u64, u64)> = Vec::new();
+            let mut merged: Vec<(usize, CollectiveKind, Vec<u32>, u64, u64, u64)> = Vec::new();
             for bk in buckets {
                 match merged.last_mut() {
-                    Some(l) if (l.0, l.1, &l.2) == (bk.0, bk.1, &bk.2) => l.3 += bk.3,
+                    Some(l) if opts.replay && (l.0, l.1, &l.2) == (bk.0, bk.1, &bk.2) => l.3 += bk.3,
                     _ => merged.push(bk),
                 }
             }
@@ -1173,9 +1191,9 @@ pub fn step_event_with(
             // group); without the overlap Megatron-Core issues each buffer's reduction
             // synchronously, so the next waits for it whatever its communicator.
             let mut previous: BTreeMap<Vec<u32>, Vec<JobId>> = BTreeMap::new();
-            for (ready, kind, ranks, bytes, j) in buckets {
+            for (ready, kind, ranks, bytes, unit, j) in buckets {
                 let name = format!("dp {kind:?} bucket {j} on {} ranks, stage {s}", ranks.len());
-                let Some(added) = coll_job(&mut w, s, &name, kind, bytes, &ranks) else { continue };
+                let Some(added) = coll_job(&mut w, s, &name, kind, bytes, unit, &ranks) else { continue };
                 let (id, replayed, sh) = added.map_err(e)?;
                 let (op, k) = window[ready];
                 let ids = with_shadows(id, &sh);
@@ -1212,7 +1230,8 @@ pub fn step_event_with(
             let mut previous: Vec<JobId> = Vec::new();
             for (ranks, bytes) in gathers {
                 let name = format!("dp weight all-gather on {} ranks, stage {s}", ranks.len());
-                let Some(added) = coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, &ranks) else {
+                let Some(added) = coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, bytes, &ranks)
+                else {
                     continue;
                 };
                 let (id, replayed, sh) = added.map_err(e)?;

@@ -1234,7 +1234,7 @@ fn validate_training_has_an_event_column() {
     // One GPU group, no pipeline, no data parallelism: both modes time the same TP step.
     assert!((analytic - event).abs() <= 1.0, "{row}");
     assert!(
-        text.contains("event mode (runs of at most 1024 GPUs") && text.contains("on the same 2 runs"),
+        text.contains("event mode (runs of at most 4096 GPUs") && text.contains("on the same 2 runs"),
         "{text}"
     );
     let small = cli(&["--event-max-gpus", "4"]);
@@ -1663,7 +1663,10 @@ fn replayed_dp_collectives_match_the_simulated_ones() {
         let replay = run(&EventOpts::default());
         let full = run(&EventOpts { replay: false, ..EventOpts::default() });
         assert!(replay.replayed > 0 && full.replayed == 0, "{text:?}");
-        assert_eq!(replay.explicit + replay.replayed, full.explicit, "{text:?}: same collectives");
+        // The same collectives, or fewer where the replay merged buckets (one job each, at
+        // the summed time of its NCCL calls); the full simulation runs every bucket.
+        let jobs = replay.explicit + replay.replayed;
+        assert!(jobs <= full.explicit, "{text:?}: {jobs} jobs replayed vs {} simulated", full.explicit);
         // Fewer events where the group has more than two ranks (with two, the shadow is the
         // real collective, and the proxy's kernels add a few).
         let fewer =
@@ -1687,7 +1690,13 @@ fn replayed_dp_collectives_match_the_simulated_ones() {
         if text.contains("vpp = 2") {
             let bare = run(&EventOpts { nic_shadows: false, ..EventOpts::default() });
             let (b, s) = (bare.estimate.step_time_s, full.estimate.step_time_s);
-            assert!(b < 0.97 * s, "{text:?}: without NIC shadows {b} s vs simulated {s} s");
+            // Without them the buckets reduced during the backward no longer share the NIC
+            // with the pipeline transfers: too fast, and farther off than with them.
+            assert!(b < 0.98 * s, "{text:?}: without NIC shadows {b} s vs simulated {s} s");
+            assert!(
+                rel_err(b, s) > rel_err(r, s),
+                "{text:?}: without NIC shadows {b} s, with {r} s, simulated {s} s"
+            );
         }
     }
 }
@@ -1732,6 +1741,47 @@ fn gradient_buckets_of_one_communicator_run_in_turn() {
     }
     let err = rel_err(e.estimate.step_time_s, a.step_time_s);
     assert!(err < 0.03, "event {:.4} s vs analytical {:.4} s", e.estimate.step_time_s, a.step_time_s);
+}
+
+/// Replayed DP buckets beyond `max_buckets` are merged into fewer jobs, but each job costs
+/// what its NCCL calls cost one after another: every call pays the ring's fixed cost (on 64
+/// ranks, one per node, 63 network steps). The merged job had been priced as one collective
+/// of the summed size, which dropped those costs: with 10 MB buckets (201 per step) on 64
+/// DGX H100 the event step came out about 25% under the closed form, which prices every
+/// bucket; and Nemotron-4 15B at DP 288 was 10.5% under it. Also: the buckets reduced during
+/// the backward slow it by the SM share in both modes (the closed form had not charged it).
+#[test]
+fn merged_buckets_pay_every_calls_fixed_cost() {
+    use fabricsim::workload::comm::grad_reduces;
+    use fabricsim::workload::plan::GroupKind;
+    let m = model("llama3-8b");
+    let f = built("dgx-h100", 64);
+    let plan =
+        plan_text(&m, 512, "tp = 8\ndp = 64\nzero = 1\nmbs = 1\ngbs = 128\nseq = 4096\nbucket = \"10MB\"\n");
+    // NCCL before PAT (2.23): rings.
+    let pairs = [("NCCL_ALGO".to_string(), "^PAT".to_string())];
+    let (ring, _) = fabricsim::scenario::nccl_env::training_policy(&pairs).unwrap();
+    let pricer = FabricPricer::with_policy(&f, &ring);
+    let g = &grad_reduces(&m, &plan, 0)[0];
+    assert!(g.buckets > 200, "{g:?}");
+    let unit = g.bytes.div_ceil(g.buckets);
+    let ranks = fabricsim::workload::plan::Placement::new(&plan).group_of(GroupKind::DpCp, 0);
+    let one = pricer.event(g.kind, unit, &ranks);
+    let e = step_event_with(&f, &m, &plan, &EventOpts::default(), &pricer).unwrap();
+    let dp: Vec<&StepJob> = e.jobs.iter().filter(|j| j.kind == StepJobKind::Dp).collect();
+    assert_eq!(dp.len() as u64, EventOpts::default().max_buckets, "{dp:?}");
+    let total: f64 = dp.iter().map(|j| j.end.as_secs() - j.start.as_secs()).sum();
+    let calls = g.buckets as f64 * one;
+    assert!(rel_err(total, calls) < 0.01, "merged jobs {total:.5} s vs {} calls {calls:.5} s", g.buckets);
+    let (a, _) = step_on_fabric_with(&f, &m, &plan, &ring).unwrap();
+    let err = rel_err(e.estimate.step_time_s, a.step_time_s);
+    assert!(err < 0.04, "event {:.4} s vs analytical {:.4} s", e.estimate.step_time_s, a.step_time_s);
+    // Both modes charge the SM share of the overlapped buckets to DP, and the parts add up.
+    for (mode, est) in [("event", &e.estimate), ("analytical", &a)] {
+        let b = est.breakdown;
+        assert!(rel_err(b.total(), est.step_time_s) < 0.01, "{mode}: {b:?} vs {}", est.step_time_s);
+        assert!(b.dp > 0.05, "{mode}: {b:?}");
+    }
 }
 
 /// A NIC shadow's peer copies the representative: it waits for the pipeline transfer that
