@@ -22,7 +22,8 @@
 //!   gathers layer by layer before every forward and backward kernel (prefetched one kernel
 //!   ahead with `param_gather`) and gradient reduce-scatters after every backward kernel
 //!   (after every weight-gradient kernel when the schedule splits the backward), on
-//!   the sharding group, the optimizer after the last of them (a gather of a whole chunk
+//!   the sharding group, a communicator's gathers and reduce-scatters one after another in
+//!   the order they are issued, the optimizer after the last of them (a gather of a whole chunk
 //!   before each op, and an optimizer that did not wait for the last reduce-scatter, made
 //!   this mode 13% slower than the analytical one on ZeRO-3 plans);
 //! - the optimizer step after the stage's last reduction, and for ZeRO-1/2 without
@@ -126,6 +127,11 @@ use crate::schedule::{DType, RedOp};
 use crate::units::{Bandwidth, SimTime};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// A ZeRO-3/FSDP collective as issued: (the position in its stage's kernel stream after
+/// which it is issued, 0 for a gather and 1 for a reduce-scatter issued then), its
+/// communicator, its jobs.
+type Issued = ((usize, u8), Vec<u32>, Vec<JobId>);
 
 /// How to lower a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1044,15 +1050,20 @@ pub fn step_event_with(
         // distributed optimizer gathers bucket by bucket): before each layer's forward and
         // backward kernel a gather of that layer's weights, issued one kernel ahead with
         // prefetching (when the kernel before the previous one ends) and just before it
-        // without; after each layer's backward kernel the reduce-scatter of its gradients.
-        // The optimizer waits for every reduce-scatter of its stage. The weights of a chunk
-        // are split evenly over its layers.
+        // without; after each layer's backward kernel the reduce-scatter of its gradients;
+        // on each communicator one after another. The optimizer waits for every
+        // reduce-scatter of its stage. The weights of a chunk are split evenly over its layers.
         let mut fsdp_rs: Vec<Vec<(JobId, bool)>> = vec![Vec::new(); pp];
         if plan.sharding.shards_params() {
             #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
             for s in 0..pp {
                 // The stage's kernels so far, in stream order.
                 let mut stream: Vec<(JobId, u32)> = Vec::new();
+                // Every gather and reduce-scatter with the position in `stream` of the kernel
+                // after which it is issued (a gather before a reduce-scatter issued then),
+                // its group and its jobs: a communicator's collectives run one after another
+                // in that order (one NCCL stream per process group).
+                let mut issued: Vec<Issued> = Vec::new();
                 for (i, o) in sched.ops[s].iter().enumerate() {
                     let layers = layers_of(s, o.chunk);
                     // The dense weights over their sharding group, the experts' over theirs.
@@ -1070,10 +1081,12 @@ pub fn step_event_with(
                     let fsdp_rs_after = |w: &mut Concurrent,
                                          b: &mut Built,
                                          done: &mut Vec<(JobId, bool)>,
+                                         issued: &mut Vec<Issued>,
                                          group: &[u32],
                                          bytes: u64,
                                          what: &str,
-                                         k: u32|
+                                         k: u32,
+                                         at: usize|
                      -> Result<(), String> {
                         let name = format!(
                             "fsdp {what}reduce-scatter mb {} chunk {} layer {k} stage {s}",
@@ -1085,10 +1098,12 @@ pub fn step_event_with(
                             return Ok(());
                         };
                         let (id, replayed, sh) = added.map_err(e)?;
-                        for x in with_shadows(id, &sh) {
+                        let ids = with_shadows(id, &sh);
+                        for &x in &ids {
                             w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
                             done.push((x, replayed));
                         }
+                        issued.push(((at, 1), group.to_vec(), ids));
                         b.push_collective(
                             s as u32,
                             StepJobKind::Fsdp,
@@ -1104,7 +1119,18 @@ pub fn step_event_with(
                         for &(ref group, bytes, what) in &gathers {
                             // A weight-gradient pass needs no weights; it makes the gradients.
                             if o.pass == Pass::W {
-                                fsdp_rs_after(&mut w, &mut b, &mut fsdp_rs[s], group, bytes, what, k)?;
+                                let done = &mut fsdp_rs[s];
+                                fsdp_rs_after(
+                                    &mut w,
+                                    &mut b,
+                                    done,
+                                    &mut issued,
+                                    group,
+                                    bytes,
+                                    what,
+                                    k,
+                                    g + 1,
+                                )?;
                                 continue;
                             }
                             let name = format!(
@@ -1117,13 +1143,15 @@ pub fn step_event_with(
                                 let (id, replayed, sh) = added.map_err(e)?;
                                 let ahead = if plan.overlap.param_gather { 2 } else { 1 };
                                 let all = with_shadows(id, &sh);
+                                let after = g.checked_sub(ahead);
                                 for &x in &all {
-                                    if let Some(&(op, kernel)) =
-                                        g.checked_sub(ahead).and_then(|x| stream.get(x))
-                                    {
+                                    if let Some(&(op, kernel)) = after.and_then(|x| stream.get(x)) {
                                         w.after_kernel_on_all_ranks(x, op, kernel);
                                     }
                                 }
+                                // Issued after kernel `g - ahead` (the step's first ones
+                                // before any: position 0, ahead of that kernel's own).
+                                issued.push(((after.map_or(0, |a| a + 1), 0), group.clone(), all.clone()));
                                 if replayed {
                                     for x in all {
                                         w.kernel_after_everywhere(b.ops[s][i], k, x);
@@ -1135,10 +1163,31 @@ pub fn step_event_with(
                                 b.push_collective(s as u32, StepJobKind::Fsdp, name, group, replay);
                             }
                             if o.pass == Pass::B && !split {
-                                fsdp_rs_after(&mut w, &mut b, &mut fsdp_rs[s], group, bytes, what, k)?;
+                                let done = &mut fsdp_rs[s];
+                                fsdp_rs_after(
+                                    &mut w,
+                                    &mut b,
+                                    done,
+                                    &mut issued,
+                                    group,
+                                    bytes,
+                                    what,
+                                    k,
+                                    g + 1,
+                                )?;
                             }
                         }
                     }
+                }
+                issued.sort_by_key(|x| x.0);
+                let mut previous: BTreeMap<Vec<u32>, Vec<JobId>> = BTreeMap::new();
+                for (_, group, ids) in issued {
+                    for &x in &ids {
+                        for &p in previous.get(&group).into_iter().flatten() {
+                            w.after_everywhere(x, p);
+                        }
+                    }
+                    previous.insert(group, ids);
                 }
             }
         }

@@ -1743,6 +1743,28 @@ fn gradient_buckets_of_one_communicator_run_in_turn() {
     assert!(err < 0.03, "event {:.4} s vs analytical {:.4} s", e.estimate.step_time_s, a.step_time_s);
 }
 
+/// A communicator's ZeRO-3/FSDP gathers and reduce-scatters run one after another, in the
+/// order they are issued (one NCCL stream per process group): the event mode had let a
+/// layer's prefetched gather start while the previous layer's was still running, the two
+/// sharing the NIC and overlapping their fixed costs (GPT 7.5B, PP 4 CP 2 FSDP hybrid on 8
+/// DGX B200: event 8.1% under the closed form, which sums them; 6.6% after).
+#[test]
+fn a_communicators_weight_gathers_run_in_turn() {
+    let m = model("megatron-gpt-7.5b");
+    let f = built("dgx-h100", 2);
+    let plan = plan_text(&m, 16, "tp = 1\npp = 2\ndp = 8\nfsdp = \"full\"\nmbs = 1\ngbs = 16\nseq = 4096\n");
+    let e = step_event(&f, &m, &plan, &EventOpts::default()).unwrap();
+    let mut jobs: Vec<&StepJob> = e.jobs.iter().filter(|j| j.kind == StepJobKind::Fsdp).collect();
+    assert!(jobs.len() > 4 * m.layers as usize, "{} FSDP jobs", jobs.len());
+    jobs.sort_by_key(|j| (j.stage, j.start));
+    for w in jobs.windows(2).filter(|w| w[0].stage == w[1].stage) {
+        assert!(w[1].start >= w[0].end, "{} starts before {} ends", w[1].name, w[0].name);
+    }
+    let (a, _) = step_on_fabric(&f, &m, &plan).unwrap();
+    let err = rel_err(e.estimate.step_time_s, a.step_time_s);
+    assert!(err < 0.06, "event {:.4} s vs analytical {:.4} s", e.estimate.step_time_s, a.step_time_s);
+}
+
 /// Replayed DP buckets beyond `max_buckets` are merged into fewer jobs, but each job costs
 /// what its NCCL calls cost one after another: every call pays the ring's fixed cost (on 64
 /// ranks, one per node, 63 network steps). The merged job had been priced as one collective
@@ -2713,12 +2735,16 @@ fn zero3_gathers_the_experts_over_their_group() {
     let expert_jobs = ev.jobs.iter().filter(|j| j.name.starts_with("fsdp expert gather")).count();
     assert_eq!(expert_jobs as u64, 2 * m.layers, "a forward and a backward gather per layer");
     let err = rel_err(ev.estimate.step_time_s, a.step_time_s);
-    // (Measured 2026-12-04: 0.651 s against 0.690 s, 5.6%; 0.680 s and 1.4% while the NIC
-    // shadows of these gathers were capped and ran long. The event mode runs a layer's dense
-    // and expert gathers side by side on the stage's proxy, the closed form one after the
-    // other; the 6% bound is the one every plan of `event_mode_agrees_with_the_analytical_mode`
-    // is held to.)
-    assert!(err < 0.06, "event {} s vs analytical {} s", ev.estimate.step_time_s, a.step_time_s);
+    // (Measured 2026-12-04: 0.645 s against 0.691 s, 6.7%, since a communicator's gathers
+    // and reduce-scatters run one after another in the event mode (0.651 s and 5.6% when a
+    // layer's gather could overlap the next one's; 0.680 s and 1.4% while the NIC shadows of
+    // these gathers were capped and ran long). The event mode runs a layer's dense and expert
+    // gathers side by side, each on its communicator's stream, the closed form one after the
+    // other, which is right where both fill the same NIC: taking the longer of the two
+    // instead put this plan at 0.648 s (0.4%) but other MoE plans 4-7 points further from
+    // the event mode, where the gathers share the NIC. 1.5 points over the 6% that every plan
+    // of `event_mode_agrees_with_the_analytical_mode` is held to.)
+    assert!(err < 0.075, "event {} s vs analytical {} s", ev.estimate.step_time_s, a.step_time_s);
 
     // FSDP hybrid: each GPU updates its shard of the experts (a half here, over the expert
     // shard group of 2, not a quarter over the 4 expert data-parallel ranks), and the two
