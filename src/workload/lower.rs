@@ -52,7 +52,7 @@
 //! - NIC shadows ([`EventOpts::nic_shadows`], on by default): what a replayed collective
 //!   loads on the links is kept in the step by its shadow, the same collective (the same
 //!   algorithm where it runs on two ranks, else a ring; the same protocol; NCCL's channels
-//!   per NIC) on the stage's representative and its next peer on another node, with the
+//!   per NIC) on the stage's representative and its next peer in another NVLink domain, with the
 //!   buffer that moves the bytes the real one moves through the representative's NIC
 //!   (NCCL's bus-bandwidth factor, shared among the group's ranks on that node), stretched
 //!   to the real one's time by a cap per network connection (or cut to the bytes the NIC
@@ -88,16 +88,16 @@
 //!   (memoized) and enter the layer's kernel with the exposure rules of [`super::analytic`] (TP hidden
 //!   behind the GEMMs with `tp_comm` overlap, ring attention behind the attention core).
 //!   A TP or CP group inside an NVLink domain shares no link with DP or PP traffic. One that
-//!   spans nodes does: with [`EventOpts::cp_shadows`] and [`EventOpts::tp_shadows`] each
+//!   spans NVLink domains does: with [`EventOpts::cp_shadows`] and [`EventOpts::tp_shadows`] each
 //!   layer kernel of an op with such collectives runs beside a NIC shadow of the layer's
-//!   traffic of that group (representative and its peer of the group on another node, the
+//!   traffic of that group (representative and its peer of the group in another NVLink domain, the
 //!   bytes each way through its NIC, stretched to the collectives' time on the wire), and
 //!   the next kernel waits for it: alone it ends within its kernel (which counts the
 //!   exposed part), behind DP or PP traffic it delays the next layer, and the DP and PP
-//!   traffic queue behind it. An EP group that spans nodes contends too: with
+//!   traffic queue behind it. An EP group that spans NVLink domains contends too: with
 //!   [`EventOpts::ep_shadows`] each layer kernel of an op with EP all-to-alls is preceded
 //!   by a NIC shadow of the layer's all-to-all traffic (the op's EP NIC bytes and EP time
-//!   split evenly over its kernels; representative and its EP peer on another node, built
+//!   split evenly over its kernels; representative and its EP peer in another NVLink domain, built
 //!   as the DP shadows are), and the kernel, which then no longer counts the EP time, waits
 //!   for it: the all-to-all queues behind DP buckets and pipeline transfers on the NIC.
 //!   Under the MoE all-to-all overlap (`moe_a2a_overlap`) a stage's EP shadows run one
@@ -148,14 +148,14 @@ pub struct EventOpts {
     /// representative (see the module doc), so that it contends with the pipeline transfers
     /// and the other stages' traffic on the links it would load.
     pub nic_shadows: bool,
-    /// Give the EP all-to-all of an EP group that spans nodes a NIC shadow per layer kernel
+    /// Give the EP all-to-all of an EP group that spans NVLink domains a NIC shadow per layer kernel
     /// (see the module doc), so that it contends with DP and PP traffic on the
-    /// representative's NIC; an EP group inside one node is untouched.
+    /// representative's NIC; an EP group inside one NVLink domain is untouched.
     pub ep_shadows: bool,
-    /// Give the KV exchanges of a CP group that spans nodes a NIC shadow per layer kernel,
-    /// running beside it (see the module doc); a CP group inside one node is untouched.
+    /// Give the KV exchanges of a CP group that spans NVLink domains a NIC shadow per layer kernel,
+    /// running beside it (see the module doc); a CP group inside one NVLink domain is untouched.
     pub cp_shadows: bool,
-    /// The same for the collectives of a TP group that spans nodes (a TP group inside an
+    /// The same for the collectives of a TP group that spans NVLink domains (a TP group inside an
     /// NVLink domain shares no link with DP or PP traffic and is untouched).
     pub tp_shadows: bool,
 }
@@ -331,12 +331,13 @@ fn coll_args(kind: CollectiveKind, bytes: u64, n: u64) -> Option<CollArgs> {
 }
 
 /// The NIC shadow of a collective on `ranks` that the stage's representative `rep` takes
-/// part in: the pair (`rep`, its next peer on another node: its ring successor there) and
-/// the bytes that cross `rep`'s NIC each way. NCCL's bus-bandwidth factor gives the bytes
-/// every rank moves (2(n-1)/n of the buffer for all-reduce, (n-1)/n for all-gather,
-/// reduce-scatter and all-to-all), shared among the group's ranks on the representative's
-/// node (returned too), which leave it over their own rails. None where the group does not
-/// leave the node.
+/// part in: the pair (`rep`, its next peer in another NVLink domain: its ring successor
+/// there) and the bytes that cross `rep`'s NIC each way. NCCL's bus-bandwidth factor gives
+/// the bytes every rank moves (2(n-1)/n of the buffer for all-reduce, (n-1)/n for
+/// all-gather, reduce-scatter and all-to-all), shared among the group's ranks in the
+/// representative's domain (returned too), which leave it over their own rails. None where
+/// the group does not leave the domain: inside a DGX node, or across the trays of one
+/// NVL72 rack, its traffic never reaches a NIC.
 fn shadow_pair(
     f: &Fabric,
     rep: u32,
@@ -346,15 +347,15 @@ fn shadow_pair(
 ) -> Option<([u32; 2], u64, usize)> {
     let n = ranks.len();
     let pos = ranks.iter().position(|&r| r == rep)?;
-    let node = f.node_of_rank(rep);
-    let next = (1..n).map(|i| ranks[(pos + i) % n]).find(|&r| f.node_of_rank(r) != node)?;
+    let domain = f.domain_of_rank(rep);
+    let next = (1..n).map(|i| ranks[(pos + i) % n]).find(|&r| f.domain_of_rank(r) != domain)?;
     let nf = n as f64;
     let factor = match kind {
         CollectiveKind::AllReduce => 2.0 * (nf - 1.0) / nf,
         CollectiveKind::SendRecv => 1.0,
         _ => (nf - 1.0) / nf,
     };
-    let local = ranks.iter().filter(|&&r| f.node_of_rank(r) == node).count().max(1);
+    let local = ranks.iter().filter(|&&r| f.domain_of_rank(r) == domain).count().max(1);
     Some(([rep, next], (bytes as f64 * factor / local as f64) as u64, local))
 }
 
@@ -827,14 +828,14 @@ pub fn step_event_with(
         (0..pp).map(|s| optimizer_time(&r, optimizer_params(model, plan, s as u64))).collect();
     let p2p = super::comm::p2p_bytes(model, plan);
     // Layer shadows, per stage and op: one per layer kernel of an op whose EP, CP or TP group
-    // leaves the node, on the representative and its peer of the group on another node, with
+    // leaves the NVLink domain, on the representative and its peer of the group in another NVLink domain, with
     // the bytes the layer's collectives of that group move through the representative's NIC
     // (the op's, split evenly over its kernels) and the layer's share of `time`. EP: the
     // all-to-all as NCCL picks it on the group, for the op's EP time (the kernel waits for
     // it). CP and TP (ring attention's KV steps or the all-gather variant's gathers; TP's
     // all-reduces or all-gathers and reduce-scatters): an exchange of those bytes each way
     // on the pair, for their time on the wire, beside the kernel. None where the group stays
-    // inside the node (or moves nothing).
+    // inside the NVLink domain (or moves nothing).
     let load = ep_load_factors(model, plan);
     let layer_shadows = |group: GroupKind,
                          on: bool,
@@ -962,8 +963,8 @@ pub fn step_event_with(
                 }
             }
         }
-        // Layer shadows, one per layer kernel of an op whose EP or CP group leaves the node,
-        // on the representative and its peer on another node, stretched to the layer's time
+        // Layer shadows, one per layer kernel of an op whose EP or CP group leaves the NVLink domain,
+        // on the representative and its peer in another NVLink domain, stretched to the layer's time
         // on the wire. EP all-to-all: before the kernel, which (no longer counting that time)
         // waits for it, so a shadow that queues behind DP or PP traffic on the NIC delays the
         // layer. CP KV exchanges: beside the kernel, the next kernel (the stage's next op
@@ -1117,28 +1118,17 @@ pub fn step_event_with(
                         let g = stream.len();
                         stream.push((b.ops[s][i], k));
                         for &(ref group, bytes, what) in &gathers {
-                            // A weight-gradient pass needs no weights; it makes the gradients.
-                            if o.pass == Pass::W {
-                                let done = &mut fsdp_rs[s];
-                                fsdp_rs_after(
-                                    &mut w,
-                                    &mut b,
-                                    done,
-                                    &mut issued,
-                                    group,
-                                    bytes,
-                                    what,
-                                    k,
-                                    g + 1,
-                                )?;
-                                continue;
-                            }
                             let name = format!(
                                 "fsdp {what}gather {:?} mb {} chunk {} layer {k} stage {s}",
                                 o.pass, o.mb, o.chunk
                             );
-                            if let Some(added) =
-                                coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, bytes, group)
+                            // A weight-gradient pass needs no weights; it makes the gradients.
+                            let gather = o.pass != Pass::W;
+                            if let Some(added) = gather
+                                .then(|| {
+                                    coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, bytes, group)
+                                })
+                                .flatten()
                             {
                                 let (id, replayed, sh) = added.map_err(e)?;
                                 let ahead = if plan.overlap.param_gather { 2 } else { 1 };
@@ -1162,7 +1152,7 @@ pub fn step_event_with(
                                 let replay = replayed.then(|| (proxy(s), &sh));
                                 b.push_collective(s as u32, StepJobKind::Fsdp, name, group, replay);
                             }
-                            if o.pass == Pass::B && !split {
+                            if o.pass == Pass::W || (o.pass == Pass::B && !split) {
                                 let done = &mut fsdp_rs[s];
                                 fsdp_rs_after(
                                     &mut w,
