@@ -24,8 +24,8 @@
 //!   it also blocks the sender.
 //! - DP: gradients reduced bucket by bucket while the last micro-batch's backward produces
 //!   them (`grad_reduce` overlap; that backward slows by the overlap share of the time the
-//!   buckets run beside it, as in the event mode), all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2, then an
-//!   all-gather of the updated weights, hidden under the next step's forward with
+//!   buckets run beside it, as in the event mode), all-reduce (ZeRO-0) or reduce-scatter
+//!   (ZeRO-1/2, then an all-gather of the updated weights, hidden under the next step's forward with
 //!   `param_gather`); ZeRO-3/FSDP gathers each layer's weights (dense over their sharding
 //!   group, experts over the expert data-parallel ranks) before its forward and backward
 //!   and reduce-scatters its gradients (each collective priced at one layer's
