@@ -1123,13 +1123,12 @@ pub fn step_event_with(
                                 o.pass, o.mb, o.chunk
                             );
                             // A weight-gradient pass needs no weights; it makes the gradients.
-                            let gather = o.pass != Pass::W;
-                            if let Some(added) = gather
-                                .then(|| {
-                                    coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, bytes, group)
-                                })
-                                .flatten()
-                            {
+                            let added = if o.pass == Pass::W {
+                                None
+                            } else {
+                                coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, bytes, group)
+                            };
+                            if let Some(added) = added {
                                 let (id, replayed, sh) = added.map_err(e)?;
                                 let ahead = if plan.overlap.param_gather { 2 } else { 1 };
                                 let all = with_shadows(id, &sh);
@@ -1197,7 +1196,8 @@ pub fn step_event_with(
             // most `max_buckets` per reduction, and the buckets ready at the same kernel on
             // the same group, go as one job that costs what its calls cost one after another;
             // simulated on all ranks, every bucket is its own collective.
-            let mut buckets: Vec<(usize, CollectiveKind, Vec<u32>, u64, u64, u64)> = Vec::new();
+            type Bucket = (usize, CollectiveKind, Vec<u32>, u64, u64, u64);
+            let mut buckets: Vec<Bucket> = Vec::new();
             let mut gathers = Vec::new();
             for g in grad_reduces(model, plan, s as u64) {
                 let ranks: Vec<u32> = pl.group_of(g.group, rank).iter().map(|&x| x as u32).collect();
@@ -1217,7 +1217,7 @@ pub fn step_event_with(
                 }
             }
             buckets.sort_by_key(|b| b.0);
-            let mut merged: Vec<(usize, CollectiveKind, Vec<u32>, u64, u64, u64)> = Vec::new();
+            let mut merged: Vec<Bucket> = Vec::with_capacity(buckets.len());
             for bk in buckets {
                 match merged.last_mut() {
                     Some(l) if opts.replay && (l.0, l.1, &l.2) == (bk.0, bk.1, &bk.2) => l.3 += bk.3,
