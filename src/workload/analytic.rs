@@ -33,6 +33,13 @@
 //!   exposed TP, CP and EP communication; under a split backward the gathers behind the
 //!   input-gradient pass, the reduce-scatters behind the weight-gradient pass).
 //!
+//! - NIC sharing: a layer's collectives that leave the NVLink domain (its gathers on two
+//!   communicators, its CP, EP and TP traffic) share the NICs. The closed form asks the
+//!   pricer how long each keeps a NIC busy ([`CommPricer::nic`]): a layer's dense and expert
+//!   gathers, on their own streams, take the longer of the two or their NIC time together,
+//!   and a gather hides under a layer only as far as the NIC has room for it beside the
+//!   layer's other traffic.
+//!
 //! What is sent, on which communicator and how large, comes from [`super::comm`].
 
 pub use super::comm::CollectiveKind;
@@ -47,6 +54,26 @@ use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineRun, PipelineSchedule};
 use super::plan::{Coord, GroupKind, Placement, Plan, Recompute};
 use crate::fabric::GpuSpec;
+
+/// What the closed form asks about a collective of `kind` and `bytes` (nccl-tests'
+/// convention) on a group of fabric ranks. Any `Fn(CollectiveKind, u64, &[u64]) -> f64` is
+/// one: it prices the time and knows no NIC.
+pub trait CommPricer {
+    /// The collective's time, in seconds.
+    fn time(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64;
+
+    /// How long the collective keeps the NIC of the group's first rank busy, in seconds
+    /// (zero where the group stays in one NVLink domain, or the pricer knows no fabric).
+    fn nic(&self, _kind: CollectiveKind, _bytes: u64, _ranks: &[u64]) -> f64 {
+        0.0
+    }
+}
+
+impl<F: Fn(CollectiveKind, u64, &[u64]) -> f64> CommPricer for F {
+    fn time(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+        self(kind, bytes, ranks)
+    }
+}
 
 /// Where the step time goes, in seconds; the parts add up to the step time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -151,6 +178,19 @@ impl Parts {
     }
 }
 
+/// A layer's gathers (or reduce-scatters) of its dense and its expert weights, each
+/// (time, NIC time): their communicators have a stream each, so together they take as long
+/// as the longer of them, or as their NIC time together where that is longer (they leave
+/// over the same NICs). Returns their (time, NIC time) together.
+fn side_by_side(each: impl Iterator<Item = [f64; 2]>) -> [f64; 2] {
+    let (mut longest, mut wire) = (0.0f64, 0.0);
+    for [t, x] in each {
+        longest = longest.max(t);
+        wire += x;
+    }
+    [longest.max(wire), wire]
+}
+
 fn exposed(comm: f64, under: f64, overlap: bool) -> f64 {
     if overlap {
         (comm - under).max(0.0)
@@ -168,7 +208,7 @@ pub(crate) fn chunk_costs_and_comms(
     plan: &Plan,
     r: &Roofline,
     pl: &Placement,
-    comm: &dyn Fn(CollectiveKind, u64, &[u64]) -> f64,
+    comm: &dyn CommPricer,
 ) -> (Vec<Vec<ChunkCost>>, Vec<Vec<ChunkComm>>) {
     let (pp, vpp) = (plan.pp, plan.vpp);
     let rank_of = |s: u64| pl.rank(Coord { tp: 0, cp: 0, ep: 0, dp: 0, pp: s });
@@ -207,13 +247,18 @@ pub(crate) fn chunk_costs_and_comms(
     let mut comms = vec![vec![ChunkComm::default(); vpp as usize]; pp as usize];
     for s in 0..pp {
         let rank = rank_of(s);
-        let mut priced: Vec<(CollectiveKind, GroupKind, u64, f64)> = Vec::new();
-        let mut price = |kind: CollectiveKind, group: GroupKind, bytes: u64| -> f64 {
+        // Each distinct collective's (time, NIC time), priced once.
+        let mut priced: Vec<(CollectiveKind, GroupKind, u64, [f64; 2])> = Vec::new();
+        let mut price_nic = |kind: CollectiveKind, group: GroupKind, bytes: u64| -> [f64; 2] {
             if let Some(p) = priced.iter().find(|p| (p.0, p.1, p.2) == (kind, group, bytes)) {
                 return p.3;
             }
             let ranks = pl.group_of(group, rank);
-            let t = if ranks.len() > 1 { comm(kind, bytes, &ranks) } else { 0.0 };
+            let t = if ranks.len() > 1 {
+                [comm.time(kind, bytes, &ranks), comm.nic(kind, bytes, &ranks)]
+            } else {
+                [0.0; 2]
+            };
             priced.push((kind, group, bytes, t));
             t
         };
@@ -223,16 +268,19 @@ pub(crate) fn chunk_costs_and_comms(
             let cost = &costs[s as usize][c as usize];
             let vs = c * pp + s;
             // Per pass: TP exposed, TP hideable behind the GEMMs, CP hideable behind the
-            // attention, EP, CP exposed.
+            // attention, EP, CP exposed; and the NIC time of them all.
             let mut sums = [[0.0f64; 5]; 2];
+            let mut nic = [0.0f64; 2];
             for l in plan.vstage_blocks(model.layers, vs) {
                 for op in layer_comms(model, plan, l) {
-                    let mut t = op.count as f64 * price(op.kind, op.group, op.bytes);
+                    let [mut t, mut x] = price_nic(op.kind, op.group, op.bytes).map(|v| op.count as f64 * v);
                     if op.group == GroupKind::Ep {
                         // The busiest rank receives `load` times the mean: its links bound
                         // the exchange (latency included: an upper estimate).
                         t *= load[l as usize];
+                        x *= load[l as usize];
                     }
+                    nic[usize::from(op.pass != Pass::F)] += x;
                     let row = &mut sums[usize::from(op.pass != Pass::F)];
                     match op.group {
                         GroupKind::Tp if op.hidden_behind == HiddenBehind::Gemms => row[1] += t,
@@ -276,7 +324,7 @@ pub(crate) fn chunk_costs_and_comms(
             // all-gathers the slices over its TP group (exposed).
             let gb = p2p_gather_bytes(model, plan);
             if gb > 0 {
-                let ag = price(CollectiveKind::AllGather, GroupKind::Tp, gb);
+                let ag = price_nic(CollectiveKind::AllGather, GroupKind::Tp, gb)[0];
                 cc.tp_fwd += if vs > 0 { ag } else { 0.0 };
                 cc.tp_bwd += if vs + 1 < pp * vpp { ag } else { 0.0 };
                 cc.tp_wire_fwd += if vs > 0 { ag } else { 0.0 };
@@ -291,10 +339,11 @@ pub(crate) fn chunk_costs_and_comms(
                 // (on 1,152 H100s a Llama 3 70B layer's gather is latency- and LL128-bound
                 // where the whole chunk's is not).
                 let n = (plan.vstage_blocks(model.layers, vs).count() as u64).max(1);
-                let mut per_layer = |kind| -> f64 {
-                    gathers.iter().map(|g| n as f64 * price(kind, g.group, g.bytes / n)).sum()
+                let mut per_layer = |kind| -> [f64; 2] {
+                    side_by_side(gathers.iter().map(|g| price_nic(kind, g.group, g.bytes / n)))
+                        .map(|v| n as f64 * v)
                 };
-                let (ag, rs) =
+                let ([ag, nic_ag], [rs, nic_rs]) =
                     (per_layer(CollectiveKind::AllGather), per_layer(CollectiveKind::ReduceScatter));
                 // Layer by layer, each gather (and reduce-scatter) runs on its own stream for
                 // as long as the chunk's layers take: under their compute, which slows by the
@@ -302,15 +351,27 @@ pub(crate) fn chunk_costs_and_comms(
                 // communication (on other links: inside the NVLink domain, or another
                 // group's traffic), as in the event mode; the step's first gather and last
                 // reduce-scatter are exposed ([`estimate`]).
+                // Hidden, a gather shares the NIC with the layers' CP, EP and TP traffic
+                // that leaves the domain (`wire` of theirs, `nic` of its own): the NIC
+                // serves both fairly while both are on it, so that traffic, on the critical
+                // path, slows by as much NIC time as the gather takes during it (its share
+                // of the pass), and the pass lasts at least their NIC time together.
                 let slow = |c: f64, under: f64| if ov.param_gather { share * c.min(under) } else { 0.0 };
+                let hide = |c: f64, nic: f64, wire: f64, busy: f64| -> f64 {
+                    if !ov.param_gather {
+                        return c;
+                    }
+                    let during = if busy > 0.0 { (nic / busy).min(1.0) } else { 1.0 };
+                    (c.max(nic + wire).max(busy + wire * during) - busy).max(0.0)
+                };
                 let (busy_f, busy_b) = (
                     cost.fwd + cc.tp_fwd + cc.cp_fwd + cc.ep_fwd,
                     cost.bwd() + cc.tp_bwd + cc.cp_bwd + cc.ep_bwd,
                 );
-                cc.fsdp_fwd = exposed(ag, busy_f, ov.param_gather) + slow(ag, cost.fwd);
-                cc.fsdp_bwd = exposed(ag + rs, busy_b, ov.param_gather) + slow(ag + rs, cost.bwd());
+                cc.fsdp_fwd = hide(ag, nic_ag, nic[0], busy_f) + slow(ag, cost.fwd);
+                cc.fsdp_bwd = hide(ag + rs, nic_ag + nic_rs, nic[1], busy_b) + slow(ag + rs, cost.bwd());
                 let busy_i = busy_b - cost.bwd_weight;
-                cc.fsdp_bwd_input = exposed(ag, busy_i, ov.param_gather) + slow(ag, cost.bwd_input);
+                cc.fsdp_bwd_input = hide(ag, nic_ag, nic[1], busy_i) + slow(ag, cost.bwd_input);
                 // Each layer's reduce-scatter follows its weight-gradient kernel: hidden under
                 // the later layers' (the last is the stage's tail, [`estimate`]).
                 cc.fsdp_bwd_weight = (rs - cost.bwd_weight).max(0.0) + share * rs.min(cost.bwd_weight);
@@ -323,14 +384,14 @@ pub(crate) fn chunk_costs_and_comms(
 }
 
 /// Estimates one training step of `model` under `plan` on GPUs like `gpu`, pricing each
-/// collective with `comm(kind, bytes, ranks)` in seconds. The plan must have passed
+/// collective with `comm` ([`CommPricer`]). The plan must have passed
 /// [`Plan::check`].
 pub fn estimate(
     model: &Model,
     plan: &Plan,
     gpu: &GpuSpec,
     params: GpuParams,
-    comm: &dyn Fn(CollectiveKind, u64, &[u64]) -> f64,
+    comm: &dyn CommPricer,
 ) -> Result<StepEstimate, String> {
     plan.check(model, plan.world()).map_err(|e| e.to_string())?;
     plan.check_gpu(gpu).map_err(|e| e.to_string())?;
@@ -350,10 +411,11 @@ pub fn estimate(
     let fsdp_edge = |s: u64, kind: CollectiveKind, o: Option<&PipeOp>| -> f64 {
         let Some(o) = o else { return 0.0 };
         let n = plan.vstage_blocks(model.layers, u64::from(o.chunk) * pp + s).count() as u64;
-        chunk_gathers(model, plan, s, u64::from(o.chunk))
-            .iter()
-            .map(|g| comm(kind, g.bytes / n.max(1), &pl.group_of(g.group, rank_of(s))))
-            .sum()
+        side_by_side(chunk_gathers(model, plan, s, u64::from(o.chunk)).iter().map(|g| {
+            let ranks = pl.group_of(g.group, rank_of(s));
+            let bytes = g.bytes / n.max(1);
+            [comm.time(kind, bytes, &ranks), comm.nic(kind, bytes, &ranks)]
+        }))[0]
     };
     let head = fsdp_edge(0, CollectiveKind::AllGather, sched.ops[0].first());
     let tail: Vec<f64> = (0..pp)
@@ -388,7 +450,7 @@ pub fn estimate(
             if a == b {
                 0.0
             } else {
-                comm(CollectiveKind::SendRecv, p2p_bytes, &[a, b])
+                comm.time(CollectiveKind::SendRecv, p2p_bytes, &[a, b])
             }
         })
         .collect();
@@ -443,11 +505,11 @@ pub fn estimate(
             let mut stage_ag = 0.0;
             for g in grad_reduces(model, plan, s) {
                 let ranks = pl.group_of(g.group, rank);
-                let t = comm(g.kind, g.bytes.div_ceil(g.buckets), &ranks);
+                let t = comm.time(g.kind, g.bytes.div_ceil(g.buckets), &ranks);
                 buckets.extend((0..g.buckets).map(|j| ((j + 1) as f64 / g.buckets as f64, t)));
                 if g.gather_after && !plan.overlap.param_gather {
                     // Issued synchronously, one buffer after the other.
-                    stage_ag += comm(CollectiveKind::AllGather, g.bytes, &ranks);
+                    stage_ag += comm.time(CollectiveKind::AllGather, g.bytes, &ranks);
                 }
             }
             ag_after = ag_after.max(stage_ag);

@@ -503,12 +503,15 @@ pub fn step_priced(
     gp: super::compute::GpuParams,
     pricer: &super::search::FabricPricer<'_>,
 ) -> Result<(super::analytic::StepEstimate, usize), String> {
-    let price = |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
-        if closed_form_prices(f, kind, ranks) {
-            pricer.analytic(kind, bytes, ranks)
-        } else {
-            pricer.event(kind, bytes, ranks)
-        }
+    let price = super::search::Priced {
+        pricer,
+        time: |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
+            if closed_form_prices(f, kind, ranks) {
+                pricer.analytic(kind, bytes, ranks)
+            } else {
+                pricer.event(kind, bytes, ranks)
+            }
+        },
     };
     let est = super::analytic::estimate(model, plan, &f.gpu, gp, &price)?;
     if let Some(e) = pricer.take_failure() {

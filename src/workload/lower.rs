@@ -338,7 +338,7 @@ fn coll_args(kind: CollectiveKind, bytes: u64, n: u64) -> Option<CollArgs> {
 /// representative's domain (returned too), which leave it over their own rails. None where
 /// the group does not leave the domain: inside a DGX node, or across the trays of one
 /// NVL72 rack, its traffic never reaches a NIC.
-fn shadow_pair(
+pub(crate) fn shadow_pair(
     f: &Fabric,
     rep: u32,
     kind: CollectiveKind,
@@ -363,7 +363,7 @@ fn shadow_pair(
 /// through each of its `local` ranks' NICs each way: the node sends its buffer up once and
 /// takes the result down once, shared among its rails (where a ring moves 2(n-1)/n of it,
 /// [`shadow_pair`]). None for any other collective or algorithm.
-fn in_switch_nic_bytes(
+pub(crate) fn in_switch_nic_bytes(
     kind: CollectiveKind,
     algo: collective::Algo,
     bytes: u64,

@@ -32,11 +32,11 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use super::analytic::{estimate, Breakdown, StepEstimate};
+use super::analytic::{estimate, Breakdown, CommPricer, StepEstimate};
 use super::comm::CollectiveKind;
 use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{collective_time, nccl_choice_with};
-use super::lower::{step_event_with, EventOpts};
+use super::lower::{in_switch_nic_bytes, shadow_pair, step_event_with, EventOpts};
 use super::memory::{memory_by_stage_with, optimizer_params, Oom};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
@@ -693,8 +693,28 @@ pub fn straddling_groups(f: &Fabric, pl: &Placement) -> Vec<Straddle> {
 /// A memo key: the collective, its bytes and the group's shape ([`FabricPricer::shape`]).
 type PriceKey = (u8, u64, Vec<i64>);
 
-/// Prices a collective (kind, bytes, ranks) in seconds.
-pub type PriceFn<'a> = &'a dyn Fn(CollectiveKind, u64, &[u64]) -> f64;
+/// Prices a collective (kind, bytes, ranks): its time and its NIC time in seconds.
+pub type PriceFn<'a> = &'a dyn CommPricer;
+
+/// A [`FabricPricer`] as the closed form's [`CommPricer`]: each collective's time from
+/// `time` (its closed form, or the event mode where the closed form cannot price it), its
+/// NIC time from the fabric.
+pub struct Priced<'p, 'f, T: Fn(CollectiveKind, u64, &[u64]) -> f64> {
+    /// The pricer the NIC times come from.
+    pub pricer: &'p FabricPricer<'f>,
+    /// The collectives' times.
+    pub time: T,
+}
+
+impl<T: Fn(CollectiveKind, u64, &[u64]) -> f64> CommPricer for Priced<'_, '_, T> {
+    fn time(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+        (self.time)(kind, bytes, ranks)
+    }
+
+    fn nic(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+        self.pricer.nic(kind, bytes, ranks)
+    }
+}
 
 /// Prices collectives on a fabric, memoized by (collective, bytes, group shape).
 pub struct FabricPricer<'f> {
@@ -805,16 +825,7 @@ impl<'f> FabricPricer<'f> {
             self.analytic.borrow_mut().insert(key, 0.0);
             return 0.0;
         };
-        let (comm, memo) = {
-            let mut comms = self.comms.borrow_mut();
-            comms
-                .entry(key.2.clone())
-                .or_insert_with(|| {
-                    let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
-                    (Rc::new(Comm::from_ranks(self.fabric, &self.router, &r)), analytic::Memo::default())
-                })
-                .clone()
-        };
+        let (comm, memo) = self.comm_of(&key.2, ranks);
         let t = match nccl_choice_with(&comm, &args, &self.policy) {
             Some(choice) => {
                 match analytic::Model::with_memo(self.fabric, &self.router, &comm, &memo).time(
@@ -840,6 +851,47 @@ impl<'f> FabricPricer<'f> {
         };
         self.analytic.borrow_mut().insert(key, t);
         t
+    }
+
+    /// The group's communicator and the closed form's routed hops on it, built once per
+    /// group shape.
+    fn comm_of(&self, shape: &[i64], ranks: &[u64]) -> CommMemo {
+        self.comms
+            .borrow_mut()
+            .entry(shape.to_vec())
+            .or_insert_with(|| {
+                let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
+                (Rc::new(Comm::from_ranks(self.fabric, &self.router, &r)), analytic::Memo::default())
+            })
+            .clone()
+    }
+
+    /// How long the collective keeps the NIC of its first rank busy, in seconds: the bytes
+    /// it moves through that NIC each way (its ring's share of NCCL's bus bandwidth among
+    /// the group's ranks in the domain, or an in-switch all-reduce's buffer once: what the
+    /// event mode's NIC shadows move) at the NIC's payload rate. Zero where the group stays
+    /// inside one NVLink domain.
+    pub fn nic(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+        let f = self.fabric;
+        let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
+        let Some((_, x, local)) = r.first().and_then(|&rep| shadow_pair(f, rep, kind, bytes, &r)) else {
+            return 0.0;
+        };
+        let x = match (kind, coll_args(kind, bytes, ranks.len() as u64)) {
+            (CollectiveKind::AllReduce, Some(args)) => {
+                let shape = self.shape(ranks);
+                nccl_choice_with(&self.comm_of(&shape, ranks).0, &args, &self.policy)
+                    .and_then(|c| in_switch_nic_bytes(kind, c.algo, bytes, local))
+                    .unwrap_or(x)
+            }
+            _ => x,
+        };
+        let rate = f.gpu_network_bw(r[0]).bytes_per_sec() as f64 * f.params.link.net.efficiency;
+        if rate > 0.0 {
+            x as f64 / rate
+        } else {
+            0.0
+        }
     }
 
     /// Event-mode time in seconds ([`collective_time`]: the collective simulated on its
@@ -1461,7 +1513,8 @@ pub fn search_on_fabric(
         tp_cache.insert(tp, tp_in_domain(f, tp));
     }
     let tp_ok = |tp: u64| tp_cache.get(&tp).copied().unwrap_or(false);
-    let rank = |k: CollectiveKind, b: u64, r: &[u64]| pricer.analytic(k, b, r);
+    let rank =
+        Priced { pricer: &pricer, time: |k: CollectiveKind, b: u64, r: &[u64]| pricer.analytic(k, b, r) };
     // Re-timing: the whole step in the event mode, its collectives memoized in the same pricer
     // (the DP groups of every stage replayed from one simulation per shape).
     let event = |p: &Plan| step_event_with(f, model, p, &EventOpts::default(), &pricer).map(|e| e.estimate);
