@@ -388,7 +388,10 @@ pub fn network_share(comm: &Comm, nchannels: u32) -> Option<Bandwidth> {
 
 /// The ring's closed form: `hops` are the ring connections' routed costs with their
 /// shares of the connections, looped as [`build`] loops (chunks, slices, window); a chain
-/// for broadcast and reduce.
+/// for broadcast and reduce. `engine_bw` (bytes per µs) is what one channel's block copies:
+/// each loop it runs every op of the ring in turn (a send, the steps' receive-and-forwards,
+/// a final receive: one op more than the steps), so a two-rank all-gather's block copies
+/// twice what crosses the wire.
 #[allow(clippy::too_many_arguments)]
 pub fn closed_form(
     coll: Collective,
@@ -399,6 +402,7 @@ pub fn closed_form(
     hops: &[(Hop, f64)],
     payload: f64,
     reduce_bw: f64,
+    engine_bw: f64,
 ) -> f64 {
     let per_ch_bytes = per_ch * e;
     let chain = matches!(coll, Collective::Broadcast | Collective::Reduce);
@@ -432,7 +436,8 @@ pub fn closed_form(
         let stream =
             hops.iter().map(|(h, _)| (nsl * t_of(h)).max(hop_chain(h) * nsl / window)).fold(0.0, f64::max);
         let chain_lat: f64 = hops.iter().map(|(h, w)| w * hop_chain(h)).sum();
-        let step_time = stream.max(chain_lat);
+        let engine = (steps + 1) as f64 / steps.max(1) as f64 * nsl * m / engine_bw;
+        let step_time = stream.max(chain_lat).max(engine);
         if chain {
             // Pipelined chain: the first message crosses n-1 hops, the rest follow at the
             // bottleneck's pace.

@@ -277,7 +277,8 @@ impl<'a> Model<'a> {
                     )
                 });
                 let ch = chunking(args.coll, Algo::Ring, choice.proto, knobs);
-                ring::closed_form(args.coll, n, per_ch, e as f64, &ch, &hops.0, payload, reduce_bw)
+                let engine_bw = p.proto[proto].channel_bw.0 as f64 / 1e6;
+                ring::closed_form(args.coll, n, per_ch, e as f64, &ch, &hops.0, payload, reduce_bw, engine_bw)
             }
             Algo::Tree => {
                 let built = self.hops((Algo::Tree, choice.proto, used, args.coll), || {
