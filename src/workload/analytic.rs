@@ -32,7 +32,6 @@
 //!   size), hidden with prefetching for as long as the layers run (their compute and their
 //!   exposed TP, CP and EP communication; under a split backward the gathers behind the
 //!   input-gradient pass, the reduce-scatters behind the weight-gradient pass).
-//!
 //! - NIC sharing: a layer's collectives that leave the NVLink domain (its gathers on two
 //!   communicators, its CP, EP and TP traffic) share the NICs. The closed form asks the
 //!   pricer how long each keeps a NIC busy ([`CommPricer::nic`]): a layer's dense and expert
@@ -351,6 +350,7 @@ pub(crate) fn chunk_costs_and_comms(
                 // communication (on other links: inside the NVLink domain, or another
                 // group's traffic), as in the event mode; the step's first gather and last
                 // reduce-scatter are exposed ([`estimate`]).
+                //
                 // Hidden, a gather shares the NIC with the layers' CP, EP and TP traffic
                 // that leaves the domain (`wire` of theirs, `nic` of its own): the NIC
                 // serves both fairly while both are on it, so that traffic, on the critical
