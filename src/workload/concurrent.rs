@@ -505,12 +505,8 @@ pub fn step_priced(
 ) -> Result<(super::analytic::StepEstimate, usize), String> {
     let price = super::search::Priced {
         pricer,
-        time: |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
-            if closed_form_prices(f, kind, ranks) {
-                pricer.analytic(kind, bytes, ranks)
-            } else {
-                pricer.event(kind, bytes, ranks)
-            }
+        time: |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| {
+            pricer.step_price(kind, bytes, ranks)
         },
     };
     let est = super::analytic::estimate(model, plan, &f.gpu, gp, &price)?;

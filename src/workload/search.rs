@@ -35,7 +35,7 @@ use serde::Serialize;
 use super::analytic::{estimate, Breakdown, CommPricer, StepEstimate};
 use super::comm::CollectiveKind;
 use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
-use super::concurrent::{collective_time, nccl_choice_with};
+use super::concurrent::{closed_form_prices, collective_time, nccl_choice_with};
 use super::lower::{in_switch_nic_bytes, shadow_pair, step_event_with, EventOpts};
 use super::memory::{memory_by_stage_with, optimizer_params, Oom};
 use super::model::Model;
@@ -874,7 +874,9 @@ impl<'f> FabricPricer<'f> {
     pub fn nic(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
         let f = self.fabric;
         let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
-        let Some((_, x, local)) = r.first().and_then(|&rep| shadow_pair(f, rep, kind, bytes, &r)) else {
+        let Some((rep, (_, x, local))) =
+            r.first().and_then(|&rep| Some((rep, shadow_pair(f, rep, kind, bytes, &r)?)))
+        else {
             return 0.0;
         };
         let x = match (kind, coll_args(kind, bytes, ranks.len() as u64)) {
@@ -886,11 +888,21 @@ impl<'f> FabricPricer<'f> {
             }
             _ => x,
         };
-        let rate = f.gpu_network_bw(r[0]).bytes_per_sec() as f64 * f.params.link.net.efficiency;
+        let rate = f.gpu_network_bw(rep).bytes_per_sec() as f64 * f.params.link.net.efficiency;
         if rate > 0.0 {
             x as f64 / rate
         } else {
             0.0
+        }
+    }
+
+    /// The time the analytical step prices a collective at, in seconds: its closed form
+    /// where [`closed_form_prices`] allows it, else the event mode's.
+    pub fn step_price(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+        if closed_form_prices(self.fabric, kind, ranks) {
+            self.analytic(kind, bytes, ranks)
+        } else {
+            self.event(kind, bytes, ranks)
         }
     }
 

@@ -1759,11 +1759,6 @@ fn nothing_is_shadowed_inside_an_nvlink_domain() {
     assert!(err < 0.01, "event {:.4} s vs analytical {:.4} s", e.estimate.step_time_s, a.step_time_s);
 }
 
-/// A communicator's ZeRO-3/FSDP gathers and reduce-scatters run one after another, in the
-/// order they are issued (one NCCL stream per process group): the event mode had let a
-/// layer's prefetched gather start while the previous layer's was still running, the two
-/// sharing the NIC and overlapping their fixed costs (GPT 7.5B, PP 4 CP 2 FSDP hybrid on 8
-/// DGX B200: event 8.1% under the closed form, which sums them; 6.6% after).
 /// A hidden ZeRO-3/FSDP gather still shares the NIC with the layer's traffic that leaves the
 /// NVLink domain: the NIC serves both while both are on it, so the EP all-to-alls on the
 /// critical path slow by the NIC time the gathers take beside them. DeepSeek-V3, TP 8 EP 8
@@ -1788,13 +1783,7 @@ fn a_hidden_gather_shares_the_nic_with_the_layers_traffic() {
     assert!(err < 0.06, "analytical {} s vs event {} s", a.step_time_s, ev.estimate.step_time_s);
 
     let pricer = FabricPricer::new(&f);
-    let no_nic = |k: CollectiveKind, b: u64, r: &[u64]| {
-        if fabricsim::workload::concurrent::closed_form_prices(&f, k, r) {
-            pricer.analytic(k, b, r)
-        } else {
-            pricer.event(k, b, r)
-        }
-    };
+    let no_nic = |k: CollectiveKind, b: u64, r: &[u64]| pricer.step_price(k, b, r);
     let g = f.gpu.clone();
     let params = GpuParams::for_fabric(&f).unwrap();
     let blind = estimate(&m, &plan, &g, params, &no_nic).unwrap();
@@ -1806,6 +1795,11 @@ fn a_hidden_gather_shares_the_nic_with_the_layers_traffic() {
     );
 }
 
+/// A communicator's ZeRO-3/FSDP gathers and reduce-scatters run one after another, in the
+/// order they are issued (one NCCL stream per process group): the event mode had let a
+/// layer's prefetched gather start while the previous layer's was still running, the two
+/// sharing the NIC and overlapping their fixed costs (GPT 7.5B, PP 4 CP 2 FSDP hybrid on 8
+/// DGX B200: event 8.1% under the closed form, which sums them; 6.6% after).
 #[test]
 fn a_communicators_weight_gathers_run_in_turn() {
     let m = model("megatron-gpt-7.5b");
