@@ -332,12 +332,14 @@ fn coll_args(kind: CollectiveKind, bytes: u64, n: u64) -> Option<CollArgs> {
 
 /// The NIC shadow of a collective on `ranks` that the stage's representative `rep` takes
 /// part in: the pair (`rep`, its next peer in another NVLink domain: its ring successor
-/// there) and the bytes that cross `rep`'s NIC each way. NCCL's bus-bandwidth factor gives
-/// the bytes every rank moves (2(n-1)/n of the buffer for all-reduce, (n-1)/n for
-/// all-gather, reduce-scatter and all-to-all), shared among the group's ranks in the
-/// representative's domain (returned too), which leave it over their own rails. None where
-/// the group does not leave the domain: inside a DGX node, or across the trays of one
-/// NVL72 rack, its traffic never reaches a NIC.
+/// there) and the bytes that cross `rep`'s NIC each way. A ring crosses each domain once
+/// per channel, so what NCCL's bus-bandwidth factor says every rank moves (2(n-1)/n of the
+/// buffer for all-reduce, (n-1)/n for all-gather and reduce-scatter) is shared among the
+/// group's ranks in the representative's domain (returned too), which leave it over their
+/// own rails. An all-to-all is not: every rank sends the (n - local)/n of its buffer bound
+/// for other domains itself (over its rail, or relayed by the rail's owner, PXN), so each
+/// NIC carries one rank's worth. None where the group does not leave the domain: inside a
+/// DGX node, or across the trays of one NVL72 rack, its traffic never reaches a NIC.
 pub(crate) fn shadow_pair(
     f: &Fabric,
     rep: u32,
@@ -349,14 +351,14 @@ pub(crate) fn shadow_pair(
     let pos = ranks.iter().position(|&r| r == rep)?;
     let domain = f.domain_of_rank(rep);
     let next = (1..n).map(|i| ranks[(pos + i) % n]).find(|&r| f.domain_of_rank(r) != domain)?;
-    let nf = n as f64;
-    let factor = match kind {
-        CollectiveKind::AllReduce => 2.0 * (nf - 1.0) / nf,
-        CollectiveKind::SendRecv => 1.0,
-        _ => (nf - 1.0) / nf,
+    let (nf, local) = (n as f64, ranks.iter().filter(|&&r| f.domain_of_rank(r) == domain).count().max(1));
+    let share = match kind {
+        CollectiveKind::AllReduce => 2.0 * (nf - 1.0) / nf / local as f64,
+        CollectiveKind::SendRecv => 1.0 / local as f64,
+        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => (nf - 1.0) / nf / local as f64,
+        CollectiveKind::AllToAll => (nf - local as f64) / nf,
     };
-    let local = ranks.iter().filter(|&&r| f.domain_of_rank(r) == domain).count().max(1);
-    Some(([rep, next], (bytes as f64 * factor / local as f64) as u64, local))
+    Some(([rep, next], (bytes as f64 * share) as u64, local))
 }
 
 /// The bytes an all-reduce that reduces in the switches (CollNet, NVLS across nodes) moves
@@ -379,9 +381,11 @@ pub(crate) fn in_switch_nic_bytes(
 /// (`NCCL_P2P_NET_CHUNKSIZE` for a p2p shadow; see [`ShadowMemo::call`]).
 type ShadowCall = (CollArgs, Choice, Option<Bandwidth>, u64);
 
-/// The knobs a shadow runs with: NCCL's defaults but its network chunk size.
+/// The knobs a shadow runs with: NCCL's defaults but its network chunk size (and a buffer
+/// whose steps hold it).
 fn shadow_knobs(chunk: u64) -> Knobs {
-    Knobs { p2p_net_chunksize: chunk, ..Knobs::default() }
+    let d = Knobs::default();
+    Knobs { p2p_net_chunksize: chunk, buffsize: d.buffsize.max(8 * chunk), ..d }
 }
 
 /// The NIC shadow of one layer's EP all-to-all, CP KV exchanges or TP collectives: its pair
@@ -423,20 +427,19 @@ impl<'a> ShadowMemo<'a> {
     ) -> Option<Choice> {
         let r64: Vec<u64> = ranks.iter().map(|&x| u64::from(x)).collect();
         let key = (kind as u8, bytes, pricer.shape(&r64));
-        if let Some(c) = self.picks.borrow().get(&key) {
-            return *c;
-        }
-        let c = coll_args(kind, bytes, ranks.len() as u64)
-            .and_then(|args| {
+        let memo = self.picks.borrow().get(&key).copied();
+        let c = memo.unwrap_or_else(|| {
+            let c = coll_args(kind, bytes, ranks.len() as u64).and_then(|args| {
                 nccl_choice_with(
                     &collective::Comm::from_ranks(self.f, self.router, ranks),
                     &args,
                     pricer.policy(),
                 )
-            })
-            .map(|c| Choice { nchannels: c.nchannels.div_ceil(local as u32).max(1), ..c });
-        self.picks.borrow_mut().insert(key, c);
-        c
+            });
+            self.picks.borrow_mut().insert(key, c);
+            c
+        });
+        c.map(|c| Choice { nchannels: c.nchannels.div_ceil(local as u32).max(1), ..c })
     }
 
     /// The shadow on `pair` of a collective of `kind` that moves `x` bytes each way through
@@ -871,9 +874,13 @@ pub fn step_event_with(
                         let n = f64::from(layers_of(s, o.chunk));
                         let per = (x / n) as u64;
                         let call = if group == GroupKind::Ep {
-                            let real =
-                                shadows_memo.pick(pricer, CollectiveKind::AllToAll, one, &ranks, local)?;
-                            shadows_memo.call(p, CollectiveKind::AllToAll, per, t / n, real)?
+                            // The NIC carries all `local` ranks' messages to other domains:
+                            // the shadow runs on a rank's channels (not a share of them, as a
+                            // ring's, which left it too slow to carry the bytes), each message
+                            // one of every rank's bundled, so its events do not grow with them.
+                            let real = shadows_memo.pick(pricer, CollectiveKind::AllToAll, one, &ranks, 1)?;
+                            let chunk = Knobs::default().p2p_net_chunksize * local as u64;
+                            shadows_memo.call_chunked(p, CollectiveKind::AllToAll, per, t / n, real, chunk)?
                         } else {
                             // Each way through the NIC: an exchange on the pair, as NCCL picks
                             // it, in network chunks up to a Simple step (512 KiB of the default
