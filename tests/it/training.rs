@@ -1801,7 +1801,7 @@ fn a_hidden_gather_shares_the_nic_with_the_layers_traffic() {
 /// all-gather's (n-1)/n is shared among the node's ranks. The NIC shadows (and so the
 /// closed form's NIC time) had priced the all-to-all as the ring: 4.3x too little for EP 16
 /// on two DGX H100 nodes, 7x for DeepSeek-V3's EP 64 (4 ranks a node under TP 2), whose
-/// event step on 1,024 H100 then went 13.6% -> 12.6% over the published throughput.
+/// event step on 1,024 H100 then went 13.6% -> 11.3% over the published throughput.
 #[test]
 fn an_all_to_all_loads_each_nic_with_a_ranks_remote_share() {
     let f = built("dgx-h100", 2);
