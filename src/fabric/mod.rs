@@ -354,6 +354,14 @@ impl Fabric {
                 .sum(),
         )
     }
+
+    /// How many NICs a GPU of `rank`'s node drives: its node's NICs over its GPUs, rounded up
+    /// (four on an AWS p5, two on an OCI A100 node, one on a DGX); zero without NICs.
+    pub fn nics_per_gpu(&self, rank: u32) -> u32 {
+        let node = &self.nodes[self.node_of_rank(rank) as usize];
+        (node.nics.len() as u32).div_ceil(node.ranks.len().max(1) as u32)
+    }
+
     /// Network bandwidth available to one GPU in one direction: the line rate of its node's
     /// NICs divided among the node's GPUs. It is the NICs' rate whether or not this cluster
     /// instantiated a network (a single DGX H100 still has a 400G rail NIC per GPU: 50 GB/s);

@@ -66,6 +66,14 @@ pub trait CommPricer {
     fn nic(&self, _kind: CollectiveKind, _bytes: u64, _ranks: &[u64]) -> f64 {
         0.0
     }
+
+    /// How many network connections the collective keeps on that NIC (NCCL's channels
+    /// there): collectives that share a NIC share it by their connections, as a NIC serves
+    /// its queue pairs in turn. A send/recv stands for a layer's exchanges with its peer
+    /// in another domain (CP, TP), priced as the event mode's pair exchange.
+    fn nic_conns(&self, _kind: CollectiveKind, _bytes: u64, _ranks: &[u64]) -> f64 {
+        1.0
+    }
 }
 
 impl<F: Fn(CollectiveKind, u64, &[u64]) -> f64> CommPricer for F {
@@ -148,6 +156,10 @@ pub(crate) struct ChunkComm {
     /// EP time on the wire, hidden (under `moe_a2a` overlap) or not.
     pub(crate) ep_wire_fwd: f64,
     pub(crate) ep_wire_bwd: f64,
+    /// The part of the EP time on the wire that leaves the NVLink domain (the all-to-alls
+    /// across it; expert-TP collectives inside a node are the rest).
+    pub(crate) ep_nic_fwd: f64,
+    pub(crate) ep_nic_bwd: f64,
     /// Under `moe_a2a` overlap, the part of `ep_fwd`/`ep_bwd` that is the SM share of the
     /// compute the all-to-alls overlap (the rest is what they leave exposed).
     pub(crate) ep_share_fwd: f64,
@@ -178,16 +190,46 @@ impl Parts {
 }
 
 /// A layer's gathers (or reduce-scatters) of its dense and its expert weights, each
-/// (time, NIC time): their communicators have a stream each, so together they take as long
-/// as the longer of them, or as their NIC time together where that is longer (they leave
-/// over the same NICs). Returns their (time, NIC time) together.
-fn side_by_side(each: impl Iterator<Item = [f64; 2]>) -> [f64; 2] {
-    let (mut longest, mut wire) = (0.0f64, 0.0);
-    for [t, x] in each {
+/// (time, NIC time, NIC connections): their communicators have a stream each, so together
+/// they take as long as the longer of them, or as their NIC time together where that is
+/// longer (they leave over the same NICs). Returns their (time, NIC time, connections on
+/// the NIC) together.
+fn side_by_side(each: impl Iterator<Item = [f64; 3]>) -> [f64; 3] {
+    let (mut longest, mut wire, mut conns) = (0.0f64, 0.0, 0.0);
+    for [t, x, k] in each {
         longest = longest.max(t);
         wire += x;
+        conns += if x > 0.0 { k } else { 0.0 };
     }
-    [longest.max(wire), wire]
+    [longest.max(wire), wire, conns]
+}
+
+/// How much longer a layer's traffic through the NIC takes (`e` seconds of NIC time, `t_e`
+/// on the wire alone, `ce` connections) when a weight gather (`g` of NIC time, `c` alone,
+/// `cg` connections) starts beside it, as the event mode issues them: the NIC serves the
+/// two by their connections while both are on it (a NIC takes its queue pairs in turn),
+/// each at most at its own pace alone, the traffic at its full pace once the gather is done.
+fn nic_contention(g: f64, c: f64, e: f64, t_e: f64, cg: f64, ce: f64) -> f64 {
+    if g <= 0.0 || e <= 0.0 {
+        return 0.0;
+    }
+    // Each one's pace alone, as a share of the NIC.
+    let (d, dg) = ((e / t_e.max(e)).min(1.0), (g / c.max(g)).min(1.0));
+    let phi = cg / (cg + ce).max(f64::MIN_POSITIVE);
+    // The traffic's pace beside the gather: its connections' share, or what the gather
+    // leaves; the gather's: the rest.
+    let r = d.min((1.0 - phi).max(1.0 - dg)).max(f64::MIN_POSITIVE);
+    let q = dg.min(1.0 - r);
+    if q <= 0.0 {
+        return 0.0;
+    }
+    let t1 = g / q;
+    if t1 * r < e {
+        // The gather finishes first; until then the traffic moved at `r`, not `d`.
+        t1 * (1.0 - r / d)
+    } else {
+        e / r - e / d
+    }
 }
 
 fn exposed(comm: f64, under: f64, overlap: bool) -> f64 {
@@ -246,17 +288,28 @@ pub(crate) fn chunk_costs_and_comms(
     let mut comms = vec![vec![ChunkComm::default(); vpp as usize]; pp as usize];
     for s in 0..pp {
         let rank = rank_of(s);
-        // Each distinct collective's (time, NIC time), priced once.
-        let mut priced: Vec<(CollectiveKind, GroupKind, u64, [f64; 2])> = Vec::new();
-        let mut price_nic = |kind: CollectiveKind, group: GroupKind, bytes: u64| -> [f64; 2] {
+        // Each distinct collective's (time, NIC time, connections on the NIC), priced once.
+        // A layer's CP and TP traffic through the NIC runs as an exchange with a peer in
+        // another domain (the event mode's shadow of it): its connections are a send/recv's.
+        let mut priced: Vec<(CollectiveKind, GroupKind, u64, [f64; 3])> = Vec::new();
+        let mut price_nic = |kind: CollectiveKind, group: GroupKind, bytes: u64| -> [f64; 3] {
             if let Some(p) = priced.iter().find(|p| (p.0, p.1, p.2) == (kind, group, bytes)) {
                 return p.3;
             }
             let ranks = pl.group_of(group, rank);
             let t = if ranks.len() > 1 {
-                [comm.time(kind, bytes, &ranks), comm.nic(kind, bytes, &ranks)]
+                let as_kind = if matches!(group, GroupKind::Cp | GroupKind::Tp) {
+                    CollectiveKind::SendRecv
+                } else {
+                    kind
+                };
+                [
+                    comm.time(kind, bytes, &ranks),
+                    comm.nic(kind, bytes, &ranks),
+                    comm.nic_conns(as_kind, bytes, &ranks),
+                ]
             } else {
-                [0.0; 2]
+                [0.0, 0.0, 1.0]
             };
             priced.push((kind, group, bytes, t));
             t
@@ -267,19 +320,28 @@ pub(crate) fn chunk_costs_and_comms(
             let cost = &costs[s as usize][c as usize];
             let vs = c * pp + s;
             // Per pass: TP exposed, TP hideable behind the GEMMs, CP hideable behind the
-            // attention, EP, CP exposed; and the NIC time of them all.
+            // attention, EP, CP exposed; and of those that cross the NIC, their NIC time,
+            // their time on the wire and their connections weighted by NIC time.
             let mut sums = [[0.0f64; 5]; 2];
-            let mut nic = [0.0f64; 2];
+            let (mut nic, mut nic_wire, mut nic_conns) = ([0.0f64; 2], [0.0f64; 2], [0.0f64; 2]);
+            let mut ep_nic = [0.0f64; 2];
             for l in plan.vstage_blocks(model.layers, vs) {
                 for op in layer_comms(model, plan, l) {
-                    let [mut t, mut x] = price_nic(op.kind, op.group, op.bytes).map(|v| op.count as f64 * v);
+                    let [t, x, k] = price_nic(op.kind, op.group, op.bytes);
+                    let (mut t, mut x) = (op.count as f64 * t, op.count as f64 * x);
                     if op.group == GroupKind::Ep {
                         // The busiest rank receives `load` times the mean: its links bound
                         // the exchange (latency included: an upper estimate).
                         t *= load[l as usize];
                         x *= load[l as usize];
                     }
-                    nic[usize::from(op.pass != Pass::F)] += x;
+                    let p = usize::from(op.pass != Pass::F);
+                    nic[p] += x;
+                    if x > 0.0 {
+                        nic_wire[p] += t;
+                        nic_conns[p] += x * k;
+                        ep_nic[p] += if op.group == GroupKind::Ep { t } else { 0.0 };
+                    }
                     let row = &mut sums[usize::from(op.pass != Pass::F)];
                     match op.group {
                         GroupKind::Tp if op.hidden_behind == HiddenBehind::Gemms => row[1] += t,
@@ -315,6 +377,8 @@ pub(crate) fn chunk_costs_and_comms(
                 ep_bwd: exposed(b[3], cost.fwd, ov.moe_a2a) + ep_share.1,
                 ep_wire_fwd: f[3],
                 ep_wire_bwd: b[3],
+                ep_nic_fwd: ep_nic[0],
+                ep_nic_bwd: ep_nic[1],
                 ep_share_fwd: ep_share.0,
                 ep_share_bwd: ep_share.1,
                 ..ChunkComm::default()
@@ -338,12 +402,18 @@ pub(crate) fn chunk_costs_and_comms(
                 // (on 1,152 H100s a Llama 3 70B layer's gather is latency- and LL128-bound
                 // where the whole chunk's is not).
                 let n = (plan.vstage_blocks(model.layers, vs).count() as u64).max(1);
-                let mut per_layer = |kind| -> [f64; 2] {
-                    side_by_side(gathers.iter().map(|g| price_nic(kind, g.group, g.bytes / n)))
-                        .map(|v| n as f64 * v)
+                let mut per_layer = |kind| -> [f64; 3] {
+                    let [t, x, k] =
+                        side_by_side(gathers.iter().map(|g| price_nic(kind, g.group, g.bytes / n)));
+                    [n as f64 * t, n as f64 * x, k]
                 };
-                let ([ag, nic_ag], [rs, nic_rs]) =
+                let ([ag, nic_ag, k_ag], [rs, nic_rs, k_rs]) =
                     (per_layer(CollectiveKind::AllGather), per_layer(CollectiveKind::ReduceScatter));
+                let k_agrs = if nic_ag + nic_rs > 0.0 {
+                    (nic_ag * k_ag + nic_rs * k_rs) / (nic_ag + nic_rs)
+                } else {
+                    1.0
+                };
                 // Layer by layer, each gather (and reduce-scatter) runs on its own stream for
                 // as long as the chunk's layers take: under their compute, which slows by the
                 // SM share while they overlap, and under their exposed TP, CP and EP
@@ -351,27 +421,27 @@ pub(crate) fn chunk_costs_and_comms(
                 // group's traffic), as in the event mode; the step's first gather and last
                 // reduce-scatter are exposed ([`estimate`]).
                 //
-                // Hidden, a gather shares the NIC with the layers' CP, EP and TP traffic
-                // that leaves the domain (`wire` of theirs, `nic` of its own): the NIC
-                // serves both fairly while both are on it, so that traffic, on the critical
-                // path, slows by as much NIC time as the gather takes during it (its share
-                // of the pass), and the pass lasts at least their NIC time together.
+                // Hidden, a gather shares the NIC with the pass's CP, EP and TP traffic that
+                // leaves the domain: that traffic, on the critical path, slows by what the
+                // gather takes of the NIC beside it ([`nic_contention`]), and the pass lasts
+                // at least their NIC time together.
                 let slow = |c: f64, under: f64| if ov.param_gather { share * c.min(under) } else { 0.0 };
-                let hide = |c: f64, nic: f64, wire: f64, busy: f64| -> f64 {
+                let hide = |c: f64, g: f64, cg: f64, p: usize, busy: f64| -> f64 {
                     if !ov.param_gather {
                         return c;
                     }
-                    let during = if busy > 0.0 { (nic / busy).min(1.0) } else { 1.0 };
-                    (c.max(nic + wire).max(busy + wire * during) - busy).max(0.0)
+                    let ce = if nic[p] > 0.0 { nic_conns[p] / nic[p] } else { 1.0 };
+                    let late = nic_contention(g, c, nic[p], nic_wire[p], cg, ce);
+                    (c.max(g + nic[p]).max(busy + late) - busy).max(0.0)
                 };
                 let (busy_f, busy_b) = (
                     cost.fwd + cc.tp_fwd + cc.cp_fwd + cc.ep_fwd,
                     cost.bwd() + cc.tp_bwd + cc.cp_bwd + cc.ep_bwd,
                 );
-                cc.fsdp_fwd = hide(ag, nic_ag, nic[0], busy_f) + slow(ag, cost.fwd);
-                cc.fsdp_bwd = hide(ag + rs, nic_ag + nic_rs, nic[1], busy_b) + slow(ag + rs, cost.bwd());
+                cc.fsdp_fwd = hide(ag, nic_ag, k_ag, 0, busy_f) + slow(ag, cost.fwd);
+                cc.fsdp_bwd = hide(ag + rs, nic_ag + nic_rs, k_agrs, 1, busy_b) + slow(ag + rs, cost.bwd());
                 let busy_i = busy_b - cost.bwd_weight;
-                cc.fsdp_bwd_input = hide(ag, nic_ag, nic[1], busy_i) + slow(ag, cost.bwd_input);
+                cc.fsdp_bwd_input = hide(ag, nic_ag, k_ag, 1, busy_i) + slow(ag, cost.bwd_input);
                 // Each layer's reduce-scatter follows its weight-gradient kernel: hidden under
                 // the later layers' (the last is the stage's tail, [`estimate`]).
                 cc.fsdp_bwd_weight = (rs - cost.bwd_weight).max(0.0) + share * rs.min(cost.bwd_weight);
@@ -414,7 +484,7 @@ pub fn estimate(
         side_by_side(chunk_gathers(model, plan, s, u64::from(o.chunk)).iter().map(|g| {
             let ranks = pl.group_of(g.group, rank_of(s));
             let bytes = g.bytes / n.max(1);
-            [comm.time(kind, bytes, &ranks), comm.nic(kind, bytes, &ranks)]
+            [comm.time(kind, bytes, &ranks), comm.nic(kind, bytes, &ranks), 1.0]
         }))[0]
     };
     let head = fsdp_edge(0, CollectiveKind::AllGather, sched.ops[0].first());

@@ -52,9 +52,10 @@
 //! - NIC shadows ([`EventOpts::nic_shadows`], on by default): what a replayed collective
 //!   loads on the links is kept in the step by its shadow, the same collective (the same
 //!   algorithm where it runs on two ranks, else a ring; the same protocol; NCCL's channels
-//!   per NIC) on the stage's representative and its next peer in another NVLink domain, with the
-//!   buffer that moves the bytes the real one moves through the representative's NIC
-//!   (NCCL's bus-bandwidth factor, shared among the group's ranks on that node), stretched
+//!   per NIC, at least one per NIC of the GPU) on the stage's representative and its next
+//!   peer in another NVLink domain, with the buffer that moves the bytes the real one moves
+//!   through the representative's NIC (NCCL's bus-bandwidth factor, shared among the
+//!   group's ranks on that node; an all-to-all's own (n - local)/n per rank), stretched
 //!   to the real one's time by a cap per network connection (or cut to the bytes the NIC
 //!   carries in that time when the real one keeps it busy throughout). Its rate and latency
 //!   are measured alone at two sizes (memoized). The replayed collective ends when both its
@@ -96,9 +97,11 @@
 //!   exposed part), behind DP or PP traffic it delays the next layer, and the DP and PP
 //!   traffic queue behind it. An EP group that spans NVLink domains contends too: with
 //!   [`EventOpts::ep_shadows`] each layer kernel of an op with EP all-to-alls is preceded
-//!   by a NIC shadow of the layer's all-to-all traffic (the op's EP NIC bytes and EP time
-//!   split evenly over its kernels; representative and its EP peer in another NVLink domain, built
-//!   as the DP shadows are), and the kernel, which then no longer counts the EP time, waits
+//!   by a NIC shadow of the layer's all-to-all traffic (the op's EP NIC bytes and the time
+//!   of its all-to-alls through the NIC, split evenly over its kernels; representative and
+//!   its EP peer in another NVLink domain, built as the DP shadows are; expert-TP
+//!   collectives inside the node stay in the kernel), and the kernel, which then no longer
+//!   counts the all-to-alls' time, waits
 //!   for it: the all-to-all queues behind DP buckets and pipeline transfers on the NIC.
 //!   Under the MoE all-to-all overlap (`moe_a2a_overlap`) a stage's EP shadows run one
 //!   after another beside their kernels instead, stretched to the all-to-alls' time on the
@@ -261,6 +264,8 @@ struct OpParts {
     ep: f64,
     /// EP, CP and TP time on the wire (hidden or not); not part of the op's duration.
     ep_wire: f64,
+    /// The EP all-to-alls' time through the NIC (part of `ep_wire`).
+    ep_nic: f64,
     cp_wire: f64,
     tp_wire: f64,
 }
@@ -283,6 +288,7 @@ fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool, ep_beside: bo
             cp: k.cp_fwd,
             ep: if ep_beside { k.ep_share_bwd } else { k.ep_fwd },
             ep_wire: k.ep_wire_fwd,
+            ep_nic: k.ep_nic_fwd,
             cp_wire: k.cp_wire_fwd,
             tp_wire: k.tp_wire_fwd,
         },
@@ -292,6 +298,7 @@ fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool, ep_beside: bo
             cp: k.cp_bwd,
             ep: if ep_beside { k.ep_share_fwd } else { k.ep_bwd },
             ep_wire: k.ep_wire_bwd,
+            ep_nic: k.ep_nic_bwd,
             cp_wire: k.cp_wire_bwd,
             tp_wire: k.tp_wire_bwd,
         },
@@ -499,6 +506,10 @@ impl<'a> ShadowMemo<'a> {
                 let (algo, proto) = *runnable.first()?;
                 Choice { algo, proto, nchannels: real.nchannels }
             };
+            // On every NIC of the GPU: the traffic it stands for spreads over them (a ring's
+            // channel per NIC, an all-to-all's peers on their own channels), where a shadow on
+            // fewer channels would load only some (two of a p5 H100's four 100G NICs).
+            let choice = Choice { nchannels: choice.nchannels.max(self.f.nics_per_gpu(pair[0])), ..choice };
             // The shadow of `x` bytes each way run alone, capped at `cap` bytes/s per
             // connection if any: its time.
             let run = |x: u64, cap: Option<f64>| -> Option<f64> {
@@ -721,7 +732,9 @@ pub fn step_event_with(
     // its real group; the same memo times the replayed DP and FSDP collectives.
     let memo_before = pricer.priced().1;
     let price = |kind: CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 { pricer.event(kind, bytes, ranks) };
-    let (costs, comms) = chunk_costs_and_comms(model, plan, &r, &pl, &price);
+    // With the fabric's NIC times: they say which EP time crosses the NIC (its shadows').
+    let (costs, comms) =
+        chunk_costs_and_comms(model, plan, &r, &pl, &super::search::Priced { pricer, time: price });
     if let Some(e) = pricer.take_failure() {
         return Err(format!("a collective of the step could not be simulated: {e}"));
     }
@@ -834,8 +847,8 @@ pub fn step_event_with(
     // leaves the NVLink domain, on the representative and its peer of the group in another NVLink domain, with
     // the bytes the layer's collectives of that group move through the representative's NIC
     // (the op's, split evenly over its kernels) and the layer's share of `time`. EP: the
-    // all-to-all as NCCL picks it on the group, for the op's EP time (the kernel waits for
-    // it). CP and TP (ring attention's KV steps or the all-gather variant's gathers; TP's
+    // all-to-all as NCCL picks it on the group, for the op's all-to-alls through the NIC
+    // (the kernel waits for it). CP and TP (ring attention's KV steps or the all-gather variant's gathers; TP's
     // all-reduces or all-gathers and reduce-scatters): an exchange of those bytes each way
     // on the pair, for their time on the wire, beside the kernel. None where the group stays
     // inside the NVLink domain (or moves nothing).
@@ -907,7 +920,7 @@ pub fn step_event_with(
     let ep_shadow = layer_shadows(
         GroupKind::Ep,
         opts.ep_shadows,
-        if ep_beside { |p: &OpParts| p.ep_wire } else { |p: &OpParts| p.ep },
+        if ep_beside { |p: &OpParts| p.ep_wire } else { |p: &OpParts| p.ep_nic },
     );
     let cp_shadow = layer_shadows(GroupKind::Cp, opts.cp_shadows, |p| p.cp_wire);
     let tp_shadow = layer_shadows(GroupKind::Tp, opts.tp_shadows, |p| p.tp_wire);
@@ -929,7 +942,7 @@ pub fn step_event_with(
             let mut ids: Vec<JobId> = Vec::with_capacity(sched.ops[s].len());
             for (i, o) in sched.ops[s].iter().enumerate() {
                 let n = layers_of(s, o.chunk);
-                let ep = if ep_shadow[s][i].is_some() && !ep_beside { parts[s][i].ep } else { 0.0 };
+                let ep = if ep_shadow[s][i].is_some() && !ep_beside { parts[s][i].ep_nic } else { 0.0 };
                 let per = (parts[s][i].sum() - ep + extra[s][i]) / n as f64;
                 let name = format!("stage {s} {:?} mb {} chunk {}", o.pass, o.mb, o.chunk);
                 let kernels: Vec<Kernel> =
@@ -1352,12 +1365,12 @@ pub fn step_event_with(
         slow_pp += slow[star][i].0;
         slow_dp += slow[star][i].1;
         // What the op took beyond its parts with EP, CP or TP shadows: their contention. The
-        // EP shadows replace the op's EP time (their kernels wait for them), so theirs may
-        // also be shorter than the estimate; the CP and TP shadows run beside kernels that
+        // EP shadows replace the op's all-to-alls through the NIC (their kernels wait for
+        // them), so theirs may also be shorter than the estimate; the CP and TP shadows run beside kernels that
         // count it (a wait behind both is put on CP).
         let extra = dur(star, i) - p.sum() - slow[star][i].0 - slow[star][i].1;
         if ep_shadow[star][i].is_some() {
-            sum.ep += if ep_beside { extra.max(0.0) } else { extra.max(-p.ep) };
+            sum.ep += if ep_beside { extra.max(0.0) } else { extra.max(-p.ep_nic) };
         } else if cp_shadow[star][i].is_some() {
             sum.cp += extra.max(0.0);
         } else if tp_shadow[star][i].is_some() {

@@ -714,6 +714,10 @@ impl<T: Fn(CollectiveKind, u64, &[u64]) -> f64> CommPricer for Priced<'_, '_, T>
     fn nic(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
         self.pricer.nic(kind, bytes, ranks)
     }
+
+    fn nic_conns(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+        self.pricer.nic_conns(kind, bytes, ranks)
+    }
 }
 
 /// Prices collectives on a fabric, memoized by (collective, bytes, group shape).
@@ -894,6 +898,33 @@ impl<'f> FabricPricer<'f> {
         } else {
             0.0
         }
+    }
+
+    /// How many network connections the collective keeps on its first rank's NIC, as the
+    /// event mode's NIC shadows run it: an all-to-all on NCCL's channels for it; a ring's
+    /// (and an in-switch all-reduce's) channels shared among the group's ranks in the
+    /// domain; a send/recv as the pair exchange a layer's CP or TP shadow is (an all-to-all
+    /// of both ways' bytes on the rank and its peer in another domain). At least one per
+    /// NIC of the GPU.
+    pub fn nic_conns(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+        let f = self.fabric;
+        let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
+        let Some((pair, x, local)) = r.first().and_then(|&rep| shadow_pair(f, rep, kind, bytes, &r)) else {
+            return 1.0;
+        };
+        let (kind, bytes, ranks, local) = match kind {
+            CollectiveKind::SendRecv => {
+                (CollectiveKind::AllToAll, 2 * x, vec![pair[0].into(), pair[1].into()], 1)
+            }
+            CollectiveKind::AllToAll => (kind, bytes, ranks.to_vec(), 1),
+            _ => (kind, bytes, ranks.to_vec(), local),
+        };
+        let shape = self.shape(&ranks);
+        coll_args(kind, bytes, ranks.len() as u64)
+            .and_then(|args| nccl_choice_with(&self.comm_of(&shape, &ranks).0, &args, &self.policy))
+            .map_or(1.0, |c| {
+                f64::from(c.nchannels.div_ceil(local as u32).max(f.nics_per_gpu(pair[0])).max(1))
+            })
     }
 
     /// The time the analytical step prices a collective at, in seconds: its closed form
