@@ -368,6 +368,16 @@ pub(crate) fn shadow_pair(
     Some(([rep, next], (bytes as f64 * share) as u64, local))
 }
 
+/// The channels the NIC shadow from `rep` of a collective NCCL runs on `nchannels` runs on:
+/// a ring crosses the domain once per channel, so its channels are shared among the group's
+/// `local` ranks there (1 for an all-to-all, whose every rank sends its own); and at least
+/// one per NIC of `rep`'s GPU, as the traffic it stands for spreads over them (a ring's
+/// channel per NIC, an all-to-all's peers on their own channels), where fewer channels would
+/// load only some (two of a p5 H100's four 100G NICs).
+pub(crate) fn shadow_channels(f: &Fabric, rep: u32, nchannels: u32, local: usize) -> u32 {
+    nchannels.div_ceil(local.max(1) as u32).max(f.nics_per_gpu(rep)).max(1)
+}
+
 /// The bytes an all-reduce that reduces in the switches (CollNet, NVLS across nodes) moves
 /// through each of its `local` ranks' NICs each way: the node sends its buffer up once and
 /// takes the result down once, shared among its rails (where a ring moves 2(n-1)/n of it,
@@ -422,15 +432,15 @@ impl<'a> ShadowMemo<'a> {
         ShadowMemo { f, router, memo: RefCell::new(BTreeMap::new()), picks: RefCell::new(BTreeMap::new()) }
     }
 
-    /// NCCL's pick for the collective on its real group, its channels shared among the
-    /// group's `local` ranks on a node (each leaves over its own NIC).
+    /// NCCL's pick for the collective on its real group, on the channels its shadow from
+    /// `rep` runs on ([`shadow_channels`]).
     fn pick(
         &self,
         pricer: &FabricPricer,
         kind: CollectiveKind,
         bytes: u64,
         ranks: &[u32],
-        local: usize,
+        (rep, local): (u32, usize),
     ) -> Option<Choice> {
         let r64: Vec<u64> = ranks.iter().map(|&x| u64::from(x)).collect();
         let key = (kind as u8, bytes, pricer.shape(&r64));
@@ -446,7 +456,7 @@ impl<'a> ShadowMemo<'a> {
             self.picks.borrow_mut().insert(key, c);
             c
         });
-        c.map(|c| Choice { nchannels: c.nchannels.div_ceil(local as u32).max(1), ..c })
+        c.map(|c| Choice { nchannels: shadow_channels(self.f, rep, c.nchannels, local), ..c })
     }
 
     /// The shadow on `pair` of a collective of `kind` that moves `x` bytes each way through
@@ -506,10 +516,6 @@ impl<'a> ShadowMemo<'a> {
                 let (algo, proto) = *runnable.first()?;
                 Choice { algo, proto, nchannels: real.nchannels }
             };
-            // On every NIC of the GPU: the traffic it stands for spreads over them (a ring's
-            // channel per NIC, an all-to-all's peers on their own channels), where a shadow on
-            // fewer channels would load only some (two of a p5 H100's four 100G NICs).
-            let choice = Choice { nchannels: choice.nchannels.max(self.f.nics_per_gpu(pair[0])), ..choice };
             // The shadow of `x` bytes each way run alone, capped at `cap` bytes/s per
             // connection if any: its time.
             let run = |x: u64, cap: Option<f64>| -> Option<f64> {
@@ -785,7 +791,7 @@ pub fn step_event_with(
                         .then(|| shadow_pair(f, rep(s) as u32, kind, bytes, ranks))
                         .flatten()
                         .and_then(|(pair, x, local)| {
-                            let real = shadows_memo.pick(pricer, kind, bytes, ranks, local)?;
+                            let real = shadows_memo.pick(pricer, kind, bytes, ranks, (pair[0], local))?;
                             let x = in_switch_nic_bytes(kind, real.algo, bytes, local).unwrap_or(x);
                             Some((pair, shadows_memo.call(pair, kind, x, t, real)?))
                         });
@@ -891,7 +897,13 @@ pub fn step_event_with(
                             // the shadow runs on a rank's channels (not a share of them, as a
                             // ring's, which left it too slow to carry the bytes), each message
                             // one of every rank's bundled, so its events do not grow with them.
-                            let real = shadows_memo.pick(pricer, CollectiveKind::AllToAll, one, &ranks, 1)?;
+                            let real = shadows_memo.pick(
+                                pricer,
+                                CollectiveKind::AllToAll,
+                                one,
+                                &ranks,
+                                (p[0], 1),
+                            )?;
                             let chunk = Knobs::default().p2p_net_chunksize * local as u64;
                             shadows_memo.call_chunked(p, CollectiveKind::AllToAll, per, t / n, real, chunk)?
                         } else {
@@ -900,7 +912,13 @@ pub fn step_event_with(
                             // 4 MiB buffer) rather than NCCL's 128 KiB p2p chunk: a quarter of
                             // the events for megabytes per layer, still interleaved with the DP
                             // and PP traffic at the granularity NCCL's collectives use.
-                            let real = shadows_memo.pick(pricer, CollectiveKind::AllToAll, 2 * per, &p, 1)?;
+                            let real = shadows_memo.pick(
+                                pricer,
+                                CollectiveKind::AllToAll,
+                                2 * per,
+                                &p,
+                                (p[0], 1),
+                            )?;
                             let step = Knobs::default().buffsize / 8;
                             let chunk = (per / (2 * u64::from(real.nchannels.max(1))))
                                 .next_power_of_two()

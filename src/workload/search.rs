@@ -36,7 +36,7 @@ use super::analytic::{estimate, Breakdown, CommPricer, StepEstimate};
 use super::comm::CollectiveKind;
 use super::compute::{chunk_cost, optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{closed_form_prices, collective_time, nccl_choice_with};
-use super::lower::{in_switch_nic_bytes, shadow_pair, step_event_with, EventOpts};
+use super::lower::{in_switch_nic_bytes, shadow_channels, shadow_pair, step_event_with, EventOpts};
 use super::memory::{memory_by_stage_with, optimizer_params, Oom};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
@@ -904,8 +904,8 @@ impl<'f> FabricPricer<'f> {
     /// event mode's NIC shadows run it: an all-to-all on NCCL's channels for it; a ring's
     /// (and an in-switch all-reduce's) channels shared among the group's ranks in the
     /// domain; a send/recv as the pair exchange a layer's CP or TP shadow is (an all-to-all
-    /// of both ways' bytes on the rank and its peer in another domain). At least one per
-    /// NIC of the GPU.
+    /// of both ways' bytes on the rank and its peer in another domain); at least one per NIC
+    /// of the GPU (`lower::shadow_channels`).
     pub fn nic_conns(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
         let f = self.fabric;
         let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
@@ -922,9 +922,7 @@ impl<'f> FabricPricer<'f> {
         let shape = self.shape(&ranks);
         coll_args(kind, bytes, ranks.len() as u64)
             .and_then(|args| nccl_choice_with(&self.comm_of(&shape, &ranks).0, &args, &self.policy))
-            .map_or(1.0, |c| {
-                f64::from(c.nchannels.div_ceil(local as u32).max(f.nics_per_gpu(pair[0])).max(1))
-            })
+            .map_or(1.0, |c| f64::from(shadow_channels(f, pair[0], c.nchannels, local)))
     }
 
     /// The time the analytical step prices a collective at, in seconds: its closed form
