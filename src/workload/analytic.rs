@@ -37,7 +37,8 @@
 //!   pricer how long each keeps a NIC busy ([`CommPricer::nic`]): a layer's dense and expert
 //!   gathers, on their own streams, take the longer of the two or their NIC time together,
 //!   and a gather hides under a layer only as far as the NIC has room for it beside the
-//!   layer's other traffic.
+//!   layer's other traffic: both start with the pass and share the NIC by their connections
+//!   ([`CommPricer::nic_conns`]), each at most at its own pace.
 //!
 //! What is sent, on which communicator and how large, comes from [`super::comm`].
 
@@ -676,4 +677,33 @@ pub(crate) fn summarize(
         microbatches: plan.microbatches(),
         pipeline: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nic_contention;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-12 * b.abs().max(1.0)
+    }
+
+    /// Both on the NIC at its full rate: the traffic ends when the NIC has moved both, or,
+    /// where it finishes first, after its share of the NIC: min(g, e φ/(1-φ)).
+    #[test]
+    fn nic_contention_closed_forms() {
+        let (g, e) = (2.0, 5.0);
+        // Equal connections: the smaller of the two.
+        assert!(close(nic_contention(g, g, e, e, 4.0, 4.0), g));
+        assert!(close(nic_contention(e, e, g, g, 4.0, 4.0), g));
+        // The traffic with four times the connections: a long gather takes a fifth of the NIC
+        // until the traffic is done, e / 0.8 - e.
+        assert!(close(nic_contention(20.0, 20.0, e, e, 1.0, 4.0), 0.25 * e));
+        // A short one finishes first whatever the shares: the NIC moved both, g late.
+        assert!(close(nic_contention(0.5, 0.5, e, e, 1.0, 4.0), 0.5));
+        // Traffic that needs 40% of the NIC beside a gather of an equal number of
+        // connections keeps its pace; none without a gather or traffic.
+        assert_eq!(nic_contention(g, g, e, 2.5 * e, 4.0, 4.0), 0.0);
+        assert_eq!(nic_contention(0.0, 1.0, e, e, 4.0, 4.0), 0.0);
+        assert_eq!(nic_contention(g, g, 0.0, 0.0, 4.0, 4.0), 0.0);
+    }
 }
