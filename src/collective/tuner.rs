@@ -135,9 +135,10 @@ impl TunerInput {
         } else {
             let nics = comm.nics_per_node.max(1);
             let net = speed_at_most(inter, comm.nic_gbps.max(0.1));
-            // One search channel per NIC (a GPU with several NICs heads a channel on each;
-            // the ring search's maxChannels is 32).
-            let nc = if ppn == 1 { 1 } else { nics.clamp(1, 32) };
+            // One search channel per NIC (a GPU with several NICs heads a channel on each,
+            // also alone on its node: four on a p5 H100, two on an OCI A100; the ring
+            // search's maxChannels is 32).
+            let nc = nics.clamp(1, 32);
             ring = dup(comm.sm, Graph { nchannels: nc, bw_intra: net, bw_inter: net });
             graphs[Algo::Ring as usize] = Some(ring);
             let tree_base: f64 = match g {

@@ -107,6 +107,30 @@ fn every_nic_of_a_multi_nic_gpu_carries_the_ring() {
     assert!(hashed < 0.65 * 32.0 * 12.5 * f.params.resolve().link_eff[4], "ECMP busbw {hashed:.1} GB/s");
 }
 
+/// A GPU alone on its node in a communicator (a DP or FSDP group under TP 8) still heads a
+/// ring channel on each of its NICs: NCCL's pick for one rank on each of four p5 nodes has
+/// eight channels (four searched, one per 100G NIC, launched twice), and the ring reaches the
+/// four NICs' payload rate. The tuner had searched one channel for a lone GPU: two launched,
+/// two of its four NICs carrying the ring (22.5 GB/s busbw).
+#[test]
+fn a_gpu_alone_on_its_node_drives_every_nic_it_owns() {
+    use fabricsim::collective::NcclPolicy;
+    use fabricsim::workload::concurrent::nccl_choice_with;
+    let f = fabric("aws-p5.toml", Some(4), None);
+    let router = Router::new(&f, 0);
+    let comm = Comm::from_ranks(&f, &router, &[0, 8, 16, 24]);
+    let bytes = 1u64 << 30;
+    let a = args(Collective::AllGather, bytes, 4);
+    let pick = nccl_choice_with(&comm, &a, &NcclPolicy::default()).unwrap();
+    assert_eq!((pick.algo, pick.nchannels), (Algo::Ring, 8), "{pick:?}");
+    let mut s = build_schedule(&comm, &a, &pick, &Knobs::default()).unwrap();
+    s.relabel(&comm.fabric_ranks, f.num_gpus());
+    let r = simulate(&f, &router, &s, &SimOpts::default()).unwrap();
+    let got = busbw(Collective::AllGather, bytes, 4, &r);
+    let nics = 4.0 * 12.5 * f.params.resolve().link_eff[4];
+    assert!(got > 0.95 * nics && got <= nics, "busbw {got:.1} GB/s, four NICs {nics:.1} GB/s");
+}
+
 #[test]
 fn an_adaptive_fat_tree_carries_a_ring_at_the_nics_rate_at_any_node_count() {
     // AWS p5 nodes on a two-tier Clos routed adaptively (SRD): a leaf's k-th uplink goes to
