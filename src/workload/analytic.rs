@@ -343,7 +343,7 @@ pub(crate) fn chunk_costs_and_comms(
                         nic_conns[p] += x * k;
                         ep_nic[p] += if op.group == GroupKind::Ep { t } else { 0.0 };
                     }
-                    let row = &mut sums[usize::from(op.pass != Pass::F)];
+                    let row = &mut sums[p];
                     match op.group {
                         GroupKind::Tp if op.hidden_behind == HiddenBehind::Gemms => row[1] += t,
                         GroupKind::Tp => row[0] += t,

@@ -117,7 +117,7 @@
 use super::analytic::{chunk_costs_and_comms, summarize, Breakdown, ChunkComm, StepEstimate};
 use super::comm::{chunk_gathers, ep_load_factors, grad_reduces, layer_comms, CollectiveKind};
 use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
-use super::concurrent::{nccl_choice_with, CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
+use super::concurrent::{CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
 use super::memory::optimizer_params;
 use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineRun, PipelineSchedule, Timing};
@@ -446,13 +446,7 @@ impl<'a> ShadowMemo<'a> {
         let key = (kind as u8, bytes, pricer.shape(&r64));
         let memo = self.picks.borrow().get(&key).copied();
         let c = memo.unwrap_or_else(|| {
-            let c = coll_args(kind, bytes, ranks.len() as u64).and_then(|args| {
-                nccl_choice_with(
-                    &collective::Comm::from_ranks(self.f, self.router, ranks),
-                    &args,
-                    pricer.policy(),
-                )
-            });
+            let c = pricer.choice(kind, bytes, &r64);
             self.picks.borrow_mut().insert(key, c);
             c
         });

@@ -43,7 +43,7 @@ use super::pipeline::PipelineSchedule;
 use super::plan::{
     Attention, Dtype, GroupKind, Overlap, Placement, Plan, Recompute, RecomputeModules, Schedule, Sharding,
 };
-use crate::collective::{CollArgs, Collective, Comm, Knobs, NcclPolicy};
+use crate::collective::{Choice, CollArgs, Collective, Comm, Knobs, NcclPolicy};
 use crate::exec::analytic;
 use crate::fabric::{Fabric, GpuSpec, Router};
 use crate::schedule::{DType, RedOp};
@@ -870,6 +870,13 @@ impl<'f> FabricPricer<'f> {
             .clone()
     }
 
+    /// NCCL's pick for the collective on its group (the group's communicator built once per
+    /// shape); None where it moves nothing or no algorithm runs it.
+    pub fn choice(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> Option<Choice> {
+        let args = coll_args(kind, bytes, ranks.len() as u64)?;
+        nccl_choice_with(&self.comm_of(&self.shape(ranks), ranks).0, &args, &self.policy)
+    }
+
     /// How long the collective keeps the NIC of its first rank busy, in seconds: the bytes
     /// it moves through that NIC each way (its ring's share of NCCL's bus bandwidth among
     /// the group's ranks in the domain, or an in-switch all-reduce's buffer once: what the
@@ -883,15 +890,10 @@ impl<'f> FabricPricer<'f> {
         else {
             return 0.0;
         };
-        let x = match (kind, coll_args(kind, bytes, ranks.len() as u64)) {
-            (CollectiveKind::AllReduce, Some(args)) => {
-                let shape = self.shape(ranks);
-                nccl_choice_with(&self.comm_of(&shape, ranks).0, &args, &self.policy)
-                    .and_then(|c| in_switch_nic_bytes(kind, c.algo, bytes, local))
-                    .unwrap_or(x)
-            }
-            _ => x,
-        };
+        let x = self
+            .choice(kind, bytes, ranks)
+            .and_then(|c| in_switch_nic_bytes(kind, c.algo, bytes, local))
+            .unwrap_or(x);
         let rate = f.gpu_network_bw(rep).bytes_per_sec() as f64 * f.params.link.net.efficiency;
         if rate > 0.0 {
             x as f64 / rate
@@ -919,9 +921,7 @@ impl<'f> FabricPricer<'f> {
             CollectiveKind::AllToAll => (kind, bytes, ranks.to_vec(), 1),
             _ => (kind, bytes, ranks.to_vec(), local),
         };
-        let shape = self.shape(&ranks);
-        coll_args(kind, bytes, ranks.len() as u64)
-            .and_then(|args| nccl_choice_with(&self.comm_of(&shape, &ranks).0, &args, &self.policy))
+        self.choice(kind, bytes, &ranks)
             .map_or(1.0, |c| f64::from(shadow_channels(f, pair[0], c.nchannels, local)))
     }
 
