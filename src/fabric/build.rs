@@ -249,8 +249,10 @@ pub fn build(spec: &TopologySpec, opts: &BuildOpts) -> Result<Fabric, TopologyEr
         out_start: Vec::new(),
         out_links: Vec::new(),
         template,
+        rails: routing::Rails::default(),
     };
     fabric.index_adjacency();
+    fabric.rails = routing::Rails::of(&fabric);
     check_connectivity(spec, &fabric)?;
     Ok(fabric)
 }

@@ -293,6 +293,8 @@ pub struct Fabric {
     out_links: Vec<LinkId>,
     /// Node-template routing tables (shared by every node).
     pub(crate) template: build::TemplateRoutes,
+    /// Which NICs each GPU of a node uses (from the template's routes).
+    pub(crate) rails: routing::Rails,
 }
 
 impl Fabric {
@@ -355,26 +357,27 @@ impl Fabric {
         )
     }
 
-    /// How many NICs a GPU of `rank`'s node drives: its node's NICs over its GPUs, rounded up
-    /// (four on an AWS p5, two on an OCI A100 node, one on a DGX); zero without NICs.
+    /// How many NICs a GPU of `rank`'s node drives: the NICs its node's GPUs use (each
+    /// GPU's own and closest, as NCCL assigns them) over those GPUs, rounded up (four on an
+    /// AWS p5, two on an OCI A100 node, one on a DGX, also with `--gpus` below a full node,
+    /// whose other GPUs' NICs stay idle); zero without NICs.
     pub fn nics_per_gpu(&self, rank: u32) -> u32 {
         let node = &self.nodes[self.node_of_rank(rank) as usize];
-        (node.nics.len() as u32).div_ceil(node.ranks.len().max(1) as u32)
+        self.rails.used().div_ceil(node.ranks.len().max(1) as u32)
     }
 
-    /// Network bandwidth available to one GPU in one direction: the line rate of its node's
-    /// NICs divided among the node's GPUs. It is the NICs' rate whether or not this cluster
-    /// instantiated a network (a single DGX H100 still has a 400G rail NIC per GPU: 50 GB/s);
-    /// zero only when the node has no NIC.
+    /// Network bandwidth available to one GPU in one direction: the line rate of the NICs
+    /// its node's GPUs use divided among those GPUs. It is the NICs' rate whether or not
+    /// this cluster instantiated a network (a single DGX H100 still has a 400G rail NIC per
+    /// GPU: 50 GB/s); zero only when the node has no NIC.
     pub fn gpu_network_bw(&self, rank: u32) -> Bandwidth {
         let node = &self.nodes[self.node_of_rank(rank) as usize];
-        if node.nics.is_empty() {
-            return Bandwidth(0);
-        }
         let total: u64 = node
             .nics
             .iter()
-            .map(|&n| match self.devices[n.idx()].kind {
+            .enumerate()
+            .filter(|&(rail, _)| self.rails.owner(rail as u32).is_some())
+            .map(|(_, &n)| match self.devices[n.idx()].kind {
                 DeviceKind::Nic { rate, .. } => rate.0,
                 _ => 0,
             })

@@ -134,45 +134,25 @@ impl Default for NetSettings {
     }
 }
 
-/// Computes routes on a fabric; caches per-destination network distances.
-pub struct Router<'f> {
-    fabric: &'f Fabric,
-    seed: u64,
+/// Which NICs (rails) each GPU of a node uses: its closest NICs, and the ones it owns.
+/// Computed once per fabric from the node template's routes; every node is the same.
+#[derive(Clone, Debug, Default)]
+pub struct Rails {
     /// For each local GPU index, its closest NICs (rails), best first.
     gpu_rails: Vec<Vec<u32>>,
     /// For each local GPU, its position among the GPUs with the same closest NICs: GPUs
     /// that share NICs start on different ones (NCCL: first NIC = index % local GPUs).
     rail_offset: Vec<u32>,
-    /// For each rail, the local GPU that owns it (closest), if any.
+    /// For each rail, the local GPU that owns it (closest), if any. A NIC whose closest
+    /// GPUs were not kept (`--gpus` below a full node) has none: NCCL would not use it.
     rail_owner: Vec<Option<u32>>,
-    /// Spread connections over equal-cost paths (the network's adaptive routing) instead
-    /// of hashing them.
-    adaptive: bool,
-    /// Queue pairs per network connection, each hashed onto its own path.
-    qps: u32,
-    /// Every message split over all queue pairs (`NCCL_IB_SPLIT_DATA_ON_QPS=1`).
-    split: bool,
-    /// Farthest GPU-NIC path type with GPUDirect RDMA (`NCCL_NET_GDR_LEVEL`).
-    gdr_level: PathType,
-    /// For each rail, the local device index of the CPU closest to its NIC (where a
-    /// transfer without GPUDirect RDMA is staged in host memory).
-    nic_cpu: Vec<Option<u32>>,
-    leaf_dist: RefCell<BTreeMap<u32, Rc<Vec<u16>>>>,
 }
 
-/// SplitMix64 finaliser: the ECMP hash.
-pub fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-impl<'f> Router<'f> {
-    /// A router with an ECMP seed.
-    pub fn new(fabric: &'f Fabric, seed: u64) -> Router<'f> {
+impl Rails {
+    /// The rails of `fabric`'s node template.
+    pub(crate) fn of(fabric: &Fabric) -> Rails {
         let t = &fabric.template;
-        let node0 = &fabric.nodes[0];
+        let Some(node0) = fabric.nodes.first() else { return Rails::default() };
         let gpus: Vec<u32> =
             node0.ranks.clone().map(|r| fabric.gpus[r as usize].0 - node0.devices.start).collect();
         let nics: Vec<u32> = node0.nics.iter().map(|d| d.0 - node0.devices.start).collect();
@@ -209,6 +189,53 @@ impl<'f> Router<'f> {
                 *owner = gpu_rails.iter().position(|rs| rs.contains(&(r as u32))).map(|g| g as u32);
             }
         }
+        Rails { gpu_rails, rail_offset, rail_owner }
+    }
+
+    /// Number of NICs some GPU of the node uses (owns, or shares as one of its closest).
+    pub fn used(&self) -> u32 {
+        self.rail_owner.iter().filter(|o| o.is_some()).count() as u32
+    }
+
+    /// The local GPU that owns a rail, if any.
+    pub fn owner(&self, rail: u32) -> Option<u32> {
+        self.rail_owner.get(rail as usize).copied().flatten()
+    }
+}
+
+/// Computes routes on a fabric; caches per-destination network distances.
+pub struct Router<'f> {
+    fabric: &'f Fabric,
+    seed: u64,
+    /// Spread connections over equal-cost paths (the network's adaptive routing) instead
+    /// of hashing them.
+    adaptive: bool,
+    /// Queue pairs per network connection, each hashed onto its own path.
+    qps: u32,
+    /// Every message split over all queue pairs (`NCCL_IB_SPLIT_DATA_ON_QPS=1`).
+    split: bool,
+    /// Farthest GPU-NIC path type with GPUDirect RDMA (`NCCL_NET_GDR_LEVEL`).
+    gdr_level: PathType,
+    /// For each rail, the local device index of the CPU closest to its NIC (where a
+    /// transfer without GPUDirect RDMA is staged in host memory).
+    nic_cpu: Vec<Option<u32>>,
+    leaf_dist: RefCell<BTreeMap<u32, Rc<Vec<u16>>>>,
+}
+
+/// SplitMix64 finaliser: the ECMP hash.
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+impl<'f> Router<'f> {
+    /// A router with an ECMP seed.
+    pub fn new(fabric: &'f Fabric, seed: u64) -> Router<'f> {
+        let t = &fabric.template;
+        let node0 = &fabric.nodes[0];
+        let nics: Vec<u32> = node0.nics.iter().map(|d| d.0 - node0.devices.start).collect();
         let adaptive = fabric.network.as_ref().is_some_and(|n| n.routing == super::NetRouting::Adaptive);
         let cpus: Vec<u32> = node0
             .devices
@@ -225,9 +252,6 @@ impl<'f> Router<'f> {
         Router {
             fabric,
             seed,
-            gpu_rails,
-            rail_offset,
-            rail_owner,
             adaptive,
             qps: 1,
             split: false,
@@ -323,10 +347,10 @@ impl<'f> Router<'f> {
     /// the same closest NICs start on different ones (as NCCL's `gpu.dev % localGpuCount`),
     /// so two GPUs under one PCIe switch with two NICs use one NIC each.
     pub fn rail_of(&self, local_gpu: u32, channel: u32) -> Option<u32> {
-        let rails = self.gpu_rails.get(local_gpu as usize)?;
+        let rails = self.fabric.rails.gpu_rails.get(local_gpu as usize)?;
         if rails.is_empty() {
             // No close NIC: spread channels over all NICs.
-            let n = self.rail_owner.len() as u32;
+            let n = self.fabric.rails.rail_owner.len() as u32;
             return (n > 0).then(|| (local_gpu + channel) % n);
         }
         // A GPU uses the NICs it owns (NCCL gives each GPU its own NIC when GPUs share a
@@ -335,18 +359,18 @@ impl<'f> Router<'f> {
         let owned: Vec<u32> = rails
             .iter()
             .copied()
-            .filter(|&r| self.rail_owner.get(r as usize) == Some(&Some(local_gpu)))
+            .filter(|&r| self.fabric.rails.rail_owner.get(r as usize) == Some(&Some(local_gpu)))
             .collect();
         if !owned.is_empty() {
             return Some(owned[channel as usize % owned.len()]);
         }
-        let offset = self.rail_offset[local_gpu as usize] as usize;
+        let offset = self.fabric.rails.rail_offset[local_gpu as usize] as usize;
         Some(rails[(offset + channel as usize) % rails.len()])
     }
 
     /// The rails (NIC indices) closest to a local GPU, best first.
     pub fn close_rails(&self, local_gpu: u32) -> &[u32] {
-        self.gpu_rails.get(local_gpu as usize).map(|v| v.as_slice()).unwrap_or(&[])
+        self.fabric.rails.gpu_rails.get(local_gpu as usize).map(|v| v.as_slice()).unwrap_or(&[])
     }
 
     /// The rails a local GPU owns, in rail order (NCCL's NICs of that GPU).
@@ -356,12 +380,12 @@ impl<'f> Router<'f> {
 
     /// The local GPU that owns a rail (its closest GPU).
     pub fn rail_owner(&self, rail: u32) -> Option<u32> {
-        self.rail_owner.get(rail as usize).copied().flatten()
+        self.fabric.rails.owner(rail)
     }
 
     /// Number of rails (NICs per node).
     pub fn rails(&self) -> u32 {
-        self.rail_owner.len() as u32
+        self.fabric.rails.rail_owner.len() as u32
     }
 
     fn local(&self, node: u32, local_dev_a: u32, local_dev_b: u32) -> Option<(Vec<LinkId>, PathType)> {
