@@ -61,6 +61,18 @@ fn nvls_chunk(base: u64, nbytes: u64, nch: u32, heads: u32, tree: bool, nodes: u
     c
 }
 
+/// The NVLS chunk of a call (one head's piece per loop), as [`build`] cuts it.
+fn call_chunk(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs, heads: u32) -> u64 {
+    nvls_chunk(
+        chunking(args.coll, choice.algo, Proto::Simple, knobs).chunk_bytes,
+        args.size_bytes(comm.nranks),
+        choice.nchannels,
+        heads,
+        choice.algo == Algo::NvlsTree,
+        comm.num_nodes(),
+    )
+}
+
 /// Builds an NVLS or NVLS-Tree schedule.
 pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Result<Schedule, CollError> {
     let mut s = Schedule::new(comm.nranks, args.dtype, args.redop, choice.proto);
@@ -86,14 +98,7 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
         comm.nic_heads(0)
     };
     let mut ch = chunking(args.coll, choice.algo, Proto::Simple, knobs);
-    ch.chunk_bytes = nvls_chunk(
-        ch.chunk_bytes,
-        args.size_bytes(comm.nranks),
-        choice.nchannels,
-        heads.len() as u32,
-        choice.algo == Algo::NvlsTree,
-        nodes,
-    );
+    ch.chunk_bytes = call_chunk(comm, args, choice, knobs, heads.len() as u32);
     let parts = channel_parts(args.count, elem, choice.nchannels);
     let used = parts.iter().filter(|p| p.1 > 0).count() as u32;
     let mut cache = Cache::new();
@@ -427,6 +432,7 @@ pub fn closed_form(
     comm: &Comm,
     args: &CollArgs,
     choice: &Choice,
+    knobs: &Knobs,
     p: &Resolved,
     per_ch_bytes: f64,
     used: u32,
@@ -474,6 +480,47 @@ pub fn closed_form(
     let chunk = 128.0 * 1024.0f64;
     let total = per_ch_bytes * nch;
     match (choice.algo, nodes) {
+        (Algo::NvlsTree, 2..) => {
+            // As the schedule runs it: per loop, a channel's heads each take one piece from
+            // the switch (lane A), pass it up the channel's tree of nodes and back down (lane
+            // C, then B: one network step per tree level each way), and multicast it (lane
+            // B). A network connection moves its piece at NCCL's per-channel NVLS-Tree rate
+            // (the schedule's `net_conn_bw`) or its NIC's share, whichever is slower, so a
+            // piece's trip is that per level, and loops follow one piece apart; the NVLink
+            // side streams beside them, but for one loop's reduce before the first trip and
+            // one loop's multicast after the last.
+            let intra = total * (1.0 + 1.0 / ppn) / (nvl * eff);
+            let chunk = call_chunk(comm, args, choice, knobs, heads as u32) as f64;
+            let piece = chunk.min((per_ch_bytes / heads).ceil()).max(1.0);
+            let loops = (per_ch_bytes / (piece * heads)).ceil().max(1.0);
+            // A node's sends over its NIC per loop, up (to its parent) and down (to its
+            // children), over every channel's tree (the trees alternate by channel).
+            let (mut up, mut down) = (vec![0.0f64; nodes as usize], vec![0.0f64; nodes as usize]);
+            for (t, n_ch) in [(0, used.div_ceil(2)), (1, used / 2)] {
+                let parents = dtree_parents(nodes, t);
+                for (d, k) in children(&parents).iter().enumerate() {
+                    up[d] += n_ch as f64 * parents[d].is_some() as u32 as f64;
+                    down[d] += n_ch as f64 * k.len() as f64;
+                }
+            }
+            let most = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+            let per_loop = up.iter().zip(&down).map(|(a, b)| a + b).fold(0.0, f64::max);
+            let conn = if args.coll == Collective::AllReduce {
+                tree_algbw_cap(comm).map_or(0.0, |alg| piece * nch * heads / (alg * 1e3))
+            } else {
+                0.0
+            };
+            // A loop every `pace` (the busiest NIC's loop of sends); a piece's trip per level
+            // shares the NIC with that phase's sends only.
+            let pace = conn.max(per_loop * piece / nic);
+            let trip = conn.max(most(&up).max(most(&down)) * piece / nic);
+            let levels = (nodes as f64).log2().ceil();
+            let depth = 2.0 * levels;
+            (loops - 1.0) * pace.max(intra / loops)
+                + intra / loops
+                + depth * (trip + net_lat + simple.step(LinkClass::Net).as_us())
+                + 2.0 * (nvl_lat + sigma)
+        }
         (Algo::Nvls, 1) => {
             // A channel's share of the buffer (all-gather and reduce-scatter count per rank:
             // their buffer is n times that) and the multimem traffic per GPU and direction

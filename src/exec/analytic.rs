@@ -349,7 +349,7 @@ impl<'a> Model<'a> {
                 tree::closed_form(&shape, &ch, per_ch * e as f64, e as f64, payload, reduce_bw)
             }
             Algo::Nvls | Algo::NvlsTree | Algo::CollNetDirect | Algo::CollNetChain => {
-                nvls::closed_form(f, router, comm, args, choice, p, per_ch * e as f64, used)
+                nvls::closed_form(f, router, comm, args, choice, knobs, p, per_ch * e as f64, used)
             }
             Algo::Pat => {
                 let steps = crate::collective::pat::pat_steps(n);
