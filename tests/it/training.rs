@@ -1244,7 +1244,7 @@ fn validate_training_has_an_event_column() {
 
 // ---------------------------------------------------------------- event-mode step
 
-use fabricsim::collective::NcclPolicy;
+use fabricsim::collective::{Algo, NcclPolicy};
 use fabricsim::fabric::build::{build, BuildOpts};
 use fabricsim::fabric::Fabric;
 use fabricsim::workload::concurrent::{step_on_fabric, step_on_fabric_with};
@@ -2919,4 +2919,26 @@ fn zero3_gathers_the_experts_over_their_group() {
     let err = rel_err(ev.estimate.step_time_s, a.step_time_s);
     // (Measured 2026-12-04: 0.685 s against 0.684 s.)
     assert!(err < 0.02, "hybrid: event {} s vs analytical {} s", ev.estimate.step_time_s, a.step_time_s);
+}
+
+/// Class folding (whole nodes of a tree standing in for the others, `exec::fold`) ties the
+/// ranks of a class to their representative's pace, and a representative's messages feed
+/// every receiver it stands for in turn; where those receivers are at different loops, a
+/// flow-control window waits on itself. The HSDP gradient all-reduce of 72 GB200s, 9 in each
+/// of 8 racks (NVLS-Tree), stalled at 1 GiB and the plan search failed on it ("deadlock:
+/// stream of rank 8 on channel 3"); such a run is now repeated with every rank simulated.
+#[test]
+fn a_class_folded_run_that_stalls_is_simulated_unfolded() {
+    let f = built("gb200-nvl72-multirack", 144);
+    let pricer = FabricPricer::new(&f);
+    let ranks: Vec<u64> = (0..72).map(|j| 8 * j).collect();
+    assert_eq!(
+        pricer.choice(CollectiveKind::AllReduce, 1 << 30, &ranks).map(|c| c.algo),
+        Some(Algo::NvlsTree)
+    );
+    let ev = pricer.event(CollectiveKind::AllReduce, 1 << 30, &ranks);
+    assert!(pricer.take_failure().is_none());
+    let an = pricer.analytic(CollectiveKind::AllReduce, 1 << 30, &ranks);
+    eprintln!("event {ev} s, closed form {an} s");
+    assert!(rel_err(ev, an) < 0.1, "event {ev} s, closed form {an} s");
 }
