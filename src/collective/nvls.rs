@@ -538,16 +538,25 @@ pub fn closed_form(
             op + stream.max(op * loops / 4.0) - piece * heads * per_byte / (bw / nch)
         }
         _ => {
-            // Intra-node reduce and multicast at NVLS rate, inter-node at NIC rate per head.
-            let intra = total * (1.0 + 1.0 / ppn) / (nvl * eff);
+            // Intra-node reduce and multicast at NVLS rate (a chain: every GPU but the head
+            // forwards a channel's part up the chain, every GPU but the tail passes the
+            // result down, both out of its NVLink port; channels take turns at the ends),
+            // inter-node at NIC rate per head.
+            let intra = if choice.algo == Algo::CollNetChain {
+                2.0 * (ppn - 1.0) / ppn * total / nvl
+            } else {
+                total * (1.0 + 1.0 / ppn) / (nvl * eff)
+            };
             let inter_bytes = total / heads;
             let inter_bw = match choice.algo {
-                Algo::NvlsTree | Algo::CollNetChain => nic / 1.5,
+                Algo::NvlsTree => nic / 1.5,
                 _ => nic * p.sharp_eff,
             };
-            // NVLS with SHARP sends each head's share up and receives the result down at
-            // once (the two directions of the NIC); the others cross the NIC twice.
-            let mut inter = if choice.algo == Algo::Nvls { 1.0 } else { 2.0 } * inter_bytes / inter_bw;
+            // NVLS with SHARP and a CollNet chain's head send each head's share up and
+            // receive the result down at once (the two directions of the NIC); the others
+            // cross the NIC twice.
+            let once = matches!(choice.algo, Algo::Nvls | Algo::CollNetChain);
+            let mut inter = if once { 1.0 } else { 2.0 } * inter_bytes / inter_bw;
             // NCCL's per-channel NVLS-Tree cap (perChMaxNVLSTreeBw), as the event simulator
             // applies it to every inter-node connection (collective/nvls.rs).
             if choice.algo == Algo::NvlsTree && args.coll == Collective::AllReduce {
