@@ -341,11 +341,25 @@ pub fn build(comm: &Comm, args: &CollArgs, choice: &Choice, knobs: &Knobs) -> Re
 }
 
 /// The closed form of all-to-all and send/recv: `rounds` rounds of one message of `bytes`
-/// per peer at the slowest hop's rate, and one latency.
-pub fn closed_form(hops: &[super::cost::Hop], rounds: u32, bytes: f64, payload: f64) -> f64 {
-    let slow = hops.iter().map(|h| h.lat + h.step).fold(0.0, f64::max);
-    let per_round = hops.iter().map(|h| h.t(super::cost::wire(bytes, payload))).fold(0.0, f64::max);
-    rounds as f64 * per_round + slow
+/// per peer at the slowest hop's rate, and one latency; `hops` carry the share of the
+/// rounds that take them. Rounds go in batches of eight (the schedule's): a channel
+/// posts a batch's sends and then takes its receives, so every batch waits for a message to
+/// cross its peers' hop, and a small all-to-all costs a latency per batch, not one in all.
+pub fn closed_form(hops: &[(super::cost::Hop, f64)], rounds: u32, bytes: f64, payload: f64) -> f64 {
+    let m = super::cost::wire(bytes, payload);
+    let slow = hops.iter().map(|(h, _)| h.lat + h.step).fold(0.0, f64::max);
+    let per_round = hops.iter().map(|(h, _)| h.t(m)).fold(0.0, f64::max);
+    let flat = rounds as f64 * per_round + slow;
+    if rounds < 2 {
+        return flat;
+    }
+    // Batches of one kind of hop follow one another (a node's own GPUs, then one other node
+    // per batch on uniform nodes).
+    let batches: f64 = hops
+        .iter()
+        .map(|(h, w)| (w * rounds as f64 / P2P_BATCH as f64).ceil() * (h.lat + h.step + h.t(m)))
+        .sum();
+    flat.max(batches)
 }
 
 #[cfg(test)]

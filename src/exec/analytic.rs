@@ -429,7 +429,8 @@ impl<'a> Model<'a> {
                 // warps, as the schedule interleaves them): each direction at most half its
                 // rate.
                 let half = p.proto[proto].channel_bw.0 as f64 / 1e6 / 2.0;
-                let hops: Vec<Hop> = built.0.iter().map(|x| Hop { bw: x.0.bw.min(half), ..x.0 }).collect();
+                let hops: Vec<(Hop, f64)> =
+                    built.0.iter().map(|x| (Hop { bw: x.0.bw.min(half), ..x.0 }, x.1)).collect();
                 crate::collective::alltoall::closed_form(&hops, rounds, per_ch * e as f64, payload)
             }
         };
