@@ -518,10 +518,11 @@ pub fn closed_form(
             let depth = 2.0 * levels;
             (loops - 1.0) * pace.max(intra / loops)
                 + intra / loops
-                + depth * (trip + net_lat + simple.step(LinkClass::Net).as_us())
+                + depth * (trip + net_lat + net_sigma)
                 + 2.0 * (nvl_lat + sigma)
         }
-        (Algo::Nvls, 1) => {
+        // NVLS-Tree on one node is NVLS (the builder's).
+        (Algo::Nvls | Algo::NvlsTree, 1) => {
             // A channel's share of the buffer (all-gather and reduce-scatter count per rank:
             // their buffer is n times that) and the multimem traffic per GPU and direction
             // per buffer byte: all-reduce reduces and multicasts all of it, S(1 + 1/n); an
@@ -538,42 +539,24 @@ pub fn closed_form(
             op + stream.max(op * loops / 4.0) - piece * heads * per_byte / (bw / nch)
         }
         _ => {
-            // Intra-node reduce and multicast at NVLS rate (a chain: every GPU but the head
-            // forwards a channel's part up the chain, every GPU but the tail passes the
-            // result down, both out of its NVLink port; channels take turns at the ends),
-            // inter-node at NIC rate per head.
+            // NVLS with SHARP and CollNet across nodes. Intra-node reduce and multicast at
+            // NVLS rate (a chain: every GPU but the head forwards a channel's part up the
+            // chain, every GPU but the tail passes the result down, both out of its NVLink
+            // port; channels take turns at the ends), inter-node at NIC rate per head.
             let intra = if choice.algo == Algo::CollNetChain {
                 2.0 * (ppn - 1.0) / ppn * total / nvl
             } else {
                 total * (1.0 + 1.0 / ppn) / (nvl * eff)
             };
-            let inter_bytes = total / heads;
-            let inter_bw = match choice.algo {
-                Algo::NvlsTree => nic / 1.5,
-                _ => nic * p.sharp_eff,
-            };
             // NVLS with SHARP and a CollNet chain's head send each head's share up and
-            // receive the result down at once (the two directions of the NIC); the others
-            // cross the NIC twice.
+            // receive the result down at once (the two directions of the NIC); CollNet
+            // Direct's heads cross it twice.
             let once = matches!(choice.algo, Algo::Nvls | Algo::CollNetChain);
-            let mut inter = if once { 1.0 } else { 2.0 } * inter_bytes / inter_bw;
-            // NCCL's per-channel NVLS-Tree cap (perChMaxNVLSTreeBw), as the event simulator
-            // applies it to every inter-node connection (collective/nvls.rs).
-            if choice.algo == Algo::NvlsTree && args.coll == Collective::AllReduce {
-                if let Some(alg) = tree_algbw_cap(comm) {
-                    inter = inter.max(total / (alg * 1e3));
-                }
-            }
-            let depth = match choice.algo {
-                Algo::NvlsTree => 2.0 * (nodes as f64).log2().ceil(),
-                _ => 2.0,
-            };
+            let inter = if once { 1.0 } else { 2.0 } * total / heads / (nic * p.sharp_eff);
             let chain =
                 if choice.algo == Algo::CollNetChain { 2.0 * (ppn - 1.0) * (nvl_lat + sigma) } else { 0.0 };
-            // NVLS-Tree pays a network step per tree level; an in-switch aggregation is one
-            // operation up to the switch and back down.
-            let steps = if choice.algo == Algo::NvlsTree { depth } else { 1.0 };
-            intra.max(inter) + depth * net_lat + steps * net_sigma + 2.0 * (nvl_lat + sigma) + chain
+            // An in-switch aggregation is one operation up to the switch and back down.
+            intra.max(inter) + 2.0 * net_lat + net_sigma + 2.0 * (nvl_lat + sigma) + chain
         }
     }
 }
