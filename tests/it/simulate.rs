@@ -469,8 +469,10 @@ fn analytical_estimates_of_other_algorithms_stay_in_their_documented_band() {
     let (report, errs) = analytic_vs_event(&cases);
     let text = report.join("\n");
     eprintln!("{text}");
-    // Within 75% of the event mode (all-to-all at small sizes across nodes is the worst).
-    assert!(errs.iter().all(|e| *e <= 0.75), "{text}");
+    // Within 35% of the event mode at these sizes (2026-12-04: NVLS on one node at 64 MiB,
+    // -29%, is the worst; it was 75%, all-to-all at small sizes across nodes, before the
+    // NVLS-Tree and all-to-all closed forms followed their schedules).
+    assert!(errs.iter().all(|e| *e <= 0.35), "{text}");
 }
 
 /// NVLS-Tree across nodes in closed form follows its schedule: a piece per head and loop
