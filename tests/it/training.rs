@@ -1260,6 +1260,13 @@ fn plan_text(m: &Model, gpus: u64, text: &str) -> Plan {
     parse_plan(text, Path::new("<test>"), m, gpus).unwrap()
 }
 
+/// The step time of `plan` in the event mode and in the closed form, in seconds.
+fn event_and_closed_form(f: &Fabric, m: &Model, plan: &Plan) -> (f64, f64) {
+    let (a, _) = step_on_fabric(f, m, plan).unwrap();
+    let e = step_event(f, m, plan, &EventOpts::default()).unwrap();
+    (e.estimate.step_time_s, a.step_time_s)
+}
+
 /// A calibration profile's (or a topology's) `[params.compute]` replaces the generation's
 /// compute constants: with the GEMM, attention and HBM efficiencies halved, every kernel of a
 /// one-GPU step (no collective) takes exactly twice as long, and so does the step.
@@ -1854,10 +1861,8 @@ fn nic_shadows_load_every_nic_of_the_gpu() {
         "tp = 8\nep = 8\ndp = 8\nfsdp = \"full\"\nrecompute = \"none\"\ndtype = \"fp8\"\n\
          overlap_grad_reduce = false\nmbs = 2\ngbs = 128\nseq = 2048\n",
     );
-    let (a, _) = step_on_fabric(&f, &m, &plan).unwrap();
-    let ev = step_event(&f, &m, &plan, &EventOpts::default()).unwrap();
-    let err = rel_err(ev.estimate.step_time_s, a.step_time_s);
-    assert!(err < 0.05, "event {} s vs analytical {} s", ev.estimate.step_time_s, a.step_time_s);
+    let (ev, an) = event_and_closed_form(&f, &m, &plan);
+    assert!(rel_err(ev, an) < 0.05, "event {ev} s vs analytical {an} s");
 }
 
 /// With fewer GPUs kept per node than the node has (`topology.gpus`, `--gpus`), a GPU drives
@@ -1875,10 +1880,8 @@ fn a_gpu_kept_alone_drives_its_own_nics_not_the_nodes() {
     let m = model("mixtral-8x7b");
     let plan =
         plan_text(&m, 8, "ep = 8\ndp = 8\nzero = 3\nrecompute = \"full\"\nmbs = 1\ngbs = 64\nseq = 4096\n");
-    let (a, _) = step_on_fabric(&f, &m, &plan).unwrap();
-    let ev = step_event(&f, &m, &plan, &EventOpts::default()).unwrap();
-    let err = rel_err(ev.estimate.step_time_s, a.step_time_s);
-    assert!(err < 0.05, "event {} s vs analytical {} s", ev.estimate.step_time_s, a.step_time_s);
+    let (ev, an) = event_and_closed_form(&f, &m, &plan);
+    assert!(rel_err(ev, an) < 0.05, "event {ev} s vs analytical {an} s");
 }
 
 /// An all-to-all loads each NIC its group leaves a node through with one rank's traffic to
@@ -2914,11 +2917,9 @@ fn zero3_gathers_the_experts_over_their_group() {
     use fabricsim::workload::memory::optimizer_params;
     let (d, e) = fabricsim::workload::memory::stage_params(&m, &hybrid, 0);
     assert_eq!(optimizer_params(&m, &hybrid, 0), d / 8 + e / 2);
-    let (a, _) = step_on_fabric(&f, &m, &hybrid).unwrap();
-    let ev = step_event(&f, &m, &hybrid, &EventOpts::default()).unwrap();
-    let err = rel_err(ev.estimate.step_time_s, a.step_time_s);
+    let (ev, an) = event_and_closed_form(&f, &m, &hybrid);
     // (Measured 2026-12-04: 0.685 s against 0.684 s.)
-    assert!(err < 0.02, "hybrid: event {} s vs analytical {} s", ev.estimate.step_time_s, a.step_time_s);
+    assert!(rel_err(ev, an) < 0.02, "hybrid: event {ev} s vs analytical {an} s");
 }
 
 /// Class folding (whole nodes of a tree standing in for the others, `exec::fold`) ties the
