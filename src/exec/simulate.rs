@@ -321,12 +321,11 @@ pub fn simulate_observed<O: Observer + Default>(
     sim.finish(engine, end)
 }
 
-/// `opts` with every rank simulated. Class folding ties the ranks of a class to their
-/// representative's pace, and one representative's messages feed every receiver it stands
-/// for in turn: where those receivers are at different loops (a node's role in the tree is
-/// alike, its place in the pipeline of the tree's levels is not), a flow-control window can
-/// wait on itself and the run stalls (NVLS-Tree of 9 GPUs in each of 8 GB200 racks at
-/// 1 GiB). Such a run is repeated unfolded, which is exact.
+/// `opts` with every rank simulated: a guard. A class-folded run that stops short is a
+/// defect of the folding, not of the schedule (the one found: a credit freed by a receiver
+/// down a representative's chain of connections did not wake the sender, which waits on the
+/// chain's first, and NVLS-Tree of 9 GPUs in each of 8 GB200 racks stalled at 1 GiB). Such a
+/// run is repeated unfolded, which is exact, rather than failing the user's question.
 fn unfolded(opts: &SimOpts) -> SimOpts {
     SimOpts { fold_ranks: false, ..opts.clone() }
 }
@@ -374,8 +373,10 @@ struct ConnState {
     window: u32,
     sender: u32,
     receiver: u32,
-    /// Under class folding, the next connection that the same send also feeds.
+    /// Under class folding, the next connection that the same send also feeds, and the
+    /// first of that chain (the one the sender waits on for a credit; `u32::MAX`: this one).
     next: u32,
+    head: u32,
     /// Under class folding, a connection whose messages no simulated rank receives: the
     /// credit comes back on arrival.
     absorbed: bool,
@@ -412,6 +413,7 @@ impl ConnState {
             sender,
             receiver,
             next: u32::MAX,
+            head: u32::MAX,
             absorbed: false,
         }
     }
@@ -890,6 +892,7 @@ impl<'a> Sim<'a> {
                         if e + 1 < j - first {
                             conns[c as usize].next = class_in[first + e + 1].3;
                         }
+                        conns[c as usize].head = class_in[first].3;
                     }
                     stream_conns[k][slot].0 = class_in[first].3;
                 }
@@ -1440,11 +1443,12 @@ impl<'a> Sim<'a> {
                         let m = if self.conns[rc].queue.is_empty() { 0 } else { self.conns[rc].queue.pop() };
                         bytes.get_or_insert(m);
                         self.conns[rc].inflight -= 1;
-                        let sender = self.conns[rc].sender;
+                        let (sender, head) = (self.conns[rc].sender, self.conns[rc].head);
                         if sender != u32::MAX {
                             let sk = self.stream_index[sender as usize];
                             if sk != u32::MAX && sk != k {
-                                self.wake_on_conn(sk, rc as u32);
+                                // The sender waits for a credit on its chain's first connection.
+                                self.wake_on_conn(sk, if head == u32::MAX { rc as u32 } else { head });
                             }
                         }
                     }
