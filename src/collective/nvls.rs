@@ -477,7 +477,6 @@ pub fn closed_form(
             .unwrap_or(0.0)
     };
     let eff = p.nvls_eff;
-    let chunk = 128.0 * 1024.0f64;
     let total = per_ch_bytes * nch;
     match (choice.algo, nodes) {
         (Algo::NvlsTree, 2..) => {
@@ -532,6 +531,7 @@ pub fn closed_form(
                 _ => (per_ch_bytes * ppn, (ppn - 1.0) / ppn),
             };
             let bw = nvl * eff;
+            let chunk = call_chunk(comm, args, choice, knobs, heads as u32) as f64;
             let piece = chunk.min(buf / heads).max(1.0);
             let op = 2.0 * (2.0 * nvl_lat + piece / (bw / nch)) + p.nvls_step.as_us();
             let loops = (buf / (piece * heads)).ceil().max(1.0);

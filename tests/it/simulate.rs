@@ -469,10 +469,11 @@ fn analytical_estimates_of_other_algorithms_stay_in_their_documented_band() {
     let (report, errs) = analytic_vs_event(&cases);
     let text = report.join("\n");
     eprintln!("{text}");
-    // Within 35% of the event mode at these sizes (2026-12-04: NVLS on one node at 64 MiB,
-    // -29%, is the worst; it was 75%, all-to-all at small sizes across nodes, before the
-    // NVLS-Tree and all-to-all closed forms followed their schedules).
-    assert!(errs.iter().all(|e| *e <= 0.35), "{text}");
+    // Within 30% of the event mode at these sizes (2026-12-04: CollNet Direct at 1 GiB, +26%,
+    // is the worst since NVLS on one node cuts the builder's chunk, -29% -> -21% at 64 MiB;
+    // it was 75%, all-to-all at small sizes across nodes, before the NVLS-Tree and
+    // all-to-all closed forms followed their schedules).
+    assert!(errs.iter().all(|e| *e <= 0.3), "{text}");
 }
 
 /// NVLS-Tree across nodes in closed form follows its schedule: a piece per head and loop
@@ -503,6 +504,23 @@ fn analytical_nvls_tree_follows_its_trips_through_the_tree() {
         let bound = if i % 4 >= 2 { 0.07 } else { 0.18 };
         assert!(*e <= bound, "{}: {e:.3}\n{text}", report[i]);
     }
+}
+
+/// NVLS on one node in closed form cuts the builder's chunk (`nvls::call_chunk`: NCCL's
+/// NVLS chunk shrinks with the call, 32 KiB per head at 16 MiB on 8 GPUs). It priced 128 KiB
+/// pieces at every size, so a loop's fixed switch cost was paid a quarter as often: 16 MiB on
+/// a DGX H100 in 32 us against the event mode's 95 (-67%), 4 MiB -41%. Measured 2026-12-04:
+/// all-reduce -26% / -29% / -21% at 4 / 16 / 64 MiB, all-gather -18% / -21% / -19%; the rest
+/// is the event mode's pipeline fill, which the closed form does not follow.
+#[test]
+fn analytical_nvls_on_one_node_cuts_the_builders_chunk() {
+    let one = fabric("dgx-h100.toml", None, None);
+    let c = ch(Algo::Nvls, Proto::Simple, 16);
+    let cases = [(&one, Collective::AllReduce, c), (&one, Collective::AllGather, c)];
+    let (report, errs) = analytic_vs_event_at(&cases, &[4 << 20, 16 << 20, 64 << 20]);
+    let text = report.join("\n");
+    eprintln!("{text}");
+    assert!(errs.iter().all(|e| *e <= 0.3), "{text}");
 }
 
 /// CollNet Chain in closed form: a chain head sends its share up to the switches and
