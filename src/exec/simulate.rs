@@ -373,9 +373,10 @@ struct ConnState {
     window: u32,
     sender: u32,
     receiver: u32,
-    /// Under class folding, the next connection that the same send also feeds, and the
-    /// first of that chain (the one the sender waits on for a credit; `u32::MAX`: this one).
+    /// Under class folding, the next connection that the same send also feeds.
     next: u32,
+    /// Under class folding, the first connection of that chain: the one its sender waits on
+    /// for a credit, so a credit freed here wakes it there (`u32::MAX`: this one).
     head: u32,
     /// Under class folding, a connection whose messages no simulated rank receives: the
     /// credit comes back on arrival.
