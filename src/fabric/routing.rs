@@ -350,17 +350,14 @@ impl<'f> Router<'f> {
         let rails = self.fabric.rails.gpu_rails.get(local_gpu as usize)?;
         if rails.is_empty() {
             // No close NIC: spread channels over all NICs.
-            let n = self.fabric.rails.rail_owner.len() as u32;
+            let n = self.rails();
             return (n > 0).then(|| (local_gpu + channel) % n);
         }
         // A GPU uses the NICs it owns (NCCL gives each GPU its own NIC when GPUs share a
         // PCIe switch with several NICs: netsPerGpu = NICs / GPUs of that NIC); only a GPU
         // that owns none spreads its channels over its closest NICs.
-        let owned: Vec<u32> = rails
-            .iter()
-            .copied()
-            .filter(|&r| self.fabric.rails.rail_owner.get(r as usize) == Some(&Some(local_gpu)))
-            .collect();
+        let owned: Vec<u32> =
+            rails.iter().copied().filter(|&r| self.rail_owner(r) == Some(local_gpu)).collect();
         if !owned.is_empty() {
             return Some(owned[channel as usize % owned.len()]);
         }
