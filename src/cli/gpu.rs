@@ -389,10 +389,11 @@ mod imp {
         let place = plan::round_robin(ranks, ndev);
         if ranks > devs.len() {
             println!(
-                "note: {ranks} ranks share {} GPU{}: peer copies between ranks on one GPU are device-to-device \
-                 copies, so the schedule's GPU time is not that of {ranks} GPUs",
-                devs.len(),
-                if devs.len() == 1 { "" } else { "s" }
+                "note: {ranks} ranks share {n} GPU{s}: peer copies between ranks on one GPU are device-to-device \
+                 copies, so the schedule's GPU time is not that of {ranks} GPUs, and NCCL runs on the {n} GPU{s} \
+                 alone",
+                n = devs.len(),
+                s = if devs.len() == 1 { "" } else { "s" }
             );
         }
         let nccl_ok = if a.no_nccl {

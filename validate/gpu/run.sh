@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Runs fabricsim's GPU validation on this machine's GPUs and writes everything under $OUT
-# (default ./gpu-out): the GPUs and their peer bandwidth, the one-GPU microbenchmarks, and
-# `validate --gpu` (simulated vs the same schedule on the GPUs vs NCCL, CSV in the layout of
-# validate/reference/). Budget: about 10 minutes. Each step has its own timeout and a failed
-# step does not stop the others; run.log and status.txt say what happened.
+# (default ./gpu-out): the GPUs and their peer bandwidth, the one-GPU microbenchmarks (copies,
+# reductions, launches, GEMMs by shape), causal attention through PyTorch when it is there
+# (attention.py), and `validate --gpu` (simulated vs the same schedule on the GPUs vs NCCL,
+# CSV in the layout of validate/reference/) for all-reduce by NCCL's pick, Ring and Tree,
+# all-gather and reduce-scatter. Budget: about 7 minutes. Each step has its own timeout and
+# a failed step does not stop the others; run.log and status.txt say what happened, and
+# everything is also packed into results.tar.gz.
 #
 # Needs: the NVIDIA driver; NVRTC, cuBLAS and NCCL libraries (CUDA toolkit, distribution
 # packages or the nvidia-* pip wheels) for the steps that use them. cudarc looks for
@@ -50,6 +53,12 @@ link libnvrtc.so 'libnvrtc.so.1[0-9]*' || link libnvrtc.so 'libnvrtc.so'
 link libcublas.so 'libcublas.so.1[0-9]*' || link libcublas.so 'libcublas.so'
 # libnvrtc loads its builtins library from its own folder.
 for f in "$LIBDIR"/*; do d=$(dirname "$(readlink -f "$f")"); case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *) LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}";; esac; done
+# The driver's own folder, where the loader's cache does not list libcuda.so.1.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
+  for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/wsl/lib; do
+    [ -e "$d/libcuda.so.1" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" && echo "lib: libcuda.so.1 in $d"
+  done
+fi
 export LD_LIBRARY_PATH="$LIBDIR:${LD_LIBRARY_PATH:-}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
@@ -60,10 +69,21 @@ fi
 BIN="${BIN:-target/release/fabricsim}"
 if [ ! -x "$BIN" ]; then echo "no fabricsim binary ($BIN): build with --features cuda first"; status binary 1; exit 2; fi
 
-timeout 150 "$BIN" gpu-info --microbench --max-bytes 1G --out "$OUT/gpu-info"; status gpu-info $?
-# One schedule per size, checked bit for bit against the CPU up to 16M, timed 5 times.
-timeout 240 "$BIN" validate --gpu -c allreduce -b 8 -e 256M -f 4 --iters 5 --warmup 1 --check-max 16M \
-  --out "$OUT/validate-allreduce"; status validate-allreduce $?
-timeout 90 "$BIN" validate --gpu -c allgather -d bfloat16 -b 1K -e 16M -f 16 --iters 3 --warmup 1 \
-  --out "$OUT/validate-allgather"; status validate-allgather $?
+timeout 120 "$BIN" gpu-info --microbench --max-bytes 1G --out "$OUT/gpu-info"; status gpu-info $?
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  timeout 90 python3 validate/gpu/attention.py "$OUT/gpu-info/attention.csv"; status attention $?
+else
+  echo "attention: skipped (no python3 with a CUDA PyTorch)"
+fi
+# One schedule per size, checked bit for bit against the CPU up to --check-max, timed.
+v() { # v NAME TIMEOUT ARGS...: one validate --gpu run into $OUT/NAME
+  local name=$1 t=$2; shift 2
+  timeout "$t" "$BIN" validate --gpu "$@" --out "$OUT/$name"; status "$name" $?
+}
+v allreduce 120 -c allreduce -b 8 -e 256M -f 8 --iters 5 --warmup 1 --check-max 16M
+v allreduce-ring 45 -c allreduce --algo ring -b 1K -e 64M -f 64 --iters 3 --warmup 1 --check-max 64M
+v allreduce-tree 45 -c allreduce --algo tree -b 1K -e 64M -f 64 --iters 3 --warmup 1 --check-max 64M
+v allgather 45 -c allgather -d bfloat16 -b 1K -e 16M -f 16 --iters 3 --warmup 1
+v reducescatter 45 -c reducescatter -d half -b 1K -e 16M -f 16 --iters 3 --warmup 1
+tar -czf /tmp/fabricsim-results.tar.gz --exclude=.libs -C "$OUT" . && mv /tmp/fabricsim-results.tar.gz "$OUT/results.tar.gz"
 echo "== done, $(date -u +%FT%TZ)"

@@ -98,7 +98,7 @@ pub fn run_all(devs: &Devices, k: &Kernels, max_bytes: u64) -> Result<Vec<Micro>
                 time_us: t,
                 rate: b as f64 / t / 1e3,
                 unit: "GB/s",
-                how: "pinned, cuMemcpyHtoDAsync",
+                how: "pinned; cuMemcpyHtoDAsync",
             });
             let t = best_of(devs, &s, 3, || {
                 // SAFETY: `h` and `x` hold at least `b` bytes.
@@ -117,7 +117,7 @@ pub fn run_all(devs: &Devices, k: &Kernels, max_bytes: u64) -> Result<Vec<Micro>
                 time_us: t,
                 rate: b as f64 / t / 1e3,
                 unit: "GB/s",
-                how: "pinned, cuMemcpyDtoHAsync",
+                how: "pinned; cuMemcpyDtoHAsync",
             });
         }
         // Reduction kernels: dst = a + b over `big / 2` bytes per operand.
@@ -137,7 +137,7 @@ pub fn run_all(devs: &Devices, k: &Kernels, max_bytes: u64) -> Result<Vec<Micro>
                 time_us: t,
                 rate: bytes as f64 / t / 1e3,
                 unit: "GB/s",
-                how: "NVRTC fs_reduce, 2 inputs",
+                how: "NVRTC fs_reduce; 2 inputs",
             });
         }
         // Launch latency: 1000 empty kernels back to back.
@@ -155,96 +155,145 @@ pub fn run_all(devs: &Devices, k: &Kernels, max_bytes: u64) -> Result<Vec<Micro>
             time_us: t,
             rate: 1e6 / t,
             unit: "launch/s",
-            how: "empty kernel, back to back",
+            how: "empty kernel; back to back",
         });
         out.extend(gemms(devs, &s)?);
         Ok(out)
     })
 }
 
-/// GEMM throughput by shape (M, N, K) through cuBLAS.
+/// BF16 GEMM shapes `(M, N, K)`: squares, sweeps of one thin dimension with the other two
+/// at 8192 (what `gemm_half_dim` in `src/workload/gpu_params.toml` describes), and the
+/// GEMMs of real training steps (Llama 3 70B at TP 8 over 8,192 tokens: QKV, attention
+/// output (the thin-K 1024 row above), fused MLP up/gate, MLP down; DeepSeek-V3 experts at 512 to 4,096 tokens).
+pub const GEMM_SHAPES: [(u64, u64, u64); 31] = [
+    (1024, 1024, 1024),
+    (2048, 2048, 2048),
+    (4096, 4096, 4096),
+    (8192, 8192, 8192),
+    (16384, 16384, 16384),
+    (64, 8192, 8192),
+    (128, 8192, 8192),
+    (256, 8192, 8192),
+    (512, 8192, 8192),
+    (1024, 8192, 8192),
+    (2048, 8192, 8192),
+    (4096, 8192, 8192),
+    (8192, 64, 8192),
+    (8192, 128, 8192),
+    (8192, 256, 8192),
+    (8192, 512, 8192),
+    (8192, 1024, 8192),
+    (8192, 8192, 64),
+    (8192, 8192, 128),
+    (8192, 8192, 256),
+    (8192, 8192, 512),
+    (8192, 8192, 1024),
+    (8192, 8192, 2048),
+    (8192, 1280, 8192),
+    (8192, 7168, 8192),
+    (8192, 8192, 3584),
+    (512, 4096, 7168),
+    (1024, 4096, 7168),
+    (4096, 4096, 7168),
+    (1024, 7168, 2048),
+    (4096, 7168, 2048),
+];
+
+/// GEMMs timed back to back between one pair of events, so the rate is the sustained one
+/// (clocks settle under load) rather than a lone launch's.
+const GEMM_BATCH: u32 = 10;
+
+/// GEMM throughput by shape (M, N, K) through cuBLAS: FP32 on the squares up to 8192, BF16
+/// on every shape of [`GEMM_SHAPES`]. Operands are random (a Hopper GPU runs a product of
+/// zeros about 13% faster: KINDS of the device lent here, 894 vs 788 TFLOP/s at 8192^3).
 fn gemms(devs: &Devices, s: &Stream) -> Result<Vec<Micro>, CudaError> {
+    use rand::{RngExt, SeedableRng};
     require(Library::Cublas)?;
     let mut out = Vec::new();
     devs.bind(0)?;
     let h = call("cublasCreate", br::create_handle())?;
     // SAFETY: a live handle and stream.
     call("cublasSetStream", unsafe { br::set_stream(h, s.raw as bs::cudaStream_t) })?;
-    let shapes: [(u64, u64, u64); 5] = [
-        (1024, 1024, 1024),
-        (4096, 4096, 4096),
-        (8192, 8192, 8192),
-        (16384, 4096, 4096),
-        (4096, 16384, 4096),
-    ];
-    let maxe = shapes.iter().map(|&(m, n, k)| (m * k).max(k * n).max(m * n)).max().unwrap_or(1);
+    let maxe = GEMM_SHAPES.iter().map(|&(m, n, k)| (m * k).max(k * n).max(m * n)).max().unwrap_or(1);
     let bufs =
         [DevBuf::new(devs, 0, maxe * 4)?, DevBuf::new(devs, 0, maxe * 4)?, DevBuf::new(devs, 0, maxe * 4)?];
-    // Zeroed operands: the time does not depend on values.
-    for b in &bufs {
-        // SAFETY: the allocation holds `bytes` bytes.
-        call("cuMemsetD8", unsafe { result::memset_d8_sync(b.ptr, 0, b.bytes as usize) })?;
+    // Every 16-bit half is a BF16 in [-1, 1), so the bytes read as FP32 are finite and
+    // in [-1, 1) too: one fill serves both types.
+    let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(0x6e6d);
+    let host: Vec<u16> =
+        (0..maxe * 2).map(|_| (rng.random_range(-1.0f32..1.0).to_bits() >> 16) as u16).collect();
+    for b in &bufs[..2] {
+        // SAFETY: the allocation holds `maxe * 4` bytes, the slice as many.
+        call("cuMemcpyHtoD", unsafe { result::memcpy_htod_sync(b.ptr, &host[..]) })?;
     }
+    drop(host);
     let res = (|| {
-        for &(m, n, kk) in &shapes {
+        for &(m, n, kk) in &GEMM_SHAPES {
             let flops = 2.0 * (m * n * kk) as f64;
             let (alpha, beta) = (1.0f32, 0.0f32);
+            let fp32 = m == n && n == kk && m <= 8192;
+            if fp32 {
+                let t = best_of(devs, s, 3, || {
+                    // SAFETY: column-major operands of the stated sizes inside the buffers.
+                    call("cublasSgemm", unsafe {
+                        br::sgemm(
+                            h,
+                            bs::cublasOperation_t::CUBLAS_OP_N,
+                            bs::cublasOperation_t::CUBLAS_OP_N,
+                            m as i32,
+                            n as i32,
+                            kk as i32,
+                            &alpha,
+                            bufs[0].ptr as *const f32,
+                            m as i32,
+                            bufs[1].ptr as *const f32,
+                            kk as i32,
+                            &beta,
+                            bufs[2].ptr as *mut f32,
+                            m as i32,
+                        )
+                    })
+                })?;
+                out.push(Micro {
+                    test: "gemm",
+                    dtype: "float".into(),
+                    size: format!("{m}x{n}x{kk}"),
+                    time_us: t,
+                    rate: flops / t / 1e6,
+                    unit: "TFLOP/s",
+                    how: "cuBLAS sgemm",
+                });
+            }
             let t = best_of(devs, s, 3, || {
-                // SAFETY: column-major operands of the stated sizes inside the buffers.
-                call("cublasSgemm", unsafe {
-                    br::sgemm(
-                        h,
-                        bs::cublasOperation_t::CUBLAS_OP_N,
-                        bs::cublasOperation_t::CUBLAS_OP_N,
-                        m as i32,
-                        n as i32,
-                        kk as i32,
-                        &alpha,
-                        bufs[0].ptr as *const f32,
-                        m as i32,
-                        bufs[1].ptr as *const f32,
-                        kk as i32,
-                        &beta,
-                        bufs[2].ptr as *mut f32,
-                        m as i32,
-                    )
-                })
-            })?;
-            out.push(Micro {
-                test: "gemm",
-                dtype: "float".into(),
-                size: format!("{m}x{n}x{kk}"),
-                time_us: t,
-                rate: flops / t / 1e6,
-                unit: "TFLOP/s",
-                how: "cuBLAS sgemm",
-            });
-            let t = best_of(devs, s, 3, || {
-                // SAFETY: as above, with 2-byte elements.
-                call("cublasGemmEx", unsafe {
-                    br::gemm_ex(
-                        h,
-                        bs::cublasOperation_t::CUBLAS_OP_N,
-                        bs::cublasOperation_t::CUBLAS_OP_N,
-                        m as i32,
-                        n as i32,
-                        kk as i32,
-                        &alpha as *const f32 as *const c_void,
-                        bufs[0].ptr as *const c_void,
-                        bs::cudaDataType::CUDA_R_16BF,
-                        m as i32,
-                        bufs[1].ptr as *const c_void,
-                        bs::cudaDataType::CUDA_R_16BF,
-                        kk as i32,
-                        &beta as *const f32 as *const c_void,
-                        bufs[2].ptr as *mut c_void,
-                        bs::cudaDataType::CUDA_R_16BF,
-                        m as i32,
-                        bs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                        bs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                    )
-                })
-            })?;
+                for _ in 0..GEMM_BATCH {
+                    // SAFETY: as above, with 2-byte elements.
+                    call("cublasGemmEx", unsafe {
+                        br::gemm_ex(
+                            h,
+                            bs::cublasOperation_t::CUBLAS_OP_N,
+                            bs::cublasOperation_t::CUBLAS_OP_N,
+                            m as i32,
+                            n as i32,
+                            kk as i32,
+                            &alpha as *const f32 as *const c_void,
+                            bufs[0].ptr as *const c_void,
+                            bs::cudaDataType::CUDA_R_16BF,
+                            m as i32,
+                            bufs[1].ptr as *const c_void,
+                            bs::cudaDataType::CUDA_R_16BF,
+                            kk as i32,
+                            &beta as *const f32 as *const c_void,
+                            bufs[2].ptr as *mut c_void,
+                            bs::cudaDataType::CUDA_R_16BF,
+                            m as i32,
+                            bs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                            bs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                        )
+                    })?;
+                }
+                Ok(())
+            })? / f64::from(GEMM_BATCH);
             out.push(Micro {
                 test: "gemm",
                 dtype: "bfloat16".into(),
@@ -252,7 +301,7 @@ fn gemms(devs: &Devices, s: &Stream) -> Result<Vec<Micro>, CudaError> {
                 time_us: t,
                 rate: flops / t / 1e6,
                 unit: "TFLOP/s",
-                how: "cuBLAS GemmEx, FP32 accumulate",
+                how: "cuBLAS GemmEx; FP32 accumulate; random operands; 10 back to back",
             });
         }
         Ok(())
