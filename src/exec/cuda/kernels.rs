@@ -14,6 +14,10 @@
 //! - Max keeps the accumulated value unless the operand is greater (`b > a ? b : a`), Min
 //!   unless it is smaller, as the CPU executor does.
 //!
+//! A reduction kernel's threads move 16 bytes at a time when every pointer of the call is
+//! 16-byte aligned, element by element for the remainder and for unaligned calls; the
+//! arithmetic per element is the same either way.
+//!
 //! No CUDA header is included (NVRTC needs none), so the source compiles wherever NVRTC runs.
 
 use std::fmt::Write as _;
@@ -65,6 +69,7 @@ pub fn reduce_kernel_name(d: DType, op: RedOp) -> String {
 }
 
 const PRELUDE: &str = r#"// fabricsim reduction kernels (generated; see src/exec/cuda/kernels.rs)
+struct alignas(16) fs_v16 { unsigned int x, y, z, w; };
 static __device__ __forceinline__ float fs_h2f(unsigned short h) {
     float f; asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h)); return f;
 }
@@ -132,13 +137,38 @@ fn reduce_kernel(d: DType, op: RedOp) -> String {
     let helper = format!("fs_comb_{}_{}", tag(d), op.nccl_name());
     let body = combine_body(d, op);
     let fin = if op == RedOp::Avg { format!("if (postop) a = {};", finish(d)) } else { String::new() };
+    let vfin = if op == RedOp::Avg {
+        format!(
+            "if (postop) for (int k = 0; k < {}; k++) {{ {t} a = ua.e[k]; a = {}; ua.e[k] = a; }}",
+            16 / d.size(),
+            finish(d)
+        )
+    } else {
+        String::new()
+    };
+    let v = 16 / d.size();
     format!(
         r#"static __device__ __forceinline__ {t} {helper}({t} a, {t} b) {{ {body} }}
 extern "C" __global__ void {name}({t}* dst, const {t}* in0, const {t}* in1, const {t}* in2,
         const {t}* in3, int nin, unsigned long long n, int postop, unsigned int nranks) {{
     (void)postop; (void)nranks;
     unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {{
+    unsigned long long tid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    // 16 bytes a thread at a time where every pointer allows it, element by element after.
+    unsigned long long bits = (unsigned long long)dst | (unsigned long long)in0
+        | (nin > 1 ? (unsigned long long)in1 : 0ull) | (nin > 2 ? (unsigned long long)in2 : 0ull)
+        | (nin > 3 ? (unsigned long long)in3 : 0ull);
+    unsigned long long nv = (bits & 15ull) == 0ull ? n / {v}ull : 0ull;
+    for (unsigned long long i = tid; i < nv; i += stride) {{
+        union {{ fs_v16 v; {t} e[{v}]; }} ua, ub;
+        ua.v = ((const fs_v16*)in0)[i];
+        if (nin > 1) {{ ub.v = ((const fs_v16*)in1)[i]; for (int k = 0; k < {v}; k++) ua.e[k] = {helper}(ua.e[k], ub.e[k]); }}
+        if (nin > 2) {{ ub.v = ((const fs_v16*)in2)[i]; for (int k = 0; k < {v}; k++) ua.e[k] = {helper}(ua.e[k], ub.e[k]); }}
+        if (nin > 3) {{ ub.v = ((const fs_v16*)in3)[i]; for (int k = 0; k < {v}; k++) ua.e[k] = {helper}(ua.e[k], ub.e[k]); }}
+        {vfin}
+        ((fs_v16*)dst)[i] = ua.v;
+    }}
+    for (unsigned long long i = nv * {v}ull + tid; i < n; i += stride) {{
         {t} a = in0[i];
         if (nin > 1) a = {helper}(a, in1[i]);
         if (nin > 2) a = {helper}(a, in2[i]);
@@ -255,6 +285,27 @@ mod tests {
         for f in [0.0f32, -0.0, 1.0, f32::INFINITY, f32::MAX, 1.003_906_3, 1.011_718_8] {
             assert_eq!(f2bf(f), half::bf16::from_f32(f).to_bits(), "{f}");
         }
+    }
+
+    /// Every kernel moves 16 bytes a thread where every pointer is 16-byte aligned (the
+    /// 16-bit kernels ran at 2.4 TB/s on an H200 element by element, against 3.6 for FP32;
+    /// README, "Real GPUs"), with the same per-element arithmetic, and finishes the
+    /// remainder, or an unaligned call, element by element.
+    #[test]
+    fn reductions_move_sixteen_bytes_a_thread_when_aligned() {
+        for d in DTYPES {
+            let v = 16 / d.size();
+            for op in REDOPS {
+                let k = reduce_kernel(d, op);
+                let helper = format!("fs_comb_{}_{}", tag(d), op.nccl_name());
+                assert!(k.contains(&format!("n / {v}ull")), "{d:?} {op:?}");
+                assert!(k.contains(&format!("ua.e[k] = {helper}(ua.e[k], ub.e[k])")), "{d:?} {op:?}");
+                assert!(k.contains(&format!("nv * {v}ull + tid")), "{d:?} {op:?}");
+                assert!(k.contains(&format!("a = {helper}(a, in1[i])")), "{d:?} {op:?}");
+                assert_eq!(k.contains("ua.e[k] = a;"), op == RedOp::Avg, "{d:?} {op:?}");
+            }
+        }
+        assert!(PRELUDE.contains("struct alignas(16) fs_v16"));
     }
 
     #[test]
