@@ -147,6 +147,9 @@ pub struct ComputeOverrides {
     /// Fraction of the dense peak causal FlashAttention sustains.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_eff: Option<f64>,
+    /// Time of causal attention's backward in forwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_bwd: Option<f64>,
     /// Fraction of HBM bandwidth memory-bound kernels sustain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hbm_eff: Option<f64>,
@@ -157,8 +160,15 @@ pub struct ComputeOverrides {
 
 impl ComputeOverrides {
     /// The keys a `[compute]` table may hold.
-    pub const KEYS: [&'static str; 6] =
-        ["gemm_eff", "gemm_eff_fp8", "gemm_half_dim", "attention_eff", "hbm_eff", "overlap_slowdown"];
+    pub const KEYS: [&'static str; 7] = [
+        "gemm_eff",
+        "gemm_eff_fp8",
+        "gemm_half_dim",
+        "attention_eff",
+        "attention_bwd",
+        "hbm_eff",
+        "overlap_slowdown",
+    ];
 
     /// No constant is overridden.
     pub fn is_empty(&self) -> bool {
@@ -172,6 +182,7 @@ impl ComputeOverrides {
             self.gemm_eff_fp8,
             self.gemm_half_dim,
             self.attention_eff,
+            self.attention_bwd,
             self.hbm_eff,
             self.overlap_slowdown,
         ];
@@ -299,7 +310,7 @@ impl ModelParams {
                  protocol.{{ll,ll128,simple}}.{{payload,channel_gbps,step_latency.{{nvlink,pcie,net}}}}, \
                  gpu.{{launch,launch_stagger,reduce_channel_gbps}}, nvls.{{efficiency,step_latency}}, \
                  sharp.{{efficiency,step_latency}}, compute.{{gemm_eff,gemm_eff_fp8,gemm_half_dim,\
-                 attention_eff,hbm_eff,overlap_slowdown}})",
+                 attention_eff,attention_bwd,hbm_eff,overlap_slowdown}})",
                 e.message()
             ))
         })?;
@@ -363,7 +374,12 @@ impl ModelParams {
                 "overlap_slowdown" if !(0.0..1.0).contains(&v) => {
                     return Err(ParamsError(format!("{name} = {v} must be in [0, 1)")))
                 }
-                "gemm_half_dim" | "overlap_slowdown" => {}
+                "attention_bwd" if !(v > 0.0 && v.is_finite()) => {
+                    return Err(ParamsError(format!(
+                        "{name} = {v} must be positive (forwards a backward takes)"
+                    )))
+                }
+                "gemm_half_dim" | "overlap_slowdown" | "attention_bwd" => {}
                 _ => eff(&name, v)?,
             }
         }

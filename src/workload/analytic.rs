@@ -354,7 +354,7 @@ pub(crate) fn chunk_costs_and_comms(
                 }
             }
             let (gemm_f, gemm_b) = (cost.gemm_fwd, 2.0 * cost.gemm_fwd);
-            let (att_f, att_b) = (cost.attention_fwd, 2.5 * cost.attention_fwd);
+            let (att_f, att_b) = (cost.attention_fwd, cost.attention_bwd);
             let [f, b] = sums;
             let ep_share = if ov.moe_a2a {
                 (share * f[3].min(cost.bwd()), share * b[3].min(cost.fwd))

@@ -8,8 +8,9 @@
 //! micro-batch under a plan, and the optimizer step.
 //!
 //! Backward conventions: a GEMM's input and weight gradients are GEMMs of the transposed
-//! shapes; the FlashAttention-2 backward runs five matmuls to the forward's two (Dao 2023,
-//! Sec. 3), so it costs 2.5 forwards; element-wise kernels (an MoE layer's token
+//! shapes; a fused attention kernel's backward costs `attention_bwd` forwards (per
+//! generation: FlashAttention-2's five matmuls to two, 2.5, on Ampere; cuDNN's, measured on
+//! an H200, 3.1, on Hopper and Blackwell); element-wise kernels (an MoE layer's token
 //! permutations among them) move twice their forward bytes.
 //! Unfused attention ([`Attention::Unfused`]) is the batched GEMMs of the whole score matrix
 //! plus the element-wise kernels that carry the scores through HBM between them.
@@ -36,6 +37,8 @@ pub struct GpuParams {
     pub gemm_half_dim: f64,
     /// Fraction of the dense peak causal FlashAttention sustains.
     pub attention_eff: f64,
+    /// Time of a causal attention kernel's backward, in forwards.
+    pub attention_bwd: f64,
     /// Fraction of HBM bandwidth memory-bound kernels sustain.
     pub hbm_eff: f64,
     /// Slowdown of compute that runs beside a communication kernel.
@@ -91,6 +94,7 @@ impl GpuParams {
             "gemm_eff_fp8" => &mut self.gemm_eff_fp8,
             "gemm_half_dim" => &mut self.gemm_half_dim,
             "attention_eff" => &mut self.attention_eff,
+            "attention_bwd" => &mut self.attention_bwd,
             "hbm_eff" => &mut self.hbm_eff,
             "overlap_slowdown" => &mut self.overlap_slowdown,
             _ => return None,
@@ -216,6 +220,8 @@ pub struct ChunkCost {
     pub bwd_weight: f64,
     /// Of `fwd`, the attention core (what CP traffic can hide behind).
     pub attention_fwd: f64,
+    /// Of `bwd_input`, the attention core's backward.
+    pub attention_bwd: f64,
     /// Of `fwd`, the GEMMs (what TP overlap can hide behind).
     pub gemm_fwd: f64,
 }
@@ -431,7 +437,7 @@ fn attention_op(model: &Model, plan: &Plan, r: &Roofline, s: u64, t: u64) -> OpC
                 flops,
                 bytes: io,
                 fwd: att,
-                bwd_input: 2.5 * att,
+                bwd_input: r.params.attention_bwd * att,
                 bwd_weight: 0.0,
                 recompute: 0.0,
             }
@@ -537,7 +543,10 @@ pub fn chunk_cost(model: &Model, plan: &Plan, r: &Roofline, stage: u64, chunk: u
         c.bwd_weight += o.bwd_weight;
         match o.kind {
             OpKind::Gemm => c.gemm_fwd += o.fwd,
-            OpKind::Attention => c.attention_fwd += o.fwd,
+            OpKind::Attention => {
+                c.attention_fwd += o.fwd;
+                c.attention_bwd += o.bwd_input;
+            }
             OpKind::Elementwise => {}
         }
     };

@@ -3024,3 +3024,26 @@ fn hopper_gemm_shape_law_is_the_measured_one() {
     let (rms64, median64) = fit(64.0);
     assert!(rms64 > 0.19 && median64 > 0.13, "the former law: rms {rms64:.3}, median {median64:.3}");
 }
+
+/// A fused attention kernel's backward costs `attention_bwd` forwards, per generation
+/// (cuDNN's 3.1 measured on an H200 for Hopper, FlashAttention-2's 2.5 for Ampere), and a
+/// profile may set it; a value that is not positive is an error naming the key.
+#[test]
+fn attention_backward_costs_the_generations_forwards() {
+    use fabricsim::workload::compute::{layer_ops, OpKind, Roofline};
+    use fabricsim::workload::plan::Dtype;
+    let m = model("llama3-70b");
+    let plan = llama70_plan();
+    for (topo, bwd) in [("dgx-h100.toml", 3.1), ("dgx-a100.toml", 2.5)] {
+        let g = gpu(topo);
+        let p = GpuParams::for_generation(g.generation).unwrap();
+        assert_eq!(p.attention_bwd, bwd, "{topo}");
+        let r = Roofline::new(&g, Dtype::Bf16, p.with("attention_bwd", 4.0)).unwrap();
+        let att = layer_ops(&m, &plan, &r, 0).into_iter().find(|o| o.kind == OpKind::Attention).unwrap();
+        assert!(rel_err(att.bwd_input, 4.0 * att.fwd) < 1e-12, "{topo}: {} vs {}", att.bwd_input, att.fwd);
+    }
+    let spec = load_topology(&root().join("topologies/dgx-h100.toml")).unwrap();
+    let bad: toml::Table = toml::from_str("[compute]\nattention_bwd = 0.0").unwrap();
+    let err = build(&spec, &BuildOpts { nodes: Some(1), gpus_per_node: None, params: Some(bad) }).unwrap_err();
+    assert!(err.to_string().contains("compute.attention_bwd = 0 must be positive"), "{err}");
+}
