@@ -3044,6 +3044,7 @@ fn attention_backward_costs_the_generations_forwards() {
     }
     let spec = load_topology(&root().join("topologies/dgx-h100.toml")).unwrap();
     let bad: toml::Table = toml::from_str("[compute]\nattention_bwd = 0.0").unwrap();
-    let err = build(&spec, &BuildOpts { nodes: Some(1), gpus_per_node: None, params: Some(bad) }).unwrap_err();
+    let err =
+        build(&spec, &BuildOpts { nodes: Some(1), gpus_per_node: None, params: Some(bad) }).unwrap_err();
     assert!(err.to_string().contains("compute.attention_bwd = 0 must be positive"), "{err}");
 }
