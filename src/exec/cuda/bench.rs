@@ -165,7 +165,8 @@ pub fn run_all(devs: &Devices, k: &Kernels, max_bytes: u64) -> Result<Vec<Micro>
 /// BF16 GEMM shapes `(M, N, K)`: squares, sweeps of one thin dimension with the other two
 /// at 8192 (what `gemm_half_dim` in `src/workload/gpu_params.toml` describes), and the
 /// GEMMs of real training steps (Llama 3 70B at TP 8 over 8,192 tokens: QKV, attention
-/// output (the thin-K 1024 row above), fused MLP up/gate, MLP down; DeepSeek-V3 experts at 512 to 4,096 tokens).
+/// output (the thin-K 1024 row above), fused MLP up/gate, MLP down; DeepSeek-V3 experts at
+/// 512 to 4,096 tokens).
 pub const GEMM_SHAPES: [(u64, u64, u64); 31] = [
     (1024, 1024, 1024),
     (2048, 2048, 2048),
@@ -205,8 +206,8 @@ pub const GEMM_SHAPES: [(u64, u64, u64); 31] = [
 const GEMM_BATCH: u32 = 10;
 
 /// GEMM throughput by shape (M, N, K) through cuBLAS: FP32 on the squares up to 8192, BF16
-/// on every shape of [`GEMM_SHAPES`]. Operands are random (a Hopper GPU runs a product of
-/// zeros about 13% faster: KINDS of the device lent here, 894 vs 788 TFLOP/s at 8192^3).
+/// on every shape of [`GEMM_SHAPES`]. Operands are random: an H200 multiplies zeros about
+/// 13% faster (894 against 788 TFLOP/s at 8192^3 through PyTorch).
 fn gemms(devs: &Devices, s: &Stream) -> Result<Vec<Micro>, CudaError> {
     use rand::{RngExt, SeedableRng};
     require(Library::Cublas)?;

@@ -137,16 +137,16 @@ fn reduce_kernel(d: DType, op: RedOp) -> String {
     let helper = format!("fs_comb_{}_{}", tag(d), op.nccl_name());
     let body = combine_body(d, op);
     let fin = if op == RedOp::Avg { format!("if (postop) a = {};", finish(d)) } else { String::new() };
+    // Elements a thread moves at once on the aligned path.
+    let v = 16 / d.size();
     let vfin = if op == RedOp::Avg {
         format!(
-            "if (postop) for (int k = 0; k < {}; k++) {{ {t} a = ua.e[k]; a = {}; ua.e[k] = a; }}",
-            16 / d.size(),
+            "if (postop) for (int k = 0; k < {v}; k++) {{ {t} a = ua.e[k]; a = {}; ua.e[k] = a; }}",
             finish(d)
         )
     } else {
         String::new()
     };
-    let v = 16 / d.size();
     format!(
         r#"static __device__ __forceinline__ {t} {helper}({t} a, {t} b) {{ {body} }}
 extern "C" __global__ void {name}({t}* dst, const {t}* in0, const {t}* in1, const {t}* in2,
