@@ -201,6 +201,37 @@ fn gpu_flag_without_the_feature_says_how_to_rebuild() {
     assert!(err.contains("built without the cuda feature; rebuild with --features cuda"), "{err}");
 }
 
+/// `validate/gpu/run.sh`, the script a GPU machine runs unattended, asks only for what the
+/// command line accepts: each of its `validate --gpu` runs and its `gpu-info` parse, and
+/// reach the point where a build without the feature says how to rebuild.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn the_gpu_scripts_commands_parse() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let script = std::fs::read_to_string(std::path::Path::new(root).join("validate/gpu/run.sh")).unwrap();
+    let mut runs: Vec<Vec<String>> = script
+        .lines()
+        .filter_map(|l| l.strip_prefix("v "))
+        .map(|l| {
+            // v NAME TIMEOUT ARGS...
+            let args = l.split_whitespace().skip(2).map(String::from);
+            ["validate", "--gpu"].into_iter().map(String::from).chain(args).collect()
+        })
+        .collect();
+    assert!(runs.len() >= 5, "{runs:?}");
+    let info = script.lines().find(|l| l.contains("\"$BIN\" gpu-info")).expect("run.sh runs gpu-info");
+    let info = info.split("gpu-info").nth(1).unwrap().split("--out").next().unwrap();
+    runs.push(
+        std::iter::once("gpu-info".to_string()).chain(info.split_whitespace().map(String::from)).collect(),
+    );
+    for args in runs {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fabricsim")).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("built without the cuda feature"), "{args:?}: {err}");
+    }
+}
+
 /// Built with the `cuda` feature on a machine without the CUDA driver (CI), `validate --gpu`
 /// and `gpu-info` name the missing library and exit 2, without a panic. Where the driver is
 /// installed they must still end without a panic, with success or a located error.
