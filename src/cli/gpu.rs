@@ -390,13 +390,20 @@ mod imp {
         if ranks > devs.len() {
             println!(
                 "note: {ranks} ranks share {n} GPU{s}: peer copies between ranks on one GPU are device-to-device \
-                 copies, so the schedule's GPU time is not that of {ranks} GPUs, and NCCL runs on the {n} GPU{s} \
-                 alone",
+                 copies, so the schedule's GPU time is not that of {ranks} GPUs",
                 n = devs.len(),
                 s = if devs.len() == 1 { "" } else { "s" }
             );
         }
         let nccl_ok = if a.no_nccl {
+            None
+        } else if ranks != devs.len() {
+            // NCCL's communicator takes every visible GPU, one rank each: with another rank
+            // count its time would be another call's.
+            println!(
+                "note: NCCL skipped: its communicator runs one rank on each of the {} visible GPUs, the schedule {ranks} ranks",
+                devs.len()
+            );
             None
         } else {
             match nccl::version() {
