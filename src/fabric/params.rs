@@ -144,10 +144,10 @@ pub struct ComputeOverrides {
     /// Dimension at which a GEMM loses half its efficiency along that axis.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm_half_dim: Option<f64>,
-    /// Fraction of the dense peak causal FlashAttention sustains.
+    /// Fraction of the dense peak a fused causal attention kernel sustains in its forward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_eff: Option<f64>,
-    /// Time of causal attention's backward in forwards.
+    /// Time of a fused causal attention kernel's backward, in forwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_bwd: Option<f64>,
     /// Fraction of HBM bandwidth memory-bound kernels sustain.
@@ -309,9 +309,9 @@ impl ModelParams {
                 "{} (valid sections: link.{{nvlink,pcie,inter_socket,c2c,net}}.{{efficiency,latency}}, \
                  protocol.{{ll,ll128,simple}}.{{payload,channel_gbps,step_latency.{{nvlink,pcie,net}}}}, \
                  gpu.{{launch,launch_stagger,reduce_channel_gbps}}, nvls.{{efficiency,step_latency}}, \
-                 sharp.{{efficiency,step_latency}}, compute.{{gemm_eff,gemm_eff_fp8,gemm_half_dim,\
-                 attention_eff,attention_bwd,hbm_eff,overlap_slowdown}})",
-                e.message()
+                 sharp.{{efficiency,step_latency}}, compute.{{{}}})",
+                e.message(),
+                ComputeOverrides::KEYS.join(",")
             ))
         })?;
         p.validate()?;

@@ -35,9 +35,9 @@ pub struct GpuParams {
     pub gemm_eff_fp8: f64,
     /// Dimension at which a GEMM loses half its efficiency along that axis.
     pub gemm_half_dim: f64,
-    /// Fraction of the dense peak causal FlashAttention sustains.
+    /// Fraction of the dense peak a fused causal attention kernel sustains in its forward.
     pub attention_eff: f64,
-    /// Time of a causal attention kernel's backward, in forwards.
+    /// Time of a fused causal attention kernel's backward, in forwards.
     pub attention_bwd: f64,
     /// Fraction of HBM bandwidth memory-bound kernels sustain.
     pub hbm_eff: f64,
@@ -198,7 +198,7 @@ impl Roofline {
         bf16.gemm_time(m, n, k, count)
     }
 
-    /// Time of attention work of `flops` (BF16, FlashAttention efficiency).
+    /// Time of fused attention work of `flops` in the forward (BF16, `attention_eff`).
     pub fn attention_time(&self, flops: f64) -> f64 {
         flops / (self.bf16_flops * self.params.attention_eff)
     }
