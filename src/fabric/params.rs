@@ -147,9 +147,15 @@ pub struct ComputeOverrides {
     /// Fraction of the dense peak a fused causal attention kernel sustains in its forward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_eff: Option<f64>,
-    /// Time of a fused causal attention kernel's backward, in forwards.
+    /// Time of a fused attention kernel's backward block, in forward blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_bwd: Option<f64>,
+    /// Fixed cost of one forward tile of a fused attention kernel, in its key blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_tile_fwd: Option<f64>,
+    /// Fixed cost of one backward tile of a fused attention kernel, in its query blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_tile_bwd: Option<f64>,
     /// Fraction of HBM bandwidth memory-bound kernels sustain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hbm_eff: Option<f64>,
@@ -160,12 +166,14 @@ pub struct ComputeOverrides {
 
 impl ComputeOverrides {
     /// The keys a `[compute]` table may hold.
-    pub const KEYS: [&'static str; 7] = [
+    pub const KEYS: [&'static str; 9] = [
         "gemm_eff",
         "gemm_eff_fp8",
         "gemm_half_dim",
         "attention_eff",
         "attention_bwd",
+        "attention_tile_fwd",
+        "attention_tile_bwd",
         "hbm_eff",
         "overlap_slowdown",
     ];
@@ -183,6 +191,8 @@ impl ComputeOverrides {
             self.gemm_half_dim,
             self.attention_eff,
             self.attention_bwd,
+            self.attention_tile_fwd,
+            self.attention_tile_bwd,
             self.hbm_eff,
             self.overlap_slowdown,
         ];
@@ -368,7 +378,9 @@ impl ModelParams {
         for (k, v) in self.compute.set() {
             let name = format!("compute.{k}");
             match k {
-                "gemm_half_dim" if !(v >= 0.0 && v.is_finite()) => {
+                "gemm_half_dim" | "attention_tile_fwd" | "attention_tile_bwd"
+                    if !(v >= 0.0 && v.is_finite()) =>
+                {
                     return Err(ParamsError(format!("{name} = {v} must be 0 or more")))
                 }
                 "overlap_slowdown" if !(0.0..1.0).contains(&v) => {
@@ -376,10 +388,11 @@ impl ModelParams {
                 }
                 "attention_bwd" if !(v > 0.0 && v.is_finite()) => {
                     return Err(ParamsError(format!(
-                        "{name} = {v} must be positive (forwards a backward takes)"
+                        "{name} = {v} must be positive (forward blocks a backward block takes)"
                     )))
                 }
-                "gemm_half_dim" | "overlap_slowdown" | "attention_bwd" => {}
+                "gemm_half_dim" | "overlap_slowdown" | "attention_bwd" | "attention_tile_fwd"
+                | "attention_tile_bwd" => {}
                 _ => eff(&name, v)?,
             }
         }

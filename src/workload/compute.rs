@@ -1,6 +1,7 @@
 //! The GPU roofline and what one micro-batch costs on one GPU: each op's time is
 //! `max(flops / (peak x efficiency), bytes / (HBM bandwidth x efficiency))`, with a GEMM
-//! efficiency that falls for thin shapes; peak FLOP/s per dtype and HBM bandwidth come from
+//! efficiency that falls for thin shapes and fused attention timed as its tiles dealt to the
+//! SMs ([`AttentionKernel`]); peak FLOP/s per dtype and HBM bandwidth come from
 //! the fabric's [`GpuSpec`], the efficiencies from `gpu_params.toml` (one block per
 //! generation; a calibration profile's `[params.compute]` table overrides them, and
 //! [`rewrite_constants`] writes `calibrate --training`'s fit into the file). On top of it: the
@@ -8,18 +9,21 @@
 //! micro-batch under a plan, and the optimizer step.
 //!
 //! Backward conventions: a GEMM's input and weight gradients are GEMMs of the transposed
-//! shapes; a fused attention kernel's backward costs `attention_bwd` forwards (per
-//! generation: FlashAttention-2's five matmuls to two, 2.5, on Ampere; cuDNN's, measured on
-//! an H200, 3.1, on Hopper and Blackwell); element-wise kernels (an MoE layer's token
+//! shapes; a fused attention kernel's backward runs over key tiles, each block costing
+//! `attention_bwd` forward blocks (per generation: FlashAttention-2's five matmuls to two,
+//! 2.5, on Ampere; cuDNN's, measured on an H200, 3.03, on Hopper and Blackwell); element-wise kernels (an MoE layer's token
 //! permutations among them) move twice their forward bytes.
 //! Unfused attention ([`Attention::Unfused`]) is the batched GEMMs of the whole score matrix
 //! plus the element-wise kernels that carry the scores through HBM between them.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use serde::Deserialize;
 
 use super::flops::{attention, gemm_recompute_module, layer_gemms, logits_gemm, Gemm, Split};
 use super::model::Model;
-use super::plan::{Attention, Dtype, Plan, Recompute, RecomputeModule};
+use super::plan::{Attention, CpComm, Dtype, Plan, Recompute, RecomputeModule};
 use crate::fabric::{Fabric, Generation, GpuSpec};
 
 const PARAMS: &str = include_str!("gpu_params.toml");
@@ -35,10 +39,17 @@ pub struct GpuParams {
     pub gemm_eff_fp8: f64,
     /// Dimension at which a GEMM loses half its efficiency along that axis.
     pub gemm_half_dim: f64,
-    /// Fraction of the dense peak a fused causal attention kernel sustains in its forward.
+    /// Fraction of the dense peak a fused attention kernel's inner loop sustains in the
+    /// forward (its tiles' fixed costs and the SMs they leave idle come on top).
     pub attention_eff: f64,
-    /// Time of a fused causal attention kernel's backward, in forwards.
+    /// Time of a fused attention kernel's backward block, in forward blocks.
     pub attention_bwd: f64,
+    /// Fixed cost of one forward tile (loading its queries, normalising and writing its
+    /// output), in the key blocks its inner loop runs.
+    pub attention_tile_fwd: f64,
+    /// Fixed cost of one backward tile (loading its keys and values, writing their
+    /// gradients), in the query blocks its inner loop runs.
+    pub attention_tile_bwd: f64,
     /// Fraction of HBM bandwidth memory-bound kernels sustain.
     pub hbm_eff: f64,
     /// Slowdown of compute that runs beside a communication kernel.
@@ -95,6 +106,8 @@ impl GpuParams {
             "gemm_half_dim" => &mut self.gemm_half_dim,
             "attention_eff" => &mut self.attention_eff,
             "attention_bwd" => &mut self.attention_bwd,
+            "attention_tile_fwd" => &mut self.attention_tile_fwd,
+            "attention_tile_bwd" => &mut self.attention_tile_bwd,
             "hbm_eff" => &mut self.hbm_eff,
             "overlap_slowdown" => &mut self.overlap_slowdown,
             _ => return None,
@@ -150,6 +163,9 @@ pub struct Roofline {
     pub bf16_flops: f64,
     /// HBM bytes per second.
     pub hbm_bytes_per_s: f64,
+    /// Streaming multiprocessors (0 where the topology does not say: an attention kernel's
+    /// tiles then fill the GPU evenly).
+    pub sms: u32,
     /// Efficiencies.
     pub params: GpuParams,
 }
@@ -169,6 +185,7 @@ impl Roofline {
             gemm_eff,
             bf16_flops: gpu.flops.bf16,
             hbm_bytes_per_s: gpu.hbm_bw.bytes_per_sec() as f64,
+            sms: gpu.sm_count,
             params,
         })
     }
@@ -198,14 +215,119 @@ impl Roofline {
         bf16.gemm_time(m, n, k, count)
     }
 
-    /// Time of fused attention work of `flops` in the forward (BF16, `attention_eff`).
-    pub fn attention_time(&self, flops: f64) -> f64 {
-        flops / (self.bf16_flops * self.params.attention_eff)
+    /// Forward and backward times of one fused attention kernel (BF16): its tiles, each
+    /// running its blocks plus a fixed cost, handed to the SMs in launch order
+    /// ([`AttentionKernel::makespan`]), at `attention_eff` of the peak per block; a
+    /// backward block costs `attention_bwd` forward blocks.
+    pub fn attention_times(&self, k: &AttentionKernel) -> (f64, f64) {
+        let p = &self.params;
+        let block = k.block_flops() / (self.bf16_flops * p.attention_eff);
+        let fwd = k.makespan(false, p.attention_tile_fwd, self.sms) * block;
+        let bwd = k.makespan(true, p.attention_tile_bwd, self.sms) * block * p.attention_bwd;
+        (fwd, bwd)
     }
 
     /// Time to move `bytes` through HBM.
     pub fn memory_time(&self, bytes: f64) -> f64 {
         bytes / (self.hbm_bytes_per_s * self.params.hbm_eff)
+    }
+}
+
+/// Queries per tile and keys per block of a fused attention kernel (FlashAttention-2/3 and
+/// cuDNN on Ampere and Hopper with 128-wide heads: 128-row query tiles against 128-key
+/// blocks).
+pub const ATTENTION_TILE: u64 = 128;
+
+/// Task count above which [`AttentionKernel::makespan`] takes the even share instead of
+/// dealing the tiles out (the last wave is then under 1% of the kernel).
+const DEAL_LIMIT: u64 = 1 << 15;
+
+/// One launch of a fused attention kernel on one GPU: `units` independent problems (sequences
+/// x local heads) of `q` queries against `kv` keys, causal (each query sees the keys up to
+/// its own position, the queries being the last `q` of the `kv` positions) or not.
+///
+/// The forward gives each 128-query tile to one SM, which runs the key blocks the tile sees;
+/// the backward gives each 128-key tile to one SM, which runs the query blocks that see it.
+/// Blocks are computed whole (a causal tile's diagonal block and a ragged last block
+/// included), each tile pays a fixed cost besides, and tiles go to the SMs in launch order,
+/// tile index fastest, each to the SM that frees first: short sequences pay the fixed costs,
+/// few heads the last wave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionKernel {
+    /// Independent problems: sequences x local query heads.
+    pub units: u64,
+    /// Queries per problem.
+    pub q: u64,
+    /// Keys per problem.
+    pub kv: u64,
+    /// Head width the two products run over: `d_qk + d_v`.
+    pub width: u64,
+    /// Causal mask (queries aligned to the keys' end).
+    pub causal: bool,
+}
+
+impl AttentionKernel {
+    /// Forward FLOPs of one block: `QK^T` and `PV` of 128 queries by 128 keys.
+    pub fn block_flops(&self) -> f64 {
+        2.0 * (ATTENTION_TILE * ATTENTION_TILE * self.width) as f64
+    }
+
+    /// Query tiles and key tiles per problem.
+    fn tiles(&self) -> (u64, u64) {
+        (self.q.div_ceil(ATTENTION_TILE), self.kv.div_ceil(ATTENTION_TILE))
+    }
+
+    /// Blocks tile `i` runs: the forward's query tile `i` or the backward's key tile `i`.
+    fn blocks(&self, bwd: bool, i: u64) -> u64 {
+        let (tq, tk) = self.tiles();
+        if !self.causal {
+            return if bwd { tq } else { tk };
+        }
+        // Query tile i ends at key position kv - q + (i + 1) * 128; key tile i starts at
+        // i * 128 and is seen by the query tiles that end after its start.
+        let off = self.kv.saturating_sub(self.q);
+        if bwd {
+            tq.saturating_sub((i * ATTENTION_TILE).saturating_sub(off) / ATTENTION_TILE)
+        } else {
+            (off + (i + 1) * ATTENTION_TILE).min(self.kv).div_ceil(ATTENTION_TILE)
+        }
+    }
+
+    /// Length of the forward or backward kernel in blocks of the whole GPU (the busiest
+    /// SM's blocks times the SM count), for a fixed cost of `tile_cost` blocks per tile on
+    /// `sms` SMs (0: the blocks spread evenly). Memoised per thread: a plan's layers run a
+    /// few kernels many times.
+    pub fn makespan(&self, bwd: bool, tile_cost: f64, sms: u32) -> f64 {
+        type Key = (AttentionKernel, bool, u64, u32);
+        thread_local! {
+            static MEMO: std::cell::RefCell<std::collections::HashMap<Key, f64>> = Default::default();
+        }
+        let key = (*self, bwd, tile_cost.to_bits(), sms);
+        if let Some(v) = MEMO.with(|m| m.borrow().get(&key).copied()) {
+            return v;
+        }
+        let v = self.deal(bwd, tile_cost, sms);
+        MEMO.with(|m| m.borrow_mut().insert(key, v));
+        v
+    }
+
+    fn deal(&self, bwd: bool, tile_cost: f64, sms: u32) -> f64 {
+        let tiles = if bwd { self.tiles().1 } else { self.tiles().0 };
+        let cost = |i: u64| self.blocks(bwd, i) as f64 + tile_cost;
+        if sms == 0 || self.units * tiles > DEAL_LIMIT {
+            return self.units as f64 * (0..tiles).map(cost).sum::<f64>();
+        }
+        // Each SM's busy-until time; a non-negative f64's bits order as the number does.
+        let mut free: BinaryHeap<Reverse<u64>> = (0..sms).map(|_| Reverse(0f64.to_bits())).collect();
+        let mut end = 0.0f64;
+        for _ in 0..self.units {
+            for i in 0..tiles {
+                let t = free.pop().map_or(0.0, |Reverse(t)| f64::from_bits(t)) + cost(i);
+                end = end.max(t);
+                free.push(Reverse(t.to_bits()));
+            }
+        }
+        end * f64::from(sms)
     }
 }
 
@@ -430,14 +552,15 @@ fn attention_op(model: &Model, plan: &Plan, r: &Roofline, s: u64, t: u64) -> OpC
             let flops = a.flops_causal() / (plan.tp * plan.cp) as f64;
             let io = 2.0 * t as f64 * (model.q_dim() + 2 * model.kv_dim() + model.attn_out_dim()) as f64
                 / plan.tp as f64;
-            let att = r.attention_time(flops).max(r.memory_time(io));
+            let (fwd, bwd) = flash_times(r, plan, &a);
+            let floor = r.memory_time(io);
             OpCost {
                 name: "attention",
                 kind: OpKind::Attention,
                 flops,
                 bytes: io,
-                fwd: att,
-                bwd_input: r.params.attention_bwd * att,
+                fwd: fwd.max(floor),
+                bwd_input: bwd.max(2.0 * floor),
                 bwd_weight: 0.0,
                 recompute: 0.0,
             }
@@ -470,6 +593,38 @@ fn attention_op(model: &Model, plan: &Plan, r: &Roofline, s: u64, t: u64) -> OpC
                 recompute: 0.0,
             }
         }
+    }
+}
+
+/// Forward and backward times of the fused attention kernels of one layer for one
+/// micro-batch on one GPU. Without CP, one causal kernel over the sequence. With CP the
+/// rank holds two chunks of `s / 2cp` tokens (the load-balanced order): ring attention
+/// (`p2p`) runs a causal kernel over its own two chunks, then one kernel per ring step
+/// against the chunk pair received (both its chunks against their first half, or its second
+/// chunk against both: the ranks of a step differ, the slower sets the pace); the all-gather
+/// variant runs each chunk against the keys up to its end, the rank with the most uneven
+/// pair setting the pace.
+fn flash_times(r: &Roofline, plan: &Plan, a: &super::flops::Attention) -> (f64, f64) {
+    let units = plan.mbs * (a.heads / plan.tp).max(1);
+    let width = a.d_qk + a.d_v;
+    let kernel =
+        |q: u64, kv: u64, causal: bool| r.attention_times(&AttentionKernel { units, q, kv, width, causal });
+    let add = |x: (f64, f64), y: (f64, f64)| (x.0 + y.0, x.1 + y.1);
+    let slower = |x: (f64, f64), y: (f64, f64)| if x.0 + x.1 >= y.0 + y.1 { x } else { y };
+    let cp = plan.cp;
+    if cp <= 1 {
+        return kernel(a.s, a.s, true);
+    }
+    let h = a.s / (2 * cp);
+    match plan.cp_comm {
+        CpComm::P2p => {
+            let step = slower(kernel(2 * h, h, false), kernel(h, 2 * h, false));
+            let steps = (cp - 1) as f64;
+            add(kernel(2 * h, 2 * h, true), (step.0 * steps, step.1 * steps))
+        }
+        CpComm::AllGather => (0..cp)
+            .map(|r| add(kernel(h, (r + 1) * h, true), kernel(h, (2 * cp - r) * h, true)))
+            .fold((0.0, 0.0), slower),
     }
 }
 
@@ -593,6 +748,33 @@ mod tests {
             elementwise_bytes(&m, &two_local, 0, 4096).total(),
             norms_and_adds + act + rope + dispatch + sorts
         );
+    }
+
+    /// Closed-form cases of the tile law: tiles that fill the SMs evenly take the even
+    /// share; a causal kernel's forward tile sees the key blocks up to its last query (the
+    /// queries aligned to the keys' end), its backward key tile the query tiles that end
+    /// after the tile's start, both passes the same blocks in all; one wave lasts its
+    /// longest tile.
+    #[test]
+    fn attention_tiles_are_dealt_to_the_sms() {
+        let c = 1.5;
+        let even = AttentionKernel { units: 132, q: 1024, kv: 1024, width: 256, causal: false };
+        assert_eq!(even.makespan(false, c, 132), 132.0 * 8.0 * (8.0 + c));
+        assert_eq!(even.makespan(true, c, 132), 132.0 * 8.0 * (8.0 + c));
+        let tail = AttentionKernel { units: 1, q: 256, kv: 1024, width: 256, causal: true };
+        let fwd: Vec<u64> = (0..2).map(|i| tail.blocks(false, i)).collect();
+        let bwd: Vec<u64> = (0..8).map(|i| tail.blocks(true, i)).collect();
+        assert_eq!(fwd, [7, 8]);
+        assert_eq!(bwd, [2, 2, 2, 2, 2, 2, 2, 1]);
+        assert_eq!(tail.makespan(false, c, 132), 132.0 * (8.0 + c));
+        assert_eq!(tail.makespan(false, c, 0), 15.0 + 2.0 * c);
+        // Ragged: 300 queries are three tiles, the last computed whole.
+        let ragged = AttentionKernel { units: 1, q: 300, kv: 300, width: 256, causal: true };
+        assert_eq!((0..3).map(|i| ragged.blocks(false, i)).collect::<Vec<_>>(), [1, 2, 3]);
+        // Two SMs, tiles 1..=4 (+c) in launch order: SM a takes 1, 3; SM b 2, 4.
+        let two = AttentionKernel { units: 1, q: 512, kv: 512, width: 256, causal: true };
+        assert_eq!(two.makespan(false, c, 2), 2.0 * (6.0 + 2.0 * c));
+        assert_eq!(two.block_flops(), 2.0 * 128.0 * 128.0 * 256.0);
     }
 
     #[test]

@@ -2086,7 +2086,9 @@ fn cp_all_gather_variant_is_priced_exposed_and_held_in_memory() {
     let (a_ag, _) = step_on_fabric(&f, &m, &ag).unwrap();
     assert!(a_ag.breakdown.cp > a_p2p.breakdown.cp, "{:?} vs {:?}", a_ag.breakdown, a_p2p.breakdown);
     assert!(a_ag.step_time_s > a_p2p.step_time_s);
-    assert_eq!(a_ag.breakdown.compute, a_p2p.breakdown.compute);
+    // The same attention work in other kernels (one per chunk against the keys up to its
+    // end, not one per ring step): the compute differs by their tiles alone.
+    assert!(rel_err(a_ag.breakdown.compute, a_p2p.breakdown.compute) < 0.01);
     let e_ag = step_event(&f, &m, &ag, &EventOpts::default()).unwrap();
     assert!(rel_err(e_ag.estimate.breakdown.cp, a_ag.breakdown.cp) < 1e-9, "same CP pricing");
     assert!(rel_err(e_ag.estimate.step_time_s, a_ag.step_time_s) < 0.06);
@@ -3025,26 +3027,126 @@ fn hopper_gemm_shape_law_is_the_measured_one() {
     assert!(rms64 > 0.19 && median64 > 0.13, "the former law: rms {rms64:.3}, median {median64:.3}");
 }
 
-/// A fused attention kernel's backward costs `attention_bwd` forwards, per generation
-/// (cuDNN's 3.1 measured on an H200 for Hopper, FlashAttention-2's 2.5 for Ampere), and a
-/// profile may set it; a value that is not positive is an error naming the key.
+/// A fused attention kernel's backward block costs `attention_bwd` forward blocks, per
+/// generation (cuDNN's 3.03 measured on an H200 for Hopper, FlashAttention-2's five matmuls
+/// to two, 2.5, for Ampere), and a profile may set it; a value that is not positive is an
+/// error naming the key.
 #[test]
 fn attention_backward_costs_the_generations_forwards() {
     use fabricsim::workload::compute::{layer_ops, OpKind, Roofline};
     use fabricsim::workload::plan::Dtype;
     let m = model("llama3-70b");
     let plan = llama70_plan();
-    for (topo, bwd) in [("dgx-h100.toml", 3.1), ("dgx-a100.toml", 2.5)] {
+    for (topo, bwd) in [("dgx-h100.toml", 3.03), ("dgx-a100.toml", 2.5)] {
         let g = gpu(topo);
         let p = GpuParams::for_generation(g.generation).unwrap();
         assert_eq!(p.attention_bwd, bwd, "{topo}");
-        let r = Roofline::new(&g, Dtype::Bf16, p.with("attention_bwd", 4.0)).unwrap();
-        let att = layer_ops(&m, &plan, &r, 0).into_iter().find(|o| o.kind == OpKind::Attention).unwrap();
-        assert!(rel_err(att.bwd_input, 4.0 * att.fwd) < 1e-12, "{topo}: {} vs {}", att.bwd_input, att.fwd);
+        let att = |v: f64| {
+            let r = Roofline::new(&g, Dtype::Bf16, p.with("attention_bwd", v)).unwrap();
+            layer_ops(&m, &plan, &r, 0).into_iter().find(|o| o.kind == OpKind::Attention).unwrap()
+        };
+        let (two, four) = (att(2.0), att(4.0));
+        assert_eq!(two.fwd, four.fwd, "{topo}");
+        assert!(
+            rel_err(four.bwd_input, 2.0 * two.bwd_input) < 1e-12,
+            "{topo}: {} vs {}",
+            four.bwd_input,
+            two.bwd_input
+        );
     }
     let spec = load_topology(&root().join("topologies/dgx-h100.toml")).unwrap();
     let bad: toml::Table = toml::from_str("[compute]\nattention_bwd = 0.0").unwrap();
     let err =
         build(&spec, &BuildOpts { nodes: Some(1), gpus_per_node: None, params: Some(bad) }).unwrap_err();
     assert!(err.to_string().contains("compute.attention_bwd = 0 must be positive"), "{err}");
+}
+
+/// Hopper's fused attention law is the measured one: cuDNN's causal attention on an H200
+/// (`validate/measurements/2026-12-04-nvidia-h200/gpu-info/attention.csv`, five shapes of
+/// 2,048-16,384 tokens and 8-48 sequence-heads) runs at 0.46-0.66 of the peak forward. The
+/// model deals 128-query tiles (128-key tiles in the backward) to the 132 SMs in launch
+/// order, each tile paying `attention_tile_fwd` (`_bwd`) blocks besides its own: with the
+/// level free, its shape law is within 4% rms of the forward and 5% of the backward, where
+/// one number per pass (the model before) was 15% and 20% off; the shipped tile costs are
+/// the least-squares ones, and the shipped level keeps the forward's measured ratio to the
+/// 8192^3 GEMM measured beside it (0.728 / 0.822) at the fitted `gemm_eff`.
+#[test]
+fn hopper_attention_shape_law_is_the_measured_one() {
+    use fabricsim::workload::compute::{AttentionKernel, Roofline};
+    use fabricsim::workload::plan::Dtype;
+    let path = root().join("validate/measurements/2026-12-04-nvidia-h200/gpu-info/attention.csv");
+    let text = std::fs::read_to_string(&path).unwrap();
+    // (kernel, forward fraction of the peak, forward + backward fraction), cuDNN rows.
+    let mut pts: Vec<(AttentionKernel, f64, f64)> = Vec::new();
+    for l in text.lines().filter(|l| l.starts_with("CUDNN_ATTENTION,")) {
+        let f: Vec<&str> = l.split(',').collect();
+        let n = |i: usize| f[i].parse::<u64>().unwrap();
+        let k = AttentionKernel { units: n(2) * n(3), q: n(5), kv: n(5), width: 2 * n(6), causal: true };
+        let frac: f64 = f[10].parse().unwrap();
+        match f[7] {
+            "fwd" => pts.push((k, frac, 0.0)),
+            _ => pts.iter_mut().find(|p| p.0 == k).unwrap().2 = frac,
+        }
+    }
+    assert_eq!(pts.len(), 5, "{}", path.display());
+    let g = gpu("dgx-h100.toml");
+    assert_eq!(g.sm_count, 132);
+    let p = GpuParams::for_generation(g.generation).unwrap();
+    // The measured fractions count the causal triangle; the backward's is 2.5 forwards.
+    let useful = |k: &AttentionKernel| (k.units * k.q * k.kv) as f64 / 2.0 / (128.0 * 128.0);
+    let measured = |bwd: bool, pt: &(AttentionKernel, f64, f64)| {
+        if bwd {
+            2.5 / (3.5 / pt.2 - 1.0 / pt.1)
+        } else {
+            pt.1
+        }
+    };
+    // rms of log(measured / law), the level free, for a tile cost `c`; and the level.
+    let fit = |bwd: bool, c: f64| {
+        let logs: Vec<f64> = pts
+            .iter()
+            .map(|pt| {
+                let law = useful(&pt.0) / pt.0.makespan(bwd, c, g.sm_count);
+                (measured(bwd, pt) / law).ln()
+            })
+            .collect();
+        let mean = logs.iter().sum::<f64>() / 5.0;
+        ((logs.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / 5.0).sqrt(), mean.exp())
+    };
+    let one_number = |bwd: bool| {
+        let logs: Vec<f64> = pts.iter().map(|pt| measured(bwd, pt).ln()).collect();
+        let mean = logs.iter().sum::<f64>() / 5.0;
+        (logs.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / 5.0).sqrt()
+    };
+    for (bwd, c, bound, before) in
+        [(false, p.attention_tile_fwd, 0.04, 0.15), (true, p.attention_tile_bwd, 0.05, 0.20)]
+    {
+        let best =
+            (0..200).map(|i| f64::from(i) * 0.05).min_by(|&a, &b| fit(bwd, a).0.total_cmp(&fit(bwd, b).0));
+        assert!((c - best.unwrap()).abs() <= 0.1, "bwd {bwd}: shipped tile cost {c}, least squares {best:?}");
+        assert!(fit(bwd, c).0 < bound, "bwd {bwd}: rms {:.3}", fit(bwd, c).0);
+        assert!(one_number(bwd) > before, "bwd {bwd}: one number {:.3}", one_number(bwd));
+    }
+    // Levels: the forward's inner loop at 0.728 of the peak, the backward's 2.5/3.03 of it.
+    let (fwd_level, bwd_level) = (fit(false, p.attention_tile_fwd).1, fit(true, p.attention_tile_bwd).1);
+    assert!(rel_err(fwd_level, 0.728) < 0.01, "forward level {fwd_level:.3}");
+    assert!(
+        rel_err(p.attention_bwd, 2.5 * fwd_level / bwd_level) < 0.01,
+        "attention_bwd {}",
+        p.attention_bwd
+    );
+    assert!(
+        rel_err(p.attention_eff, fwd_level / 0.822 * p.gemm_eff) < 0.02,
+        "attention_eff {}",
+        p.attention_eff
+    );
+    // The roofline prices the measured shapes within 4% (forward) of the measurement scaled
+    // to the fitted level.
+    let r = Roofline::new(&g, Dtype::Bf16, p).unwrap();
+    for pt in &pts {
+        let (fwd, _) = r.attention_times(&pt.0);
+        let frac = useful(&pt.0) * pt.0.block_flops() / (fwd * g.flops.bf16);
+        let expect = pt.1 * p.attention_eff / fwd_level;
+        assert!(rel_err(frac, expect) < 0.045, "{:?}: {frac:.3} vs {expect:.3}", pt.0);
+    }
 }
