@@ -144,7 +144,8 @@ pub struct ComputeOverrides {
     /// Dimension at which a GEMM loses half its efficiency along that axis.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm_half_dim: Option<f64>,
-    /// Fraction of the dense peak a fused causal attention kernel sustains in its forward.
+    /// Fraction of the dense peak a fused attention kernel's inner loop sustains in the
+    /// forward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_eff: Option<f64>,
     /// Time of a fused attention kernel's backward block, in forward blocks.

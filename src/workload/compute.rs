@@ -11,13 +11,15 @@
 //! Backward conventions: a GEMM's input and weight gradients are GEMMs of the transposed
 //! shapes; a fused attention kernel's backward runs over key tiles, each block costing
 //! `attention_bwd` forward blocks (per generation: FlashAttention-2's five matmuls to two,
-//! 2.5, on Ampere; cuDNN's, measured on an H200, 3.03, on Hopper and Blackwell); element-wise kernels (an MoE layer's token
-//! permutations among them) move twice their forward bytes.
+//! 2.5, on Ampere; cuDNN's, measured on an H200, 3.03, on Hopper and Blackwell);
+//! element-wise kernels (an MoE layer's token permutations among them) move twice their
+//! forward bytes.
 //! Unfused attention ([`Attention::Unfused`]) is the batched GEMMs of the whole score matrix
 //! plus the element-wise kernels that carry the scores through HBM between them.
 
+use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
 use serde::Deserialize;
 
@@ -300,7 +302,7 @@ impl AttentionKernel {
     pub fn makespan(&self, bwd: bool, tile_cost: f64, sms: u32) -> f64 {
         type Key = (AttentionKernel, bool, u64, u32);
         thread_local! {
-            static MEMO: std::cell::RefCell<std::collections::HashMap<Key, f64>> = Default::default();
+            static MEMO: RefCell<HashMap<Key, f64>> = Default::default();
         }
         let key = (*self, bwd, tile_cost.to_bits(), sms);
         if let Some(v) = MEMO.with(|m| m.borrow().get(&key).copied()) {

@@ -3059,6 +3059,10 @@ fn attention_backward_costs_the_generations_forwards() {
     let err =
         build(&spec, &BuildOpts { nodes: Some(1), gpus_per_node: None, params: Some(bad) }).unwrap_err();
     assert!(err.to_string().contains("compute.attention_bwd = 0 must be positive"), "{err}");
+    let bad: toml::Table = toml::from_str("[compute]\nattention_tile_fwd = -1.0").unwrap();
+    let err =
+        build(&spec, &BuildOpts { nodes: Some(1), gpus_per_node: None, params: Some(bad) }).unwrap_err();
+    assert!(err.to_string().contains("compute.attention_tile_fwd = -1 must be 0 or more"), "{err}");
 }
 
 /// Hopper's fused attention law is the measured one: cuDNN's causal attention on an H200
