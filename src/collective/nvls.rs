@@ -525,18 +525,25 @@ pub fn closed_form(
             // A channel's share of the buffer (all-gather and reduce-scatter count per rank:
             // their buffer is n times that) and the multimem traffic per GPU and direction
             // per buffer byte: all-reduce reduces and multicasts all of it, S(1 + 1/n); an
-            // all-gather receives the n - 1 other pieces, a reduce-scatter supplies them.
+            // all-gather's multicast reaches its sender too, and a reduce-scatter's reduction
+            // reads the reader's own piece through the switch: S each.
             let (buf, per_byte) = match args.coll {
                 Collective::AllReduce => (per_ch_bytes, 1.0 + 1.0 / ppn),
-                _ => (per_ch_bytes * ppn, (ppn - 1.0) / ppn),
+                _ => (per_ch_bytes * ppn, 1.0),
             };
             let bw = nvl * eff;
             let chunk = call_chunk(comm, args, choice, knobs, heads as u32) as f64;
             let piece = chunk.min(buf / heads).max(1.0);
-            let op = 2.0 * (2.0 * nvl_lat + piece / (bw / nch)) + p.nvls_step.as_us();
             let loops = (buf / (piece * heads)).ceil().max(1.0);
             let stream = buf * nch * per_byte / bw;
-            op + stream.max(op * loops / 4.0) - piece * heads * per_byte / (bw / nch)
+            // One switch operation's fixed cost, the stream, and for an all-reduce one loop
+            // more when there are several: the first loop's reductions run before any
+            // multicast, the last loop's multicast after every reduction, each half a loop
+            // with one side of the links idle (an all-gather's or reduce-scatter's operation
+            // is one pass).
+            let two_phase = args.coll == Collective::AllReduce && loops > 1.0;
+            let fill = if two_phase { stream / loops } else { 0.0 };
+            p.nvls_step.as_us() + 4.0 * nvl_lat + stream + fill
         }
         _ => {
             // NVLS with SHARP and CollNet across nodes. Intra-node reduce and multicast at

@@ -479,7 +479,7 @@ fn analytical_estimates_of_other_algorithms_stay_in_their_documented_band() {
         (&pod, Collective::AllReduce, ch(Algo::CollNetDirect, Proto::Simple, 16)),
     ];
     // Within 30% of the event mode at these sizes (2026-12-04: CollNet Direct at 1 GiB, +26%,
-    // is the worst since NVLS on one node cuts the builder's chunk, -29% -> -21% at 64 MiB;
+    // is the worst since NVLS on one node cuts the builder's chunk and follows its loops;
     // it was 75%, all-to-all at small sizes across nodes, before the NVLS-Tree and
     // all-to-all closed forms followed their schedules).
     assert_closed_form_within(&cases, &SIZES, 0.3);
@@ -516,17 +516,26 @@ fn analytical_nvls_tree_follows_its_trips_through_the_tree() {
 }
 
 /// NVLS on one node in closed form cuts the builder's chunk (`nvls::call_chunk`: NCCL's
-/// NVLS chunk shrinks with the call, 32 KiB per head at 16 MiB on 8 GPUs). It priced 128 KiB
-/// pieces at every size, so a loop's fixed switch cost was paid a quarter as often: 16 MiB on
-/// a DGX H100 in 32 us against the event mode's 95 (-67%), 4 MiB -41%. Measured 2026-12-04:
-/// all-reduce -26% / -29% / -21% at 4 / 16 / 64 MiB, all-gather -18% / -21% / -19%; the rest
-/// is the event mode's pipeline fill, which the closed form does not follow.
+/// NVLS chunk shrinks with the call, 32 KiB per head at 16 MiB on 8 GPUs; it priced 128 KiB
+/// pieces at every size: 16 MiB on a DGX H100 in 32 us against the event mode's 95, -67%),
+/// counts an all-gather's multicast into its sender's port and a reduce-scatter's reduction
+/// of the reader's own piece (each GPU's port carries the whole buffer, not (n-1)/n of it:
+/// -13% at 1 GiB), and pays an all-reduce's pipeline fill, one loop: the first loop's
+/// reductions run before any multicast, the last loop's multicast after every reduction
+/// (it had subtracted a loop instead: -21% to -29% at 4-64 MiB). Measured 2026-12-04: DGX
+/// H100 all-reduce within 3.3% but +12.4% at 4 MiB (two loops), all-gather within 2.9%, and
+/// both within 3% from 16 MiB; DGX B200 within 19% (+18% all-reduce at 4 MiB, -12.6%
+/// reduce-scatter at 16 MiB).
 #[test]
-fn analytical_nvls_on_one_node_cuts_the_builders_chunk() {
-    let one = fabric("dgx-h100.toml", None, None);
+fn analytical_nvls_on_one_node_follows_its_loops() {
+    let h100 = fabric("dgx-h100.toml", None, None);
+    let b200 = fabric("dgx-b200.toml", None, None);
     let c = ch(Algo::Nvls, Proto::Simple, 16);
-    let cases = [(&one, Collective::AllReduce, c), (&one, Collective::AllGather, c)];
-    assert_closed_form_within(&cases, &[4 << 20, 16 << 20, 64 << 20], 0.3);
+    let hopper = [(&h100, Collective::AllReduce, c), (&h100, Collective::AllGather, c)];
+    assert_closed_form_within(&hopper, &[64 << 10, 1 << 20, 4 << 20], 0.13);
+    assert_closed_form_within(&hopper, &[16 << 20, 64 << 20, 256 << 20, 1 << 30], 0.03);
+    let blackwell = [(&b200, Collective::AllReduce, c), (&b200, Collective::ReduceScatter, c)];
+    assert_closed_form_within(&blackwell, &[1 << 20, 4 << 20, 16 << 20, 64 << 20, 1 << 30], 0.19);
 }
 
 /// CollNet Chain in closed form: a chain head sends its share up to the switches and
