@@ -664,11 +664,12 @@ pub fn straddling_groups(f: &Fabric, pl: &Placement) -> Vec<Straddle> {
     let domain_gpus = per_domain.values().copied().max().unwrap_or(0);
     let mut out = Vec::new();
     for kind in [GroupKind::Tp, GroupKind::Cp, GroupKind::Ep] {
-        let groups = pl.groups(kind);
-        let size = groups.first().map_or(0, Vec::len);
+        // The size from one group (cheap), before listing every group of the kind.
+        let size = pl.group_of(kind, 0).len();
         if size < 2 || size > domain_gpus {
             continue;
         }
+        let groups = pl.groups(kind);
         let split =
             |g: &&Vec<u64>| g.iter().any(|&r| f.domain_of_rank(r as u32) != f.domain_of_rank(g[0] as u32));
         let bad: Vec<&Vec<u64>> = groups.iter().filter(split).collect();
