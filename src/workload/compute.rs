@@ -315,19 +315,17 @@ impl AttentionKernel {
 
     fn deal(&self, bwd: bool, tile_cost: f64, sms: u32) -> f64 {
         let tiles = if bwd { self.tiles().1 } else { self.tiles().0 };
-        let cost = |i: u64| self.blocks(bwd, i) as f64 + tile_cost;
+        let cost: Vec<f64> = (0..tiles).map(|i| self.blocks(bwd, i) as f64 + tile_cost).collect();
         if sms == 0 || self.units * tiles > DEAL_LIMIT {
-            return self.units as f64 * (0..tiles).map(cost).sum::<f64>();
+            return self.units as f64 * cost.iter().sum::<f64>();
         }
         // Each SM's busy-until time; a non-negative f64's bits order as the number does.
         let mut free: BinaryHeap<Reverse<u64>> = (0..sms).map(|_| Reverse(0f64.to_bits())).collect();
         let mut end = 0.0f64;
-        for _ in 0..self.units {
-            for i in 0..tiles {
-                let t = free.pop().map_or(0.0, |Reverse(t)| f64::from_bits(t)) + cost(i);
-                end = end.max(t);
-                free.push(Reverse(t.to_bits()));
-            }
+        for c in (0..self.units).flat_map(|_| cost.iter()) {
+            let t = free.pop().map_or(0.0, |Reverse(t)| f64::from_bits(t)) + c;
+            end = end.max(t);
+            free.push(Reverse(t.to_bits()));
         }
         end * f64::from(sms)
     }

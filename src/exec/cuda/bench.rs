@@ -205,6 +205,16 @@ pub const GEMM_SHAPES: [(u64, u64, u64); 31] = [
 /// (clocks settle under load) rather than a lone launch's.
 const GEMM_BATCH: u32 = 10;
 
+/// Time of one call of `one`, run [`GEMM_BATCH`] times back to back per timed repetition.
+fn per_call(
+    devs: &Devices,
+    s: &Stream,
+    mut one: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    let t = best_of(devs, s, 3, || (0..GEMM_BATCH).try_for_each(|_| one()))?;
+    Ok(t / f64::from(GEMM_BATCH))
+}
+
 /// GEMM throughput by shape (M, N, K) through cuBLAS: FP32 on the squares up to 8192, BF16
 /// on every shape of [`GEMM_SHAPES`]. Operands are random: an H200 multiplies zeros about
 /// 13% faster (894 against 788 TFLOP/s at 8192^3 through PyTorch).
@@ -246,61 +256,55 @@ fn gemms(devs: &Devices, s: &Stream) -> Result<Vec<Micro>, CudaError> {
                 })
             };
             if fp32 {
-                let t = best_of(devs, s, 3, || {
-                    for _ in 0..GEMM_BATCH {
-                        // SAFETY: column-major operands of the stated sizes inside the buffers.
-                        call("cublasSgemm", unsafe {
-                            br::sgemm(
-                                h,
-                                bs::cublasOperation_t::CUBLAS_OP_N,
-                                bs::cublasOperation_t::CUBLAS_OP_N,
-                                m as i32,
-                                n as i32,
-                                kk as i32,
-                                &alpha,
-                                bufs[0].ptr as *const f32,
-                                m as i32,
-                                bufs[1].ptr as *const f32,
-                                kk as i32,
-                                &beta,
-                                bufs[2].ptr as *mut f32,
-                                m as i32,
-                            )
-                        })?;
-                    }
-                    Ok(())
-                })? / f64::from(GEMM_BATCH);
-                push("float", "cuBLAS sgemm; random operands; 10 back to back", t);
-            }
-            let t = best_of(devs, s, 3, || {
-                for _ in 0..GEMM_BATCH {
-                    // SAFETY: as above, with 2-byte elements.
-                    call("cublasGemmEx", unsafe {
-                        br::gemm_ex(
+                let t = per_call(devs, s, || {
+                    // SAFETY: column-major operands of the stated sizes inside the buffers.
+                    call("cublasSgemm", unsafe {
+                        br::sgemm(
                             h,
                             bs::cublasOperation_t::CUBLAS_OP_N,
                             bs::cublasOperation_t::CUBLAS_OP_N,
                             m as i32,
                             n as i32,
                             kk as i32,
-                            &alpha as *const f32 as *const c_void,
-                            bufs[0].ptr as *const c_void,
-                            bs::cudaDataType::CUDA_R_16BF,
+                            &alpha,
+                            bufs[0].ptr as *const f32,
                             m as i32,
-                            bufs[1].ptr as *const c_void,
-                            bs::cudaDataType::CUDA_R_16BF,
+                            bufs[1].ptr as *const f32,
                             kk as i32,
-                            &beta as *const f32 as *const c_void,
-                            bufs[2].ptr as *mut c_void,
-                            bs::cudaDataType::CUDA_R_16BF,
+                            &beta,
+                            bufs[2].ptr as *mut f32,
                             m as i32,
-                            bs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                            bs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                         )
-                    })?;
-                }
-                Ok(())
-            })? / f64::from(GEMM_BATCH);
+                    })
+                })?;
+                push("float", "cuBLAS sgemm; random operands; 10 back to back", t);
+            }
+            let t = per_call(devs, s, || {
+                // SAFETY: as above, with 2-byte elements.
+                call("cublasGemmEx", unsafe {
+                    br::gemm_ex(
+                        h,
+                        bs::cublasOperation_t::CUBLAS_OP_N,
+                        bs::cublasOperation_t::CUBLAS_OP_N,
+                        m as i32,
+                        n as i32,
+                        kk as i32,
+                        &alpha as *const f32 as *const c_void,
+                        bufs[0].ptr as *const c_void,
+                        bs::cudaDataType::CUDA_R_16BF,
+                        m as i32,
+                        bufs[1].ptr as *const c_void,
+                        bs::cudaDataType::CUDA_R_16BF,
+                        kk as i32,
+                        &beta as *const f32 as *const c_void,
+                        bufs[2].ptr as *mut c_void,
+                        bs::cudaDataType::CUDA_R_16BF,
+                        m as i32,
+                        bs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        bs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                })
+            })?;
             push("bfloat16", "cuBLAS GemmEx; FP32 accumulate; random operands; 10 back to back", t);
         }
         Ok(())
