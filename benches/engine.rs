@@ -25,7 +25,10 @@
 //!   (TP8 PP16 VPP4, seq 8192, GBS 2048, ZeRO-1, full recomputation; DP fills the GPUs) on
 //!   superpod-h100, DP collectives replayed: the cost against the GPU count;
 //! - `train_event/microbatches/{16,32,64}`: the same on 16,384 GPUs with GBS 2048, 4096 and
-//!   8192 (micro-batches per pipeline 16, 32, 64): the cost against the micro-batches.
+//!   8192 (micro-batches per pipeline 16, 32, 64): the cost against the micro-batches;
+//! - `train_analytical/16384`: the same step (GBS 2048) in the analytical mode with the
+//!   16,384-GPU fabric built inside the loop, as `train --fidelity analytical` pays it (issue
+//!   9's target: 50 ms).
 
 use std::hint::black_box;
 use std::path::Path;
@@ -33,12 +36,13 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-use fabricsim::collective::{Algo, Collective};
+use fabricsim::collective::{Algo, Collective, NcclPolicy};
 use fabricsim::engine::{Engine, EngineApi, Granularity, Handler, PathRef};
 use fabricsim::fabric::build::{build, BuildOpts};
 use fabricsim::fabric::summary::summarize;
 use fabricsim::fabric::{load_topology, Fabric};
 use fabricsim::scenario::bench::{run_bench, sweep_sizes, BenchConfig, Fidelity, NcclEnv};
+use fabricsim::scenario::training::run_step_with;
 use fabricsim::units::{Bandwidth, SimTime};
 use fabricsim::workload::load_model;
 use fabricsim::workload::lower::{step_event, EventOpts};
@@ -241,6 +245,24 @@ fn train_event(c: &mut Criterion) {
             b.iter(|| black_box(step_event(&f, &model, &p, &EventOpts::default()).expect("steps").events))
         });
     }
+    g.finish();
+    let mut g = c.benchmark_group("train_analytical");
+    g.sample_size(20);
+    let p = plan(16384, 2048);
+    g.bench_function("16384", |b| {
+        b.iter(|| {
+            let f = superpod(2048);
+            let run = run_step_with(
+                &f,
+                &model,
+                &p,
+                Fidelity::Analytical,
+                &EventOpts::default(),
+                &NcclPolicy::default(),
+            );
+            black_box(run.expect("steps").estimate.step_time_s)
+        })
+    });
     g.finish();
 }
 

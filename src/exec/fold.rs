@@ -29,10 +29,14 @@ const MAX_BINDINGS: usize = 20_000_000;
 /// Simulated nodes and the representative of every rank in every channel.
 #[derive(Clone, Debug)]
 pub struct ClassFold {
-    nranks: u32,
     /// Whether each rank's node is simulated.
     simulated: Vec<bool>,
-    /// `rep[c * nranks + r]`: the simulated rank that stands in for `r` on channel `c`.
+    /// Each rank's index among the ranks that run streams (`u32::MAX`: it runs none). A
+    /// group's collective on a large fabric names a few of its ranks.
+    used: Vec<u32>,
+    /// Ranks that run streams.
+    nused: u32,
+    /// `rep[c * nused + used[r]]`: the simulated rank that stands in for `r` on channel `c`.
     rep: Vec<u32>,
     /// Host nodes simulated, and those that run streams.
     pub nodes: (u32, u32),
@@ -50,7 +54,12 @@ impl ClassFold {
         if self.simulated[rank as usize] {
             return rank;
         }
-        self.rep.get((channel * self.nranks + rank) as usize).copied().unwrap_or(rank)
+        match self.used.get(rank as usize) {
+            Some(&u) if u != u32::MAX => {
+                self.rep.get((channel * self.nused + u) as usize).copied().unwrap_or(rank)
+            }
+            _ => rank,
+        }
     }
 }
 
@@ -73,7 +82,9 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
         return None;
     }
     let node_of: Vec<u32> = (0..n).map(|r| f.node_of_rank(r)).collect();
-    let mut node_ids: Vec<u32> = node_of.clone();
+    // The nodes whose ranks run streams (a group's collective on a large fabric names a few).
+    let mut node_ids: Vec<u32> =
+        s.streams.iter().filter_map(|st| node_of.get(st.rank as usize).copied()).collect();
     node_ids.sort_unstable();
     node_ids.dedup();
     if node_ids.len() < 3 {
@@ -84,13 +95,22 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
         return None;
     }
     let nch = s.streams.iter().map(|st| st.channel + 1).max().unwrap_or(0);
-    // Streams of each (channel, rank), in lane order.
-    let mut by_cr: Vec<Vec<u32>> = vec![Vec::new(); (nch * n) as usize];
+    if s.streams.iter().any(|st| st.rank >= n) {
+        return None;
+    }
+    // The ranks that run streams, numbered 0..m: the tables below are per used rank.
+    let mut used = vec![u32::MAX; n as usize];
+    let mut ranks_used: Vec<u32> = s.streams.iter().map(|st| st.rank).collect();
+    ranks_used.sort_unstable();
+    ranks_used.dedup();
+    for (u, &r) in ranks_used.iter().enumerate() {
+        used[r as usize] = u as u32;
+    }
+    let m = ranks_used.len() as u32;
+    // Streams of each (channel, used rank), in lane order.
+    let mut by_cr: Vec<Vec<u32>> = vec![Vec::new(); (nch * m) as usize];
     for (i, st) in s.streams.iter().enumerate() {
-        if st.rank >= n {
-            return None;
-        }
-        by_cr[(st.channel * n + st.rank) as usize].push(i as u32);
+        by_cr[(st.channel * m + used[st.rank as usize]) as usize].push(i as u32);
     }
     for v in &mut by_cr {
         v.sort_by_key(|&i| s.streams[i as usize].lane);
@@ -108,23 +128,29 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
             })
         })
         .collect();
-    // Per channel: the class of each rank (offset so that channels do not share ids).
-    let mut class = vec![u32::MAX; (nch * n) as usize];
+    // Per channel: the class of each used rank (offset so that channels do not share ids).
+    let mut class = vec![u32::MAX; (nch * m) as usize];
     let mut next_class = 0u32;
     let mut sig: Vec<u32> = Vec::new();
+    // A rank's colour in `col` (indexed by used rank); u32::MAX where it runs no stream.
+    let colour = |col: &[u32], rank: u32| match used.get(rank as usize) {
+        Some(&u) if u != u32::MAX => col[u as usize],
+        _ => u32::MAX,
+    };
     for c in 0..nch {
-        let base = (c * n) as usize;
-        let ranks: Vec<u32> = (0..n).filter(|&r| !by_cr[base + r as usize].is_empty()).collect();
+        let base = (c * m) as usize;
+        let ranks: Vec<u32> = (0..m).filter(|&u| !by_cr[base + u as usize].is_empty()).collect();
         if ranks.is_empty() {
             continue;
         }
         // Initial colours: place in the node and the shape of every stream.
         let mut map = Interner::default();
-        let mut col = vec![u32::MAX; n as usize];
-        for &r in &ranks {
+        let mut col = vec![u32::MAX; m as usize];
+        for &u in &ranks {
+            let r = ranks_used[u as usize];
             sig.clear();
             sig.push(f.local_rank(r));
-            for &i in &by_cr[base + r as usize] {
+            for &i in &by_cr[base + u as usize] {
                 let st = &s.streams[i as usize];
                 sig.extend([st.lane, st.program, (st.offset >> 32) as u32, st.offset as u32]);
                 if pos_dependent[st.program as usize] {
@@ -144,7 +170,7 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
                     }
                 }
             }
-            col[r as usize] = intern(&mut map, &sig);
+            col[u as usize] = intern(&mut map, &sig);
         }
         let mut ncol = map.len();
         // Refine until the partition is stable.
@@ -152,23 +178,21 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
             let mut gmap = Interner::default();
             let mut gcol: HashMap<u32, u32, BuildHasherDefault<DefaultHasher>> = HashMap::default();
             let mut map = Interner::default();
-            let mut next = vec![u32::MAX; n as usize];
-            for &r in &ranks {
+            let mut next = vec![u32::MAX; m as usize];
+            for &u in &ranks {
                 sig.clear();
-                sig.push(col[r as usize]);
-                for &i in &by_cr[base + r as usize] {
+                sig.push(col[u as usize]);
+                for &i in &by_cr[base + u as usize] {
                     let st = &s.streams[i as usize];
                     for b in s.stream_bindings(st) {
                         match *b {
-                            Binding::Peer { rank, .. } => {
-                                sig.push(col.get(rank as usize).copied().unwrap_or(u32::MAX))
-                            }
+                            Binding::Peer { rank, .. } => sig.push(colour(&col, rank)),
                             Binding::Group(g) => {
                                 let gc = *gcol.entry(g).or_insert_with(|| {
                                     let mut m: Vec<u32> = s.groups[g as usize]
                                         .members
                                         .iter()
-                                        .map(|&x| col.get(x as usize).copied().unwrap_or(u32::MAX))
+                                        .map(|&x| colour(&col, x))
                                         .collect();
                                     m.sort_unstable();
                                     intern(&mut gmap, &m)
@@ -178,7 +202,7 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
                         }
                     }
                 }
-                next[r as usize] = intern(&mut map, &sig);
+                next[u as usize] = intern(&mut map, &sig);
             }
             col = next;
             if map.len() == ncol {
@@ -186,8 +210,8 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
             }
             ncol = map.len();
         }
-        for &r in &ranks {
-            class[base + r as usize] = next_class + col[r as usize];
+        for &u in &ranks {
+            class[base + u as usize] = next_class + col[u as usize];
         }
         next_class += ncol as u32;
     }
@@ -195,8 +219,8 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
     let nodes_max = *node_ids.last().unwrap_or(&0) as usize + 1;
     let mut node_classes: Vec<Vec<u32>> = vec![Vec::new(); nodes_max];
     for c in 0..nch {
-        for r in 0..n {
-            let k = class[(c * n + r) as usize];
+        for (u, &r) in ranks_used.iter().enumerate() {
+            let k = class[(c * m) as usize + u];
             if k != u32::MAX {
                 node_classes[node_of[r as usize] as usize].push(k);
             }
@@ -238,22 +262,23 @@ pub fn classes(f: &Fabric, s: &Schedule) -> Option<ClassFold> {
     if chosen as usize >= busy {
         return None;
     }
-    let simulated: Vec<bool> = (0..n).map(|r| sim_node[node_of[r as usize] as usize]).collect();
+    let simulated: Vec<bool> =
+        (0..n).map(|r| sim_node.get(node_of[r as usize] as usize).copied().unwrap_or(false)).collect();
     // Representative of each class: its lowest simulated rank.
     let mut first = vec![u32::MAX; next_class as usize];
     for c in 0..nch {
-        for r in 0..n {
-            let k = class[(c * n + r) as usize];
+        for (u, &r) in ranks_used.iter().enumerate() {
+            let k = class[(c * m) as usize + u];
             if k != u32::MAX && simulated[r as usize] && first[k as usize] == u32::MAX {
                 first[k as usize] = r;
             }
         }
     }
-    let rep = (0..nch * n)
+    let rep = (0..nch * m)
         .map(|i| match class[i as usize] {
-            u32::MAX => i % n,
+            u32::MAX => ranks_used[(i % m) as usize],
             k => first[k as usize],
         })
         .collect();
-    Some(ClassFold { nranks: n, simulated, rep, nodes: (chosen, busy as u32) })
+    Some(ClassFold { simulated, used, nused: m, rep, nodes: (chosen, busy as u32) })
 }

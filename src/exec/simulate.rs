@@ -998,10 +998,12 @@ impl<'a> Sim<'a> {
         let mut private: BTreeMap<(u32, LinkId), ResourceId> = BTreeMap::new();
         let mut engine = Engine::with_observer(opts.granularity, observer);
         let mut roles = Vec::new();
-        let mut link_res = vec![u32::MAX; f.links.len()];
+        // Each link's resource plus one (0: none yet). Zeroed, the table costs only the pages
+        // of the links used (a 16,384-GPU fabric has 233,000 links).
+        let mut link_res = vec![0u32; f.links.len()];
         let mut res_of = |l: LinkId, engine: &mut Engine<O>, roles: &mut Vec<ResourceRole>| -> ResourceId {
-            if link_res[l.idx()] != u32::MAX {
-                return ResourceId(link_res[l.idx()]);
+            if link_res[l.idx()] != 0 {
+                return ResourceId(link_res[l.idx()] - 1);
             }
             let link = f.link(l);
             let eff = p.link_eff[kind_index(link.kind)];
@@ -1013,7 +1015,7 @@ impl<'a> Sim<'a> {
             };
             let r = engine.add_shared_resource(link.bw.scaled(eff), share, link.latency, granule(link.kind));
             roles.push(ResourceRole::Link(l));
-            link_res[l.idx()] = r.0;
+            link_res[l.idx()] = r.0 + 1;
             r
         };
         // The server of link `l` for `owner` (a connection, or a group after them): the

@@ -8,6 +8,9 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::{EdgeFiltered, EdgeRef};
 use petgraph::Direction;
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
 use super::routing::{classify_local, PathType};
 use super::spec::*;
 use super::*;
@@ -119,20 +122,26 @@ pub fn build(spec: &TopologySpec, opts: &BuildOpts) -> Result<Fabric, TopologyEr
         ));
     }
 
-    let mut devices = Vec::new();
-    let mut links = Vec::new();
-    let mut gpus = Vec::new();
-    let mut host_nodes = Vec::new();
+    let mut devices = Vec::with_capacity(total as usize);
+    let mut links = Vec::with_capacity(2 * nodes as usize * tmpl.links.len());
+    let mut gpus = Vec::with_capacity(gpus_total as usize);
+    let mut host_nodes = Vec::with_capacity(nodes as usize);
     let ndev = tmpl.devices.len() as u32;
+    // Each template device's name and model, shared by its copies.
+    let shared: Vec<(Arc<str>, Option<Arc<str>>)> = tmpl
+        .devices
+        .iter()
+        .map(|d| (Arc::from(d.name.as_str()), d.model.as_deref().map(Arc::from)))
+        .collect();
     for n in 0..nodes {
         let dbase = devices.len() as u32;
         let lbase = links.len() as u32;
-        for d in &tmpl.devices {
+        for (d, (base, model)) in tmpl.devices.iter().zip(&shared) {
             devices.push(Device {
-                name: format!("n{n}/{}", d.name),
+                name: DeviceName::InNode { node: n, base: base.clone() },
                 kind: d.kind.clone(),
                 node: Some(n),
-                model: d.model.clone(),
+                model: model.clone(),
             });
         }
         for l in &tmpl.links {
@@ -170,7 +179,7 @@ pub fn build(spec: &TopologySpec, opts: &BuildOpts) -> Result<Fabric, TopologyEr
                 let n1 = (n0 + per).min(nodes);
                 let sw = DeviceId(devices.len() as u32);
                 devices.push(Device {
-                    name: format!("domain{d}/nvswitch"),
+                    name: DeviceName::Own(format!("domain{d}/nvswitch")),
                     kind: DeviceKind::NvSwitch { chips: ds.chips, nvls: ds.nvls },
                     node: None,
                     model: None,
@@ -250,9 +259,11 @@ pub fn build(spec: &TopologySpec, opts: &BuildOpts) -> Result<Fabric, TopologyEr
         out_links: Vec::new(),
         template,
         rails: routing::Rails::default(),
+        switches: routing::SwitchGraph::default(),
     };
     fabric.index_adjacency();
     fabric.rails = routing::Rails::of(&fabric);
+    fabric.switches = routing::SwitchGraph::of(&fabric);
     check_connectivity(spec, &fabric)?;
     Ok(fabric)
 }
@@ -379,16 +390,28 @@ fn check_connectivity(spec: &TopologySpec, f: &Fabric) -> Result<(), TopologyErr
     // through the same switches and the same template paths in reverse: checking the way
     // back for the last node covers node 0's outgoing side. The duplex premise is checked
     // here (linear in the links); without it every node is checked both ways.
-    let in_node = |l: &Link| {
-        let (a, b) = (f.devices[l.src.idx()].node, f.devices[l.dst.idx()].node);
-        a.is_some() && a == b
-    };
-    let mut ends: Vec<(u32, u32)> =
-        f.links.iter().filter(|l| !in_node(l)).map(|l| (l.src.0, l.dst.0)).collect();
-    ends.sort_unstable();
-    let duplex = ends.iter().all(|&(a, b)| ends.binary_search(&(b, a)).is_ok());
+    // Links between nodes: those `build` adds after every node's own, each cable's two
+    // directions one after the other (the domain loop, `generators::cable_at`).
+    let between = &f.links[f.nodes.last().map_or(0, |n| n.links.end as usize)..];
+    let duplex = between.len().is_multiple_of(2)
+        && between.chunks_exact(2).all(|p| p[0].src == p[1].dst && p[0].dst == p[1].src);
     let last = f.nodes.len() - 1;
+    // Every node is the same template, so a node's routes to node 0 exist or not by the
+    // switches its NICs hang off and by whether it shares node 0's NVLink domain: a node
+    // alike in both to one already checked is not routed again (2,048 SuperPOD nodes hang
+    // off 64 sets of leaves).
+    let first_switch = |nic: &DeviceId| {
+        f.out_links(*nic)
+            .iter()
+            .map(|l| f.links[l.idx()].dst.0)
+            .find(|&d| matches!(f.devices[d as usize].kind, DeviceKind::NetSwitch { .. }))
+    };
+    let mut checked: BTreeSet<(bool, Vec<Option<u32>>)> = BTreeSet::new();
     for (k, hn) in f.nodes.iter().enumerate().skip(1) {
+        let key = (hn.domain == node0.domain, hn.nics.iter().map(first_switch).collect());
+        if k != last && !checked.insert(key) {
+            continue;
+        }
         let r = hn.ranks.start;
         let pairs: &[(u32, u32)] = if duplex && k != last { &[(r, 0)] } else { &[(r, 0), (0, r)] };
         for &(a, b) in pairs {

@@ -28,10 +28,14 @@ impl Net<'_> {
     fn switch(&mut self, name: String, tier: u8, spec: &NetworkSpec) -> DeviceId {
         let id = DeviceId(self.devices.len() as u32);
         self.devices.push(Device {
-            name,
-            kind: DeviceKind::NetSwitch { tier, radix: spec.switch.radix, sharp: spec.switch.sharp.clone() },
+            name: DeviceName::Own(name),
+            kind: DeviceKind::NetSwitch {
+                tier,
+                radix: spec.switch.radix,
+                sharp: spec.switch.sharp.clone().map(Box::new),
+            },
             node: None,
-            model: Some(spec.switch.model.clone()),
+            model: Some(Arc::from(spec.switch.model.as_str())),
         });
         id
     }

@@ -23,6 +23,7 @@ pub mod summary;
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::units::{Bandwidth, SimTime};
 
@@ -97,8 +98,9 @@ pub enum DeviceKind {
         tier: u8,
         /// Ports.
         radix: u32,
-        /// SHARP in-network reduction capability.
-        sharp: Option<SharpSpec>,
+        /// SHARP in-network reduction capability (boxed: a fabric holds 57,000 devices, few of
+        /// them switches).
+        sharp: Option<Box<SharpSpec>>,
     },
 }
 
@@ -133,13 +135,47 @@ pub struct SharpSpec {
 #[derive(Clone, Debug)]
 pub struct Device {
     /// Unique, human-readable name such as `n3/gpu5` or `leaf.su1.r4`.
-    pub name: String,
+    pub name: DeviceName,
     /// Kind and capabilities.
     pub kind: DeviceKind,
     /// Host node (server) the device belongs to; `None` for fabric-level switches.
     pub node: Option<u32>,
-    /// Model name, if known ("ConnectX-7", "QM9700").
-    pub model: Option<String>,
+    /// Model name, if known ("ConnectX-7", "QM9700"), shared by the devices of one template.
+    pub model: Option<Arc<str>>,
+}
+
+/// A device's name. A node's devices are named `n{node}/{template name}` with the template's
+/// name shared, not copied: a 16,384-GPU fabric has 56,000 of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceName {
+    /// A device of host node `node`, `base` in the node template.
+    InNode {
+        /// Host node.
+        node: u32,
+        /// Name in the node template ("gpu3").
+        base: Arc<str>,
+    },
+    /// A device outside the nodes (a network switch, a rack's NVSwitch), named in full.
+    Own(String),
+}
+
+impl DeviceName {
+    /// The name without its node (`gpu3` for `n2/gpu3`; the last `/`-part of another's).
+    pub fn short(&self) -> &str {
+        match self {
+            DeviceName::InNode { base, .. } => base,
+            DeviceName::Own(s) => s.rsplit('/').next().unwrap_or(s),
+        }
+    }
+}
+
+impl fmt::Display for DeviceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceName::InNode { node, base } => write!(f, "n{node}/{base}"),
+            DeviceName::Own(s) => f.write_str(s),
+        }
+    }
 }
 
 /// The physical kind of a link.
@@ -295,6 +331,8 @@ pub struct Fabric {
     pub(crate) template: build::TemplateRoutes,
     /// Which NICs each GPU of a node uses (from the template's routes).
     pub(crate) rails: routing::Rails,
+    /// The network switches as a graph of their own (the router's distance tables).
+    pub(crate) switches: routing::SwitchGraph,
 }
 
 impl Fabric {

@@ -134,6 +134,68 @@ impl Default for NetSettings {
     }
 }
 
+/// The network switches as a graph of their own, numbered 0.. in device order: what the
+/// router's distance tables walk (on a 16,384-GPU SuperPOD, 1,500 switches instead of the
+/// fabric's 57,000 devices and 233,000 links).
+#[derive(Clone, Debug, Default)]
+pub struct SwitchGraph {
+    /// Each device's switch number, or `u32::MAX` for a device that is not a network switch.
+    number: Vec<u32>,
+    /// `start[s]..start[s + 1]` indexes `next` for switch s.
+    start: Vec<u32>,
+    /// The switches each switch has a link to (in the order of its links).
+    next: Vec<u32>,
+}
+
+impl SwitchGraph {
+    /// The network switches of `f` and the links between them.
+    pub(crate) fn of(f: &Fabric) -> SwitchGraph {
+        let is_switch = |d: &super::Device| matches!(d.kind, DeviceKind::NetSwitch { .. });
+        let mut number = vec![u32::MAX; f.devices.len()];
+        let mut switches = Vec::new();
+        for (i, d) in f.devices.iter().enumerate() {
+            if is_switch(d) {
+                number[i] = switches.len() as u32;
+                switches.push(DeviceId(i as u32));
+            }
+        }
+        let mut start = Vec::with_capacity(switches.len() + 1);
+        let mut next = Vec::new();
+        start.push(0);
+        for &s in &switches {
+            next.extend(
+                f.out_links(s).iter().map(|l| number[f.links[l.idx()].dst.idx()]).filter(|&k| k != u32::MAX),
+            );
+            start.push(next.len() as u32);
+        }
+        SwitchGraph { number, start, next }
+    }
+
+    /// The switch number of device `d`, if it is a network switch.
+    #[inline]
+    fn number(&self, d: DeviceId) -> Option<usize> {
+        self.number.get(d.idx()).copied().filter(|&k| k != u32::MAX).map(|k| k as usize)
+    }
+
+    /// Hops from every switch to switch `to` (breadth first; `u16::MAX`: unreachable).
+    fn distances_to(&self, to: usize) -> Vec<u16> {
+        let n = self.start.len().saturating_sub(1);
+        let mut dist = vec![u16::MAX; n];
+        let mut queue = std::collections::VecDeque::with_capacity(n);
+        dist[to] = 0;
+        queue.push_back(to);
+        while let Some(u) = queue.pop_front() {
+            for &v in &self.next[self.start[u] as usize..self.start[u + 1] as usize] {
+                if dist[v as usize] == u16::MAX {
+                    dist[v as usize] = dist[u] + 1;
+                    queue.push_back(v as usize);
+                }
+            }
+        }
+        dist
+    }
+}
+
 /// Which NICs (rails) each GPU of a node uses: its closest NICs, and the ones it owns.
 /// Computed once per fabric from the node template's routes; every node is the same.
 #[derive(Clone, Debug, Default)]
@@ -488,25 +550,17 @@ impl<'f> Router<'f> {
         if let Some(d) = self.leaf_dist.borrow().get(&leaf.0) {
             return d.clone();
         }
-        let f = self.fabric;
-        let mut dist = vec![u16::MAX; f.devices.len()];
-        let mut queue = std::collections::VecDeque::new();
-        dist[leaf.idx()] = 0;
-        queue.push_back(leaf);
-        while let Some(u) = queue.pop_front() {
-            for &l in f.out_links(u) {
-                let v = f.links[l.idx()].dst;
-                if matches!(f.devices[v.idx()].kind, DeviceKind::NetSwitch { .. })
-                    && dist[v.idx()] == u16::MAX
-                {
-                    dist[v.idx()] = dist[u.idx()] + 1;
-                    queue.push_back(v);
-                }
-            }
-        }
-        let d = Rc::new(dist);
+        let g = &self.fabric.switches;
+        let d = Rc::new(g.number(leaf).map_or_else(Vec::new, |k| g.distances_to(k)));
         self.leaf_dist.borrow_mut().insert(leaf.0, d.clone());
         d
+    }
+
+    /// Hops from device `d` in a table of [`Router::dist_to`] (`u16::MAX`: `d` is no
+    /// switch, or does not reach the table's leaf).
+    #[inline]
+    fn hops(&self, dist: &[u16], d: DeviceId) -> u16 {
+        self.fabric.switches.number(d).and_then(|k| dist.get(k).copied()).unwrap_or(u16::MAX)
     }
 
     fn switch_of(&self, nic: DeviceId) -> Option<(LinkId, DeviceId)> {
@@ -521,19 +575,19 @@ impl<'f> Router<'f> {
     fn walk(&self, from: DeviceId, to: DeviceId, key: u64) -> Option<Vec<LinkId>> {
         let f = self.fabric;
         let dist = self.dist_to(to);
-        if dist[from.idx()] == u16::MAX {
+        if self.hops(&dist, from) == u16::MAX {
             return None;
         }
         let mut links = Vec::new();
         let mut cur = from;
         let mut hop = 0u64;
         while cur != to {
-            let d = dist[cur.idx()];
+            let d = self.hops(&dist, cur);
             let cands: Vec<LinkId> = f
                 .out_links(cur)
                 .iter()
                 .copied()
-                .filter(|&l| dist[f.links[l.idx()].dst.idx()] == d - 1)
+                .filter(|&l| self.hops(&dist, f.links[l.idx()].dst) == d - 1)
                 .collect();
             let l = *cands.get((mix(self.seed ^ mix(key) ^ hop) % cands.len().max(1) as u64) as usize)?;
             links.push(l);
@@ -570,7 +624,7 @@ impl<'f> Router<'f> {
             if !matches!(d.kind, DeviceKind::NetSwitch { .. }) {
                 continue;
             }
-            let worst = dists.iter().map(|v| v[i]).max().unwrap_or(u16::MAX);
+            let worst = dists.iter().map(|v| self.hops(v, DeviceId(i as u32))).max().unwrap_or(u16::MAX);
             if worst == u16::MAX {
                 continue;
             }
@@ -657,22 +711,19 @@ impl<'f> Router<'f> {
         let (_, dst_leaf) = self.switch_of(dst)?;
         let down = f.link_between(dst_leaf, dst)?;
         let dist = self.dist_to(dst_leaf);
-        if dist[src_leaf.idx()] == u16::MAX {
+        if self.hops(&dist, src_leaf) == u16::MAX {
             return None;
         }
         let mut links = vec![up];
         let mut cur = src_leaf;
         let mut hop = 0u64;
         while cur != dst_leaf {
-            let d = dist[cur.idx()];
+            let d = self.hops(&dist, cur);
             let cands: Vec<LinkId> = f
                 .out_links(cur)
                 .iter()
                 .copied()
-                .filter(|&l| {
-                    let v = f.links[l.idx()].dst;
-                    dist[v.idx()] == d - 1
-                })
+                .filter(|&l| self.hops(&dist, f.links[l.idx()].dst) == d - 1)
                 .collect();
             if cands.is_empty() {
                 return None;

@@ -155,7 +155,7 @@ pub fn summarize(f: &Fabric) -> FabricSummary {
             DeviceKind::NvSwitch { chips: c, .. } => {
                 chips = *c;
                 if d.model.is_some() {
-                    nvswitch_model = d.model.clone();
+                    nvswitch_model = d.model.as_deref().map(String::from);
                 }
             }
             _ => {}
@@ -199,8 +199,8 @@ pub fn summarize(f: &Fabric) -> FabricSummary {
             });
             GpuRail {
                 local_gpu: g,
-                gpu: f.device(gdev).name.clone(),
-                nics: rails.iter().map(|&r| f.device(node0.nics[r as usize]).name.clone()).collect(),
+                gpu: f.device(gdev).name.to_string(),
+                nics: rails.iter().map(|&r| f.device(node0.nics[r as usize]).name.to_string()).collect(),
                 rails,
                 nic_path,
             }
@@ -460,7 +460,7 @@ pub fn graph(f: &Fabric, max_devices: usize) -> FabricGraph {
     };
     let device_vertex = |d: DeviceId| {
         let dev = &f.devices[d.idx()];
-        let short = dev.name.rsplit('/').next().unwrap_or(&dev.name).to_string();
+        let short = dev.name.short();
         let label = match (&dev.kind, &dev.model) {
             (DeviceKind::NvSwitch { chips, nvls }, _) => {
                 format!("{short}\\n{chips} chip(s){}", if *nvls { ", NVLS" } else { "" })
@@ -470,10 +470,10 @@ pub fn graph(f: &Fabric, max_devices: usize) -> FabricGraph {
             }
             (DeviceKind::NetSwitch { radix, sharp, .. }, m) => format!(
                 "{short}\\n{} r{radix}{}",
-                m.clone().unwrap_or_default(),
+                m.as_deref().unwrap_or_default(),
                 sharp.as_ref().map(|s| format!(" SHARPv{}", s.generation)).unwrap_or_default()
             ),
-            _ => short,
+            _ => short.to_string(),
         };
         GraphVertex { id: dev_id(d), label, kind: dev.kind.name().to_string() }
     };
@@ -608,8 +608,8 @@ pub fn describe_route(f: &Fabric, from_rank: u32, to_rank: u32, route: &Route) -
         .map(|&l| {
             let link = f.link(l);
             HopSummary {
-                from: f.device(link.src).name.clone(),
-                to: f.device(link.dst).name.clone(),
+                from: f.device(link.src).name.to_string(),
+                to: f.device(link.dst).name.to_string(),
                 kind: link_label(f, link),
                 bw_gbps: link.bw.gbytes(),
                 latency_us: link.latency.as_us(),
@@ -619,8 +619,8 @@ pub fn describe_route(f: &Fabric, from_rank: u32, to_rank: u32, route: &Route) -
     RouteSummary {
         from_rank,
         to_rank,
-        from_gpu: f.device(f.gpus[from_rank as usize]).name.clone(),
-        to_gpu: f.device(f.gpus[to_rank as usize]).name.clone(),
+        from_gpu: f.device(f.gpus[from_rank as usize]).name.to_string(),
+        to_gpu: f.device(f.gpus[to_rank as usize]).name.to_string(),
         path_type: route.path_type,
         rail: route.rail,
         relay: route.relay,

@@ -362,7 +362,10 @@ pub fn write_timeline<W: Write>(
         .map(|&old| match &keys[old as usize] {
             Key::About => Track::new("about this trace", TrackKind::Other).in_group("fabricsim"),
             Key::Stream { rank, channel, lane } => {
-                let gpu = f.gpus.get(*rank as usize).map(|&d| f.device(d).name.as_str()).unwrap_or("?");
+                let gpu = f
+                    .gpus
+                    .get(*rank as usize)
+                    .map_or_else(|| "?".to_string(), |&d| f.device(d).name.to_string());
                 let name = if lane_used.get(&(*rank, *channel)).copied().unwrap_or(0) > 1 {
                     format!("ch{channel} lane{lane}")
                 } else {

@@ -1165,24 +1165,24 @@ impl Placement {
             out.sort();
             return out;
         }
-        let mut by_key: BTreeMap<Vec<u64>, Vec<u64>> = BTreeMap::new();
+        let mut by_key: BTreeMap<[u64; 4], Vec<u64>> = BTreeMap::new();
         for r in 0..self.world() {
             let c = self.coord(r);
             let key = match kind {
-                GroupKind::Tp => vec![c.cp, c.ep, c.dp, c.pp],
-                GroupKind::Cp => vec![c.tp, c.ep, c.dp, c.pp],
-                GroupKind::Dp => vec![c.tp, c.cp, c.pp],
-                GroupKind::DpCp => vec![c.tp, c.pp],
+                GroupKind::Tp => [c.cp, c.ep, c.dp, c.pp],
+                GroupKind::Cp => [c.tp, c.ep, c.dp, c.pp],
+                GroupKind::Dp => [c.tp, c.cp, c.pp, 0],
+                GroupKind::DpCp => [c.tp, c.pp, 0, 0],
                 GroupKind::Ep | GroupKind::ExpertDp | GroupKind::Etp => {
                     let (t, e, d) = self.expert_coord(c);
                     match kind {
-                        GroupKind::Ep => vec![t, d, c.pp],
-                        GroupKind::ExpertDp => vec![t, e, c.pp],
-                        _ => vec![e, d, c.pp],
+                        GroupKind::Ep => [t, d, c.pp, 0],
+                        GroupKind::ExpertDp => [t, e, c.pp, 0],
+                        _ => [e, d, c.pp, 0],
                     }
                 }
-                GroupKind::Pp => vec![c.tp, c.cp, c.ep, c.dp],
-                _ => Vec::new(),
+                GroupKind::Pp => [c.tp, c.cp, c.ep, c.dp],
+                _ => [0; 4],
             };
             by_key.entry(key).or_default().push(r);
         }

@@ -2420,6 +2420,48 @@ fn closed_form_dp_collectives_follow_the_event_mode() {
     assert!(worst[1] <= 0.16, "{text}");
 }
 
+#[test]
+fn event_prices_between_grid_sizes_follow_the_exact_simulation() {
+    // `FabricPricer::event` simulates at the nearest of 16 sizes per doubling and scales by
+    // the closed form's ratio. On Llama 3 405B's three DP all-reduce sizes (128 ranks, one
+    // per SuperPOD node; they share one simulation) and on TP collectives of one node, the
+    // result must be the exact size's simulation within 0.5%, and a power of two is simulated
+    // exactly.
+    use fabricsim::schedule::DType;
+    use fabricsim::workload::concurrent::collective_time;
+    use fabricsim::workload::search::FabricPricer;
+    let f = built("superpod-h100", 128);
+    let p = FabricPricer::new(&f);
+    let exact = |kind: CollectiveKind, bytes: u64, ranks: &[u64]| {
+        let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
+        collective_time(&f, p.router(), kind, bytes, &r, DType::BF16, p.policy()).unwrap()
+    };
+    let dp: Vec<u64> = (0..128u64).map(|i| 8 * i).collect();
+    let tp: Vec<u64> = (0..8u64).collect();
+    let mut report = Vec::new();
+    let mut worst = 0.0f64;
+    for (kind, bytes, ranks) in [
+        (CollectiveKind::AllReduce, 79_275_580u64, &dp),
+        (CollectiveKind::AllReduce, 79_698_330, &dp),
+        (CollectiveKind::AllGather, 100_000_000, &tp),
+        (CollectiveKind::ReduceScatter, 3_000_000, &tp),
+        (CollectiveKind::AllReduce, 5_000_000, &tp),
+    ] {
+        let (grid, real) = (p.event(kind, bytes, ranks), exact(kind, bytes, ranks));
+        let err = grid / real - 1.0;
+        worst = worst.max(err.abs());
+        report.push(format!(
+            "{kind:?} {bytes} B on {}: grid {grid:.6e} exact {real:.6e} ({:+.3}%)",
+            ranks.len(),
+            err * 100.0
+        ));
+    }
+    assert!(worst <= 0.005, "{}", report.join("\n"));
+    assert_eq!(p.priced().1, 4, "the two DP sizes share one simulation:\n{}", report.join("\n"));
+    let pow2 = 1u64 << 26;
+    assert_eq!(p.event(CollectiveKind::AllReduce, pow2, &tp), exact(CollectiveKind::AllReduce, pow2, &tp));
+}
+
 /// The checks a beside-kernel shadow (CP, TP) must pass on 4 DGX H100, with `off` the
 /// options without it: `cross` (a group across nodes) is slower with the DP buckets on the
 /// same NIC, its breakdown adds up, and with the DP shadows off it is as before within 0.5%;
