@@ -145,7 +145,7 @@ pub struct Device {
 }
 
 /// A device's name. A node's devices are named `n{node}/{template name}` with the template's
-/// name shared, not copied: a 16,384-GPU fabric has 56,000 of them.
+/// name shared, not copied: a 16,384-GPU SuperPOD has 55,296 of them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceName {
     /// A device of host node `node`, `base` in the node template.

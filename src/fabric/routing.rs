@@ -135,7 +135,7 @@ impl Default for NetSettings {
 }
 
 /// The network switches as a graph of their own, numbered 0.. in device order: what the
-/// router's distance tables walk (on a 16,384-GPU SuperPOD, 1,500 switches instead of the
+/// router's distance tables walk (on a 16,384-GPU SuperPOD, 1,280 switches instead of the
 /// fabric's 57,000 devices and 233,000 links).
 #[derive(Clone, Debug, Default)]
 pub struct SwitchGraph {

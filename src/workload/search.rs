@@ -957,7 +957,8 @@ impl<'f> FabricPricer<'f> {
             return 0.0;
         }
         let grid = on_event_grid(bytes);
-        if grid != bytes && self.choice(kind, grid, ranks) == self.choice(kind, bytes, ranks) {
+        let pick = |b: u64| self.choice(kind, b, ranks);
+        if grid != bytes && pick(grid).is_some() && pick(grid) == pick(bytes) {
             let (want, at) = (self.analytic(kind, bytes, ranks), self.analytic(kind, grid, ranks));
             if want.is_finite() && at.is_finite() && at > 0.0 {
                 return self.simulated(kind, grid, ranks) * want / at;
