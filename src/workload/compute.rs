@@ -19,7 +19,7 @@
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 
 use serde::Deserialize;
 
@@ -254,7 +254,7 @@ const DEAL_LIMIT: u64 = 1 << 15;
 /// included), each tile pays a fixed cost besides, and tiles go to the SMs in launch order,
 /// tile index fastest, each to the SM that frees first: short sequences pay the fixed costs,
 /// few heads the last wave.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AttentionKernel {
     /// Independent problems: sequences x local query heads.
     pub units: u64,
@@ -302,7 +302,7 @@ impl AttentionKernel {
     pub fn makespan(&self, bwd: bool, tile_cost: f64, sms: u32) -> f64 {
         type Key = (AttentionKernel, bool, u64, u32);
         thread_local! {
-            static MEMO: RefCell<HashMap<Key, f64>> = Default::default();
+            static MEMO: RefCell<BTreeMap<Key, f64>> = Default::default();
         }
         let key = (*self, bwd, tile_cost.to_bits(), sms);
         if let Some(v) = MEMO.with(|m| m.borrow().get(&key).copied()) {
@@ -705,9 +705,14 @@ pub fn chunk_cost(model: &Model, plan: &Plan, r: &Roofline, stage: u64, chunk: u
             OpKind::Elementwise => {}
         }
     };
+    // A layer's ops depend on it only through whether it is an MoE layer: each kind is
+    // costed once and added per layer, in order (the plan search costs 100,000s of chunks).
+    let mut kinds: [Option<Vec<OpCost>>; 2] = [None, None];
     for l in plan.vstage_blocks(model.layers, vs) {
-        for o in layer_ops(model, plan, r, l) {
-            add(&o, &mut c);
+        let ops =
+            kinds[usize::from(model.is_moe_layer(l))].get_or_insert_with(|| layer_ops(model, plan, r, l));
+        for o in ops.iter() {
+            add(o, &mut c);
             c.bwd_input += o.recompute;
         }
     }
