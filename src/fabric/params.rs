@@ -378,22 +378,23 @@ impl ModelParams {
         dur("sharp.step_latency", &self.sharp.step_latency)?;
         for (k, v) in self.compute.set() {
             let name = format!("compute.{k}");
+            let bad = |why: &str| Err(ParamsError(format!("{name} = {v} must be {why}")));
             match k {
-                "gemm_half_dim" | "attention_tile_fwd" | "attention_tile_bwd"
-                    if !(v >= 0.0 && v.is_finite()) =>
-                {
-                    return Err(ParamsError(format!("{name} = {v} must be 0 or more")))
+                "gemm_half_dim" | "attention_tile_fwd" | "attention_tile_bwd" => {
+                    if !(v >= 0.0 && v.is_finite()) {
+                        return bad("0 or more");
+                    }
                 }
-                "overlap_slowdown" if !(0.0..1.0).contains(&v) => {
-                    return Err(ParamsError(format!("{name} = {v} must be in [0, 1)")))
+                "overlap_slowdown" => {
+                    if !(0.0..1.0).contains(&v) {
+                        return bad("in [0, 1)");
+                    }
                 }
-                "attention_bwd" if !(v > 0.0 && v.is_finite()) => {
-                    return Err(ParamsError(format!(
-                        "{name} = {v} must be positive (forward blocks a backward block takes)"
-                    )))
+                "attention_bwd" => {
+                    if !(v > 0.0 && v.is_finite()) {
+                        return bad("positive (forward blocks a backward block takes)");
+                    }
                 }
-                "gemm_half_dim" | "overlap_slowdown" | "attention_bwd" | "attention_tile_fwd"
-                | "attention_tile_bwd" => {}
                 _ => eff(&name, v)?,
             }
         }

@@ -705,12 +705,11 @@ pub fn chunk_cost(model: &Model, plan: &Plan, r: &Roofline, stage: u64, chunk: u
             OpKind::Elementwise => {}
         }
     };
-    // A layer's ops depend on it only through whether it is an MoE layer: each kind is
-    // costed once and added per layer, in order (the plan search costs 100,000s of chunks).
+    // Each layer kind costed once and added per layer, in order (the plan search costs
+    // 100,000s of chunks).
     let mut kinds: [Option<Vec<OpCost>>; 2] = [None, None];
     for l in plan.vstage_blocks(model.layers, vs) {
-        let ops =
-            kinds[usize::from(model.is_moe_layer(l))].get_or_insert_with(|| layer_ops(model, plan, r, l));
+        let ops = kinds[model.layer_kind(l)].get_or_insert_with(|| layer_ops(model, plan, r, l));
         for o in ops.iter() {
             add(o, &mut c);
             c.bwd_input += o.recompute;

@@ -164,11 +164,10 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: u64) -> (u64, u64) {
 pub fn vstage_params(model: &Model, plan: &Plan, vs: u64) -> (u64, u64) {
     let last_vstage = plan.pp * plan.vpp - 1;
     let (mut dense, mut experts) = (0u64, 0u64);
-    // A layer's weights depend on it only through whether it is an MoE layer: each kind is
-    // counted once (the plan search sums the stages of 100,000s of plans).
+    // Each layer kind counted once (the plan search sums the stages of 100,000s of plans).
     let mut kinds: [Option<(u64, u64)>; 2] = [None, None];
     for l in plan.vstage_blocks(model.layers, vs) {
-        let (d, e) = *kinds[usize::from(model.is_moe_layer(l))].get_or_insert_with(|| {
+        let (d, e) = *kinds[model.layer_kind(l)].get_or_insert_with(|| {
             let p = model.layer_params(l);
             let replicated: u64 = p.norms
                 + layer_gemms(model, l, 1)
@@ -290,10 +289,10 @@ pub fn stage_memory(model: &Model, plan: &Plan, stage: u64, in_flight_chunks: u6
         (0..plan.vpp).map(|c| plan.vstage_blocks(model.layers, c * plan.pp + stage).collect()).collect();
     let chunk_layers = chunks.iter().map(|r| r.len() as u64).max().unwrap_or(0);
     let stage_layers: Vec<u64> = chunks.into_iter().flatten().collect();
-    // A layer's activations depend on it only through whether it is an MoE layer.
-    let per_layer: u64 = [false, true]
+    // The largest layer: one of each kind is enough to look at.
+    let per_layer: u64 = [0, 1]
         .into_iter()
-        .filter_map(|moe| stage_layers.iter().find(|&&l| model.is_moe_layer(l) == moe))
+        .filter_map(|kind| stage_layers.iter().find(|&&l| model.layer_kind(l) == kind))
         .map(|&l| layer_activation_bytes(model, plan, l))
         .max()
         .unwrap_or(0);

@@ -202,6 +202,12 @@ impl Model {
     pub fn is_moe_layer(&self, i: u64) -> bool {
         self.moe.as_ref().is_some_and(|m| i >= m.dense_layers)
     }
+    /// Layer `i`'s kind: 0 for a dense FFN, 1 for an MoE one. Layers of one kind have the
+    /// same weights, ops and activations, so what is costed per layer is costed per kind
+    /// (`[T; 2]` tables indexed by this).
+    pub fn layer_kind(&self, i: u64) -> usize {
+        usize::from(self.is_moe_layer(i))
+    }
     /// Query projection width: heads x per-head query dimension.
     pub fn q_dim(&self) -> u64 {
         match &self.mla {

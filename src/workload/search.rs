@@ -957,8 +957,8 @@ impl<'f> FabricPricer<'f> {
             return 0.0;
         }
         let grid = on_event_grid(bytes);
-        let pick = |b: u64| self.choice(kind, b, ranks);
-        if grid != bytes && pick(grid).is_some() && pick(grid) == pick(bytes) {
+        let at_grid = (grid != bytes).then(|| self.choice(kind, grid, ranks)).flatten();
+        if at_grid.is_some() && at_grid == self.choice(kind, bytes, ranks) {
             let (want, at) = (self.analytic(kind, bytes, ranks), self.analytic(kind, grid, ranks));
             if want.is_finite() && at.is_finite() && at > 0.0 {
                 return self.simulated(kind, grid, ranks) * want / at;
