@@ -91,6 +91,11 @@ pub struct TrainArgs {
     /// all_gather (K and V all-gathered before it; Megatron's --cp-comm-type).
     #[arg(long)]
     pub cp_comm: Option<CpCommArg>,
+    /// How ZeRO-3/FSDP gathers weights and reduce-scatters gradients: layer (one collective
+    /// per layer, FSDP and Megatron), tensor (one per parameter tensor) or tensor_list (one
+    /// per tensor through PyTorch's list API, as DeepSpeed's first ZeRO-3 did).
+    #[arg(long)]
+    pub gather_unit: Option<GatherUnitArg>,
     /// Attention kernel: flash (FlashAttention, the default) or unfused (the full score
     /// matrix through HBM, Megatron before FlashAttention).
     #[arg(long)]
@@ -243,6 +248,18 @@ pub enum CpCommArg {
     AllGather,
 }
 
+/// `--gather-unit`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GatherUnitArg {
+    /// One collective per layer.
+    Layer,
+    /// One collective per parameter tensor.
+    Tensor,
+    /// One per tensor, its output (or input) a list of one tensor per rank.
+    #[value(name = "tensor_list")]
+    TensorList,
+}
+
 /// `--attention`'s values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum AttentionArg {
@@ -258,7 +275,7 @@ fn value_name<T: clap::ValueEnum>(v: Option<T>) -> Option<String> {
 }
 
 /// The plan keys given as string flags, with their values.
-fn string_flags(a: &TrainArgs) -> [(&'static str, Option<String>); 10] {
+fn string_flags(a: &TrainArgs) -> [(&'static str, Option<String>); 11] {
     [
         ("fsdp", a.fsdp.clone()),
         ("bucket", a.bucket.clone()),
@@ -268,6 +285,7 @@ fn string_flags(a: &TrainArgs) -> [(&'static str, Option<String>); 10] {
         ("dtype", a.dtype.clone()),
         ("schedule", a.schedule.clone()),
         ("cp_comm", value_name(a.cp_comm)),
+        ("gather_unit", value_name(a.gather_unit)),
         ("attention", value_name(a.attention)),
         ("pipeline_model_parallel_layout", a.pipeline_model_parallel_layout.clone()),
     ]

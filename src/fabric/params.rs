@@ -163,11 +163,14 @@ pub struct ComputeOverrides {
     /// Slowdown of compute that runs beside a communication kernel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap_slowdown: Option<f64>,
+    /// Fixed time of one device-to-device copy issued behind another, in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_floor_us: Option<f64>,
 }
 
 impl ComputeOverrides {
     /// The keys a `[compute]` table may hold.
-    pub const KEYS: [&'static str; 9] = [
+    pub const KEYS: [&'static str; 10] = [
         "gemm_eff",
         "gemm_eff_fp8",
         "gemm_half_dim",
@@ -177,6 +180,7 @@ impl ComputeOverrides {
         "attention_tile_bwd",
         "hbm_eff",
         "overlap_slowdown",
+        "copy_floor_us",
     ];
 
     /// No constant is overridden.
@@ -196,6 +200,7 @@ impl ComputeOverrides {
             self.attention_tile_bwd,
             self.hbm_eff,
             self.overlap_slowdown,
+            self.copy_floor_us,
         ];
         Self::KEYS.into_iter().zip(v).filter_map(|(k, v)| v.map(|v| (k, v)))
     }
@@ -380,7 +385,7 @@ impl ModelParams {
             let name = format!("compute.{k}");
             let bad = |why: &str| Err(ParamsError(format!("{name} = {v} must be {why}")));
             match k {
-                "gemm_half_dim" | "attention_tile_fwd" | "attention_tile_bwd" => {
+                "gemm_half_dim" | "attention_tile_fwd" | "attention_tile_bwd" | "copy_floor_us" => {
                     if !(v >= 0.0 && v.is_finite()) {
                         return bad("0 or more");
                     }

@@ -69,7 +69,7 @@
 //! mbs = 1                         # pp_comm_overlap order decoder_first_pipeline_num_layers
 //! gbs = 512                       # decoder_last_pipeline_num_layers pp_scatter_gather
 //!                                 # moe_a2a_overlap cp_comm ep_imbalance ep_seed attention
-//!                                 # pipeline_model_parallel_layout
+//!                                 # pipeline_model_parallel_layout gather_unit
 //! seq = 8192
 //! recompute = "selective"
 //! allow_oom = false               # report a plan that does not fit instead of failing

@@ -17,7 +17,7 @@ use crate::fabric::Fabric;
 use crate::workload::analytic::StepEstimate;
 use crate::workload::concurrent::step_on_fabric_with;
 use crate::workload::lower::{step_event_with, EventOpts, EventStep};
-use crate::workload::plan::{Attention, CpComm, Dtype, PlanKeys, Recompute, RecomputeModules};
+use crate::workload::plan::{Attention, CpComm, Dtype, GatherUnit, PlanKeys, Recompute, RecomputeModules};
 use crate::workload::search::FabricPricer;
 use crate::workload::{Model, Placement, Plan};
 
@@ -217,10 +217,13 @@ pub fn plan_summary(p: &Plan) -> String {
         p.sharding,
         p.schedule().name()
     );
-    // The CP exchange, the EP imbalance, MTP and the attention kernel only when they differ
-    // from the defaults.
+    // The CP exchange, the gather unit, the EP imbalance, MTP and the attention kernel only
+    // when they differ from the defaults.
     if p.cp > 1 && p.cp_comm != CpComm::P2p {
         s.push_str(&format!(", cp_comm {}", p.cp_comm.name()));
+    }
+    if p.gather_unit != GatherUnit::Layer {
+        s.push_str(&format!(", gather_unit {}", p.gather_unit.name()));
     }
     if p.ep_imbalance != 1.0 {
         s.push_str(&format!(", ep_imbalance {} (seed {})", p.ep_imbalance, p.ep_seed));

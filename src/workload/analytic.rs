@@ -29,7 +29,8 @@
 //!   `param_gather`); ZeRO-3/FSDP gathers each layer's weights (dense over their sharding
 //!   group, experts over the expert data-parallel ranks) before its forward and backward
 //!   and reduce-scatters its gradients (each collective priced at one layer's
-//!   size), hidden with prefetching for as long as the layers run (their compute and their
+//!   size, or as the layer's NCCL calls one per parameter tensor with `gather_unit`, each
+//!   followed under PyTorch's list API by one copy per rank), hidden with prefetching for as long as the layers run (their compute and their
 //!   exposed TP, CP and EP communication; under a split backward the gathers behind the
 //!   input-gradient pass, the reduce-scatters behind the weight-gradient pass).
 //! - NIC sharing: a layer's collectives that leave the NVLink domain (its gathers on two
@@ -45,6 +46,7 @@
 pub use super::comm::CollectiveKind;
 use super::comm::{
     chunk_gathers, ep_load_factors, grad_reduces, layer_comms, p2p_bytes, p2p_gather_bytes, HiddenBehind,
+    ParamGather,
 };
 use super::compute::{chunk_cost, local_shape, optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::flops::layer_gemms;
@@ -203,6 +205,22 @@ fn side_by_side(each: impl Iterator<Item = [f64; 3]>) -> [f64; 3] {
         conns += if x > 0.0 { k } else { 0.0 };
     }
     [longest.max(wire), wire, conns]
+}
+
+/// One layer's gather (or reduce-scatter) of `g` as (time, NIC time, NIC connections): its
+/// NCCL calls one after another, each priced by `call` (time, NIC time, connections), and
+/// under PyTorch's list API each call's copies, one per rank of the group
+/// ([`Roofline::copies_time`]), on the same stream; the connections are the calls',
+/// weighted by their NIC time.
+pub(crate) fn layer_gather(g: &ParamGather, r: &Roofline, mut call: impl FnMut(u64) -> [f64; 3]) -> [f64; 3] {
+    let (mut t, mut nic, mut conns) = (0.0, 0.0, 0.0);
+    for &bytes in &g.calls {
+        let [ct, cx, ck] = call(bytes);
+        t += ct + if g.list { r.copies_time(g.ranks, bytes) } else { 0.0 };
+        nic += cx;
+        conns += cx * ck;
+    }
+    [t, nic, if nic > 0.0 { conns / nic } else { 1.0 }]
 }
 
 /// How much longer a layer's traffic through the NIC takes (`e` seconds of NIC time, `t_e`
@@ -404,8 +422,9 @@ pub(crate) fn chunk_costs_and_comms(
                 // where the whole chunk's is not).
                 let n = (plan.vstage_blocks(model.layers, vs).count() as u64).max(1);
                 let mut per_layer = |kind| -> [f64; 3] {
-                    let [t, x, k] =
-                        side_by_side(gathers.iter().map(|g| price_nic(kind, g.group, g.bytes / n)));
+                    let each: Vec<[f64; 3]> =
+                        gathers.iter().map(|g| layer_gather(g, r, |b| price_nic(kind, g.group, b))).collect();
+                    let [t, x, k] = side_by_side(each.into_iter());
                     [n as f64 * t, n as f64 * x, k]
                 };
                 let ([ag, nic_ag, k_ag], [rs, nic_rs, k_rs]) =
@@ -478,14 +497,22 @@ pub fn estimate(
     // ZeRO-3/FSDP gathers layer by layer: the first layer's gather of the step has nothing
     // to hide behind (it delays stage 0's first op), and each stage's last layer's
     // reduce-scatter runs after its last backward, before the optimizer. (The event mode
-    // showed these, and its first lowering gathered whole chunks, hence a 13% gap.)
+    // showed these, and its first lowering gathered whole chunks, hence a 13% gap.) Without
+    // `param_gather` overlap every gather, and every reduce-scatter of an unsplit backward,
+    // is already exposed in its op: none is counted again here.
+    let split = sched.splits_backward();
     let fsdp_edge = |s: u64, kind: CollectiveKind, o: Option<&PipeOp>| -> f64 {
         let Some(o) = o else { return 0.0 };
-        let n = plan.vstage_blocks(model.layers, u64::from(o.chunk) * pp + s).count() as u64;
+        let counted = match kind {
+            CollectiveKind::AllGather => !plan.overlap.param_gather,
+            _ => !plan.overlap.param_gather && !split,
+        };
+        if counted {
+            return 0.0;
+        }
         side_by_side(chunk_gathers(model, plan, s, u64::from(o.chunk)).iter().map(|g| {
             let ranks = pl.group_of(g.group, rank_of(s));
-            let bytes = g.bytes / n.max(1);
-            [comm.time(kind, bytes, &ranks), comm.nic(kind, bytes, &ranks), 1.0]
+            layer_gather(g, &r, |bytes| [comm.time(kind, bytes, &ranks), comm.nic(kind, bytes, &ranks), 1.0])
         }))[0]
     };
     let head = fsdp_edge(0, CollectiveKind::AllGather, sched.ops[0].first());
@@ -495,7 +522,6 @@ pub fn estimate(
             fsdp_edge(s, CollectiveKind::ReduceScatter, last_b)
         })
         .collect();
-    let split = sched.splits_backward();
     let first_op = sched.ops[0].first().copied();
     let parts = |s: u32, o: &PipeOp| -> Parts {
         let head = if s == 0 && Some(*o) == first_op { head } else { 0.0 };

@@ -14,7 +14,7 @@
 use super::memory::{stage_params, vstage_params};
 use super::model::Model;
 use super::pipeline::Pass;
-use super::plan::{CpComm, GroupKind, Plan, Sharding};
+use super::plan::{CpComm, GatherUnit, GroupKind, Plan, Sharding};
 
 /// A collective a training step issues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,12 +224,25 @@ pub fn p2p_gather_bytes(model: &Model, plan: &Plan) -> u64 {
 
 /// The weights of one chunk that ZeRO-3/FSDP gathers before each forward and backward
 /// (and whose gradients it reduce-scatters after the backward), over one communicator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamGather {
     /// The communicator: the dense weights' sharding group, or the experts'.
     pub group: GroupKind,
+    /// Its ranks.
+    pub ranks: u64,
     /// Bytes of the chunk's weights (BF16) the group shares.
     pub bytes: u64,
+    /// The NCCL calls one layer's gather (and its reduce-scatter) makes, one after another,
+    /// in bytes (the gathered size): one for the whole layer ([`GatherUnit::Layer`]), or
+    /// one per parameter tensor. The chunk's weights are split evenly over its layers, and
+    /// a layer's over its tensors in proportion to the chunk's first layer's
+    /// ([`Model::layer_tensors`]; an MoE chunk's dense layers and an embedding take the
+    /// shape of the layer they are averaged with); they sum to the layer's share exactly.
+    pub calls: Vec<u64>,
+    /// Whether each call goes through PyTorch's list API ([`GatherUnit::TensorList`]): the
+    /// gathered output (or the reduce-scatter's input) is one tensor per rank, copied out of
+    /// (or into) the flat buffer the NCCL call uses one rank's piece at a time.
+    pub list: bool,
 }
 
 /// What ZeRO-3/FSDP gathers of chunk `chunk` of `stage`: the dense weights over their
@@ -240,15 +253,51 @@ pub fn chunk_gathers(model: &Model, plan: &Plan, stage: u64, chunk: u64) -> Vec<
     if !plan.sharding.shards_params() {
         return Vec::new();
     }
-    let (dense, experts) = vstage_params(model, plan, chunk * plan.pp + stage);
+    let vs = chunk * plan.pp + stage;
+    let (dense, experts) = vstage_params(model, plan, vs);
+    let layers = (plan.vstage_blocks(model.layers, vs).count() as u64).max(1);
+    let first = plan.vstage_blocks(model.layers, vs).next().unwrap_or(0);
+    let (dense_tensors, expert_tensors) = model.layer_tensors(first);
+    // The EP rank's routed experts, each its tensors.
+    let local = model.moe.as_ref().map_or(0, |m| m.experts / plan.ep) as usize;
+    let expert_tensors = expert_tensors.repeat(local);
     [
-        (GroupKind::FsdpShard, dense, plan.shard_group()),
-        (GroupKind::ExpertShard, experts, plan.expert_shard_group()),
+        (GroupKind::FsdpShard, dense, plan.shard_group(), dense_tensors),
+        (GroupKind::ExpertShard, experts, plan.expert_shard_group(), expert_tensors),
     ]
     .into_iter()
-    .filter(|&(_, params, ranks)| params > 0 && ranks > 1)
-    .map(|(group, params, _)| ParamGather { group, bytes: 2 * params })
+    .filter(|&(_, params, ranks, _)| params > 0 && ranks > 1)
+    .map(|(group, params, ranks, tensors)| {
+        let bytes = 2 * params;
+        let layer = bytes / layers;
+        let calls = match plan.gather_unit {
+            GatherUnit::Layer => vec![layer],
+            GatherUnit::Tensor | GatherUnit::TensorList => split_in_proportion(layer, &tensors),
+        };
+        ParamGather { group, ranks, bytes, calls, list: plan.gather_unit == GatherUnit::TensorList }
+    })
     .collect()
+}
+
+/// `total` split in proportion to `weights` (rounded so the parts sum to `total`; parts
+/// that round to nothing dropped); `[total]` without weights.
+fn split_in_proportion(total: u64, weights: &[u64]) -> Vec<u64> {
+    let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
+    if sum == 0 {
+        return vec![total];
+    }
+    let mut cum = 0u128;
+    let mut before = 0u64;
+    let mut parts = Vec::with_capacity(weights.len());
+    for &w in weights {
+        cum += u128::from(w);
+        let upto = (u128::from(total) * cum / sum) as u64;
+        if upto > before {
+            parts.push(upto - before);
+        }
+        before = upto;
+    }
+    parts
 }
 
 /// One gradient reduction of a stage, split into buckets.

@@ -56,6 +56,8 @@ pub struct GpuParams {
     pub hbm_eff: f64,
     /// Slowdown of compute that runs beside a communication kernel.
     pub overlap_slowdown: f64,
+    /// Fixed time of one device-to-device copy issued behind another, in microseconds.
+    pub copy_floor_us: f64,
 }
 
 #[derive(Deserialize)]
@@ -112,6 +114,7 @@ impl GpuParams {
             "attention_tile_bwd" => &mut self.attention_tile_bwd,
             "hbm_eff" => &mut self.hbm_eff,
             "overlap_slowdown" => &mut self.overlap_slowdown,
+            "copy_floor_us" => &mut self.copy_floor_us,
             _ => return None,
         })
     }
@@ -232,6 +235,12 @@ impl Roofline {
     /// Time to move `bytes` through HBM.
     pub fn memory_time(&self, bytes: f64) -> f64 {
         bytes / (self.hbm_bytes_per_s * self.params.hbm_eff)
+    }
+
+    /// Time of `pieces` device-to-device copies, one after another, that together copy
+    /// `bytes` (each pays the copy floor, and the bytes are read and written once).
+    pub fn copies_time(&self, pieces: u64, bytes: u64) -> f64 {
+        pieces as f64 * self.params.copy_floor_us * 1e-6 + self.memory_time(2.0 * bytes as f64)
     }
 }
 

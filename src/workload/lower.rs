@@ -20,7 +20,8 @@
 //!   a communicator's buckets in order on one stream (without the overlap every buffer's
 //!   reduction after the last, as Megatron-Core issues them synchronously); ZeRO-3/FSDP weight
 //!   gathers layer by layer before every forward and backward kernel (prefetched one kernel
-//!   ahead with `param_gather`) and gradient reduce-scatters after every backward kernel
+//!   ahead with `param_gather`; a layer's NCCL calls, one or one per parameter tensor with
+//!   `gather_unit`, in one job) and gradient reduce-scatters after every backward kernel
 //!   (after every weight-gradient kernel when the schedule splits the backward), on
 //!   the sharding group, a communicator's gathers and reduce-scatters one after another in
 //!   the order they are issued, the optimizer after the last of them (a gather of a whole chunk
@@ -114,14 +115,14 @@
 //! - Gradients of a stage become ready evenly over the kernels of the last micro-batch's
 //!   backward (as in the analytical estimate), not layer by layer by parameter count.
 
-use super::analytic::{chunk_costs_and_comms, summarize, Breakdown, ChunkComm, StepEstimate};
-use super::comm::{chunk_gathers, ep_load_factors, grad_reduces, layer_comms, CollectiveKind};
+use super::analytic::{chunk_costs_and_comms, layer_gather, summarize, Breakdown, ChunkComm, StepEstimate};
+use super::comm::{chunk_gathers, ep_load_factors, grad_reduces, layer_comms, CollectiveKind, ParamGather};
 use super::compute::{optimizer_time, ChunkCost, GpuParams, Roofline};
 use super::concurrent::{CollectiveJob, Concurrent, JobId, Kernel, Outcome, WorkloadError};
 use super::memory::optimizer_params;
 use super::model::Model;
 use super::pipeline::{Pass, PipeOp, PipelineRun, PipelineSchedule, Timing};
-use super::plan::{Coord, GroupKind, Placement, Plan};
+use super::plan::{Coord, GatherUnit, GroupKind, Placement, Plan};
 use super::search::FabricPricer;
 use crate::collective::{self, Choice, CollArgs, Knobs};
 use crate::exec::simulate::SimOpts;
@@ -132,8 +133,8 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A ZeRO-3/FSDP collective as issued: (the position in its stage's kernel stream after
-/// which it is issued, 0 for a gather and 1 for a reduce-scatter issued then), its
-/// communicator, its jobs.
+/// which it is issued, and which of a gather and a reduce-scatter issued then goes first),
+/// its communicator, its jobs.
 type Issued = ((usize, u8), Vec<u32>, Vec<JobId>);
 
 /// How to lower a step.
@@ -719,6 +720,13 @@ pub fn step_event_with(
     if opts.max_buckets == 0 {
         return Err("max_buckets must be at least 1".into());
     }
+    if !opts.replay && plan.sharding.shards_params() && plan.gather_unit != GatherUnit::Layer {
+        return Err(format!(
+            "gather_unit = \"{}\" is timed per NCCL call from the replay; without it (--no-replay) each \
+             layer's gather would run as one collective: drop --no-replay, or use gather_unit = \"layer\"",
+            plan.gather_unit.name()
+        ));
+    }
     let params = GpuParams::for_fabric(f)?;
     let r = Roofline::new(&f.gpu, plan.dtype, params)?;
     let router = pricer.router();
@@ -760,20 +768,25 @@ pub fn step_event_with(
     // shadows.
     let shadows_memo = ShadowMemo::new(f, router);
     // A collective job of `bytes` on `ranks` that stands for NCCL calls of `unit` bytes
-    // each, one after another (merged DP buckets; `unit == bytes` for one call): replayed,
-    // it takes their summed time, each call paying its own fixed costs.
+    // each, one after another (merged DP buckets; `unit == bytes` for one call), or for a
+    // layer's ZeRO-3/FSDP calls (`layer`, whose calls sum to `bytes`, with their list copies):
+    // replayed, it takes their summed time, each call paying its own fixed costs.
     let coll_job = |w: &mut Concurrent,
                     s: usize,
                     name: &str,
                     kind: CollectiveKind,
                     bytes: u64,
                     unit: u64,
+                    layer: Option<&ParamGather>,
                     ranks: &[u32]| {
         let args = coll_args(kind, bytes, ranks.len() as u64)?;
         Some(if opts.replay {
             let r64: Vec<u64> = ranks.iter().map(|&x| u64::from(x)).collect();
             let unit = unit.clamp(1, bytes.max(1));
-            let t = pricer.event(kind, unit, &r64) * bytes as f64 / unit as f64;
+            let t = match layer {
+                Some(g) => layer_gather(g, &r, |b| [pricer.event(kind, b, &r64), 0.0, 1.0])[0],
+                None => pricer.event(kind, unit, &r64) * bytes as f64 / unit as f64,
+            };
             let added = w
                 .add_compute(name, proxy(s), &[timed_kernel(engine_rate(f), name.to_string(), t)])
                 .and_then(|id| {
@@ -1087,6 +1100,13 @@ pub fn step_event_with(
         // on each communicator one after another. The optimizer waits for every
         // reduce-scatter of its stage. The weights of a chunk are split evenly over its layers.
         let mut fsdp_rs: Vec<Vec<(JobId, bool)>> = vec![Vec::new(); pp];
+        // A layer's reduce-scatter and the gather issued when its kernel ends go on their
+        // communicator in the order the hooks issue them: with prefetching the gather was
+        // issued at the pre-backward hook, ahead of the reduce-scatter; without, the next
+        // layer's pre-backward hook gathers after this one's post-backward hook has
+        // reduce-scattered, so the gather (and the kernel that waits for it) waits for the
+        // reduce-scatter, as the analytical mode exposes both.
+        let rs_order: u8 = if plan.overlap.param_gather { 1 } else { 0 };
         if plan.sharding.shards_params() {
             #[allow(clippy::needless_range_loop)] // s indexes the stage everywhere below
             for s in 0..pp {
@@ -1100,13 +1120,13 @@ pub fn step_event_with(
                 for (i, o) in sched.ops[s].iter().enumerate() {
                     let layers = layers_of(s, o.chunk);
                     // The dense weights over their sharding group, the experts' over theirs.
-                    let gathers: Vec<(Vec<u32>, u64, &str)> =
+                    let gathers: Vec<(Vec<u32>, ParamGather, &str)> =
                         chunk_gathers(model, plan, s as u64, o.chunk as u64)
-                            .iter()
+                            .into_iter()
                             .map(|g| {
                                 let group = pl.group_of(g.group, rep(s)).iter().map(|&x| x as u32).collect();
                                 let what = if g.group == GroupKind::ExpertShard { "expert " } else { "" };
-                                (group, g.bytes / u64::from(layers), what)
+                                (group, g, what)
                             })
                             .collect();
                     // Layer `k`'s reduce-scatter after its kernel of this op: the backward, or
@@ -1116,7 +1136,7 @@ pub fn step_event_with(
                                          done: &mut Vec<(JobId, bool)>,
                                          issued: &mut Vec<Issued>,
                                          group: &[u32],
-                                         bytes: u64,
+                                         g: &ParamGather,
                                          what: &str,
                                          k: u32,
                                          at: usize|
@@ -1125,9 +1145,17 @@ pub fn step_event_with(
                             "fsdp {what}reduce-scatter mb {} chunk {} layer {k} stage {s}",
                             o.mb, o.chunk
                         );
-                        let Some(added) =
-                            coll_job(w, s, &name, CollectiveKind::ReduceScatter, bytes, bytes, group)
-                        else {
+                        let bytes = g.calls.iter().sum();
+                        let Some(added) = coll_job(
+                            w,
+                            s,
+                            &name,
+                            CollectiveKind::ReduceScatter,
+                            bytes,
+                            bytes,
+                            Some(g),
+                            group,
+                        ) else {
                             return Ok(());
                         };
                         let (id, replayed, sh) = added.map_err(e)?;
@@ -1136,7 +1164,7 @@ pub fn step_event_with(
                             w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
                             done.push((x, replayed));
                         }
-                        issued.push(((at, 1), group.to_vec(), ids));
+                        issued.push(((at, rs_order), group.to_vec(), ids));
                         b.push_collective(
                             s as u32,
                             StepJobKind::Fsdp,
@@ -1149,7 +1177,8 @@ pub fn step_event_with(
                     for k in 0..layers {
                         let g = stream.len();
                         stream.push((b.ops[s][i], k));
-                        for &(ref group, bytes, what) in &gathers {
+                        for (group, calls, what) in &gathers {
+                            let bytes = calls.calls.iter().sum();
                             let name = format!(
                                 "fsdp {what}gather {:?} mb {} chunk {} layer {k} stage {s}",
                                 o.pass, o.mb, o.chunk
@@ -1158,7 +1187,16 @@ pub fn step_event_with(
                             let added = if o.pass == Pass::W {
                                 None
                             } else {
-                                coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, bytes, group)
+                                coll_job(
+                                    &mut w,
+                                    s,
+                                    &name,
+                                    CollectiveKind::AllGather,
+                                    bytes,
+                                    bytes,
+                                    Some(calls),
+                                    group,
+                                )
                             };
                             if let Some(added) = added {
                                 let (id, replayed, sh) = added.map_err(e)?;
@@ -1172,7 +1210,11 @@ pub fn step_event_with(
                                 }
                                 // Issued after kernel `g - ahead` (the step's first ones
                                 // before any: position 0, ahead of that kernel's own).
-                                issued.push(((after.map_or(0, |a| a + 1), 0), group.clone(), all.clone()));
+                                issued.push((
+                                    (after.map_or(0, |a| a + 1), 1 - rs_order),
+                                    group.clone(),
+                                    all.clone(),
+                                ));
                                 if replayed {
                                     for x in all {
                                         w.kernel_after_everywhere(b.ops[s][i], k, x);
@@ -1191,7 +1233,7 @@ pub fn step_event_with(
                                     done,
                                     &mut issued,
                                     group,
-                                    bytes,
+                                    calls,
                                     what,
                                     k,
                                     g + 1,
@@ -1264,7 +1306,9 @@ pub fn step_event_with(
             let mut previous: BTreeMap<Vec<u32>, Vec<JobId>> = BTreeMap::new();
             for (ready, kind, ranks, bytes, unit, j) in buckets {
                 let name = format!("dp {kind:?} bucket {j} on {} ranks, stage {s}", ranks.len());
-                let Some(added) = coll_job(&mut w, s, &name, kind, bytes, unit, &ranks) else { continue };
+                let Some(added) = coll_job(&mut w, s, &name, kind, bytes, unit, None, &ranks) else {
+                    continue;
+                };
                 let (id, replayed, sh) = added.map_err(e)?;
                 let (op, k) = window[ready];
                 let ids = with_shadows(id, &sh);
@@ -1301,7 +1345,8 @@ pub fn step_event_with(
             let mut previous: Vec<JobId> = Vec::new();
             for (ranks, bytes) in gathers {
                 let name = format!("dp weight all-gather on {} ranks, stage {s}", ranks.len());
-                let Some(added) = coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, bytes, &ranks)
+                let Some(added) =
+                    coll_job(&mut w, s, &name, CollectiveKind::AllGather, bytes, bytes, None, &ranks)
                 else {
                     continue;
                 };
@@ -1335,7 +1380,22 @@ pub fn step_event_with(
     // Per stage and op: the slowdown from PP transfers and from DP/FSDP collectives.
     let mut slow: Vec<Vec<(f64, f64)>> = sched.ops.iter().map(|l| vec![(0.0, 0.0); l.len()]).collect();
     if opts.sm_slowdown && share > 0.0 {
-        let ov = overlaps(&out, &built, pp);
+        let mut ov = overlaps(&out, &built, pp);
+        // Inside an op without layer shadows the kernels wait only for their layers' weight
+        // gathers (ZeRO-3/FSDP), and those gathers cover the wait: no compute runs beside
+        // them then, so the wait is not overlap (the op's span less its kernels' time). Left
+        // in, an exposed gather slowed the op by the SM share of its whole time.
+        if plan.sharding.shards_params() {
+            for (s, ops) in ov.iter_mut().enumerate() {
+                for (i, o) in ops.iter_mut().enumerate() {
+                    if ep_shadow[s][i].is_none() && cp_shadow[s][i].is_none() && tp_shadow[s][i].is_none() {
+                        let z = &out.jobs[built.ops[s][i].0 as usize];
+                        let wait = (z.end.as_secs() - z.start.as_secs() - parts[s][i].sum()).max(0.0);
+                        o.1 = (o.1 - wait).max(0.0);
+                    }
+                }
+            }
+        }
         if ov.iter().flatten().any(|o| o.0 + o.1 > 0.0) {
             slow = ov.iter().map(|l| l.iter().map(|&(a, b)| (share * a, share * b)).collect()).collect();
             let extra: Vec<Vec<f64>> = slow.iter().map(|l| l.iter().map(|x| x.0 + x.1).collect()).collect();

@@ -283,6 +283,66 @@ impl Model {
         }
         p
     }
+    /// The parameter tensors of layer `i`, in elements, as Megatron-Core's modules hold them
+    /// (one fused QKV projection, one fused gate-and-up projection, a scale and with
+    /// LayerNorm a bias per norm, a bias per projection where the model has them): those
+    /// outside the routed experts (each shared expert its own MLP), then one routed
+    /// expert's. They sum to [`LayerParams::dense`] and [`LayerParams::expert`].
+    pub fn layer_tensors(&self, i: u64) -> (Vec<u64>, Vec<u64>) {
+        let h = self.hidden;
+        let norm = |t: &mut Vec<u64>, width: u64| {
+            t.push(width);
+            if self.norm == Norm::LayerNorm {
+                t.push(width);
+            }
+        };
+        let linear = |t: &mut Vec<u64>, inputs: u64, outputs: u64, bias: bool| {
+            t.push(inputs * outputs);
+            if bias {
+                t.push(outputs);
+            }
+        };
+        let mlp = |t: &mut Vec<u64>, ffn: u64| {
+            let up = if self.activation.gated() { 2 } else { 1 };
+            linear(t, h, up * ffn, self.linear_bias);
+            linear(t, ffn, h, self.linear_bias);
+        };
+        let mut dense = Vec::new();
+        norm(&mut dense, h);
+        match &self.mla {
+            Some(m) => {
+                let qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim;
+                if m.q_lora_rank == 0 {
+                    linear(&mut dense, h, self.heads * qk_head, false);
+                } else {
+                    linear(&mut dense, h, m.q_lora_rank, false);
+                    norm(&mut dense, m.q_lora_rank);
+                    linear(&mut dense, m.q_lora_rank, self.heads * qk_head, false);
+                }
+                linear(&mut dense, h, m.kv_lora_rank + m.qk_rope_head_dim, false);
+                norm(&mut dense, m.kv_lora_rank);
+                linear(&mut dense, m.kv_lora_rank, self.heads * (m.qk_nope_head_dim + m.v_head_dim), false);
+                linear(&mut dense, self.heads * m.v_head_dim, h, false);
+            }
+            None => {
+                linear(&mut dense, h, self.q_dim() + 2 * self.kv_dim(), self.linear_bias);
+                linear(&mut dense, self.attn_out_dim(), h, self.linear_bias);
+            }
+        }
+        norm(&mut dense, h);
+        let mut expert = Vec::new();
+        match &self.moe {
+            Some(m) if self.is_moe_layer(i) => {
+                linear(&mut dense, h, m.experts, false);
+                for _ in 0..m.shared_experts {
+                    mlp(&mut dense, m.expert_ffn_hidden);
+                }
+                mlp(&mut expert, m.expert_ffn_hidden);
+            }
+            _ => mlp(&mut dense, self.ffn_hidden),
+        }
+        (dense, expert)
+    }
     /// Input embedding parameters (word table plus learned positions).
     pub fn embedding_params(&self) -> u64 {
         let pos = match self.position {
@@ -541,5 +601,27 @@ linear_bias = true
         let text = TINY.replace("\"gelu\"", "\"relu\"");
         let e = parse_model(&text, Path::new("t.toml")).unwrap_err().to_string();
         assert!(e.contains("t.toml:12:") && e.contains("activation") && e.contains("swiglu, gelu"), "{e}");
+    }
+
+    #[test]
+    fn layer_tensors_sum_to_the_layer_and_follow_megatron_modules() {
+        let m = parse_model(TINY, Path::new("tiny.toml")).unwrap();
+        // norm 8+8, qkv 8x16 + 16, proj 8x8 + 8, norm 8+8, fc1 8x32 + 32, fc2 32x8 + 8.
+        let (dense, expert) = m.layer_tensors(0);
+        assert_eq!(dense, vec![8, 8, 128, 16, 64, 8, 8, 8, 256, 32, 256, 8]);
+        assert!(expert.is_empty());
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let m = load_model(&entry.unwrap().path()).unwrap();
+            for i in [0, m.layers - 1] {
+                let (dense, expert) = m.layer_tensors(i);
+                let p = m.layer_params(i);
+                assert_eq!(dense.iter().sum::<u64>(), p.dense(), "{} layer {i}", m.name);
+                assert_eq!(expert.iter().sum::<u64>(), p.expert, "{} layer {i}", m.name);
+            }
+            seen += 1;
+        }
+        assert!(seen >= 8);
     }
 }

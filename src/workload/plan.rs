@@ -212,6 +212,46 @@ impl CpComm {
     }
 }
 
+/// How ZeRO-3/FSDP issues a layer's weight gathers and gradient reduce-scatters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GatherUnit {
+    /// One collective per layer of the layer's weights in one flat buffer (PyTorch FSDP
+    /// wrapping each transformer layer, Megatron-Core's distributed optimizer and FSDP).
+    #[default]
+    Layer,
+    /// One collective per parameter tensor, into one flat buffer each
+    /// (`all_gather_into_tensor`, `reduce_scatter_tensor`).
+    Tensor,
+    /// One collective per parameter tensor through PyTorch's list API: the output (of a
+    /// gather) or the input (of a reduce-scatter) is one tensor per rank, which
+    /// ProcessGroupNCCL copies out of (or into) a flat buffer one rank's piece at a time.
+    /// DeepSpeed's first ZeRO-3 (v0.3, 2021) gathered and reduce-scattered each parameter
+    /// so (`partition_parameters.py`: `_allgather_param`, `_reduce_scatter_gradient`).
+    TensorList,
+}
+
+impl GatherUnit {
+    /// Name in plan files and flags.
+    pub fn name(self) -> &'static str {
+        match self {
+            GatherUnit::Layer => "layer",
+            GatherUnit::Tensor => "tensor",
+            GatherUnit::TensorList => "tensor_list",
+        }
+    }
+    /// The valid spellings, for errors.
+    pub const CHOICES: &'static str = "layer, tensor, tensor_list";
+    /// Parses a plan-file or flag value.
+    pub fn parse(s: &str) -> Option<GatherUnit> {
+        match s {
+            "layer" => Some(GatherUnit::Layer),
+            "tensor" => Some(GatherUnit::Tensor),
+            "tensor_list" => Some(GatherUnit::TensorList),
+            _ => None,
+        }
+    }
+}
+
 /// Pipeline schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Schedule {
@@ -331,6 +371,8 @@ pub struct Plan {
     pub mtp_layers: u64,
     /// How CP exchanges keys and values.
     pub cp_comm: CpComm,
+    /// How ZeRO-3/FSDP issues a layer's gathers and reduce-scatters.
+    pub gather_unit: GatherUnit,
     /// Token-routing imbalance of MoE layers: the max/mean ratio of the tokens the EP ranks
     /// receive, averaged over the MoE layers (1.0: balanced, as Megatron's force-balanced
     /// benchmarks route). See [`super::comm::ep_load_factors`].
@@ -376,6 +418,7 @@ impl Default for Plan {
             layout: None,
             mtp_layers: 0,
             cp_comm: CpComm::P2p,
+            gather_unit: GatherUnit::Layer,
             ep_imbalance: 1.0,
             ep_seed: 0,
             pp_scatter_gather: true,
@@ -865,6 +908,15 @@ impl Plan {
             if z > 3 {
                 return err("zero", format!("zero = {z}; valid: 0, 1, 2, 3"));
             }
+        }
+        if self.gather_unit != GatherUnit::Layer && !self.sharding.shards_params() {
+            return err(
+                "gather_unit",
+                format!(
+                    "gather_unit = \"{}\" sets how sharded weights are gathered; it needs zero = 3 or fsdp",
+                    self.gather_unit.name()
+                ),
+            );
         }
         if self.bucket_bytes == 0 {
             return err("bucket", "must be at least 1 byte".into());
@@ -1359,6 +1411,7 @@ struct PlanFile {
     decoder_first_pipeline_num_layers: Option<Spanned<u64>>,
     decoder_last_pipeline_num_layers: Option<Spanned<u64>>,
     cp_comm: Option<Spanned<String>>,
+    gather_unit: Option<Spanned<String>>,
     ep_imbalance: Option<Spanned<f64>>,
     ep_seed: Option<Spanned<u64>>,
     pp_scatter_gather: Option<bool>,
@@ -1380,7 +1433,7 @@ enum Names {
 }
 
 /// Every key of a plan table, in the order of [`PlanKeys`]' fields.
-pub const PLAN_KEYS: [&str; 34] = [
+pub const PLAN_KEYS: [&str; 35] = [
     "tp",
     "pp",
     "vpp",
@@ -1408,6 +1461,7 @@ pub const PLAN_KEYS: [&str; 34] = [
     "decoder_first_pipeline_num_layers",
     "decoder_last_pipeline_num_layers",
     "cp_comm",
+    "gather_unit",
     "ep_imbalance",
     "ep_seed",
     "pp_scatter_gather",
@@ -1454,7 +1508,8 @@ impl PlanKeys {
 /// etp, sp, zero, fsdp = "full"|"hybrid", fsdp_shard, mbs, gbs, seq, recompute, attention, dtype,
 /// schedule, bucket = "80MB", overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
 /// pp_comm_overlap, order = "tp-cp-ep-dp-pp", decoder_first_pipeline_num_layers,
-/// decoder_last_pipeline_num_layers, cp_comm = "p2p"|"all_gather", ep_imbalance, ep_seed,
+/// decoder_last_pipeline_num_layers, cp_comm = "p2p"|"all_gather",
+/// gather_unit = "layer"|"tensor"|"tensor_list", ep_imbalance, ep_seed,
 /// pp_scatter_gather, moe_a2a_overlap, pipeline_model_parallel_layout = "Et|(tt|)*30mL",
 /// mtp_num_layers, recompute_modules = ["mla_up_proj", "mlp"]) and
 /// checks it against `model` on `gpus`
@@ -1566,6 +1621,10 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
     if let Some(c) = &f.cp_comm {
         p.cp_comm = CpComm::parse(c.get_ref()).ok_or_else(|| choice(c, "cp_comm", CpComm::CHOICES))?;
     }
+    if let Some(g) = &f.gather_unit {
+        p.gather_unit =
+            GatherUnit::parse(g.get_ref()).ok_or_else(|| choice(g, "gather_unit", GatherUnit::CHOICES))?;
+    }
     p.ep_imbalance = f.ep_imbalance.as_ref().map_or(1.0, |s| *s.get_ref());
     p.ep_seed = f.ep_seed.as_ref().map_or(0, |s| *s.get_ref());
     let ov = &mut p.overlap;
@@ -1601,6 +1660,7 @@ fn check_located(f: &PlanFile, at: Locate<'_>, p: &Plan, model: &Model, gpus: u6
             "fsdp_shard" => f.fsdp_shard.as_ref().map(|s| s.span()),
             "bucket" => f.bucket.as_ref().map(|s| s.span()),
             "ep_imbalance" => f.ep_imbalance.as_ref().map(|s| s.span()),
+            "gather_unit" => f.gather_unit.as_ref().map(|s| s.span()),
             "decoder_first_pipeline_num_layers" => {
                 f.decoder_first_pipeline_num_layers.as_ref().map(|s| s.span())
             }

@@ -1093,14 +1093,14 @@ fn runs_not_fitted_on_are_within_15_percent() {
 /// Held-out runs outside 15% today, with the README's mechanism ("Training steps", known
 /// misses). Nothing is fitted to them; the test bounds them loosely so that a regression
 /// still fails, and fails too when one comes within 15% (then it moves to the asserted set).
-const KNOWN_MISSES: [(&str, f64); 3] = [
-    // Narayanan et al.'s ZeRO-3 comparison (DeepSpeed, 2021) at 384, 768 and 1,536 GPUs
-    // with the same global batch: the published throughput halves with each doubling (a
-    // step of about 65 s at 768 and 1,536 GPUs however little each GPU computes), while the
-    // estimate stays bound by compute (its 8-rail rings gather 175B parameters in about 2 s).
-    ("narayanan21-gpt3-175b-zero3-384", 0.35),
-    ("narayanan21-gpt3-175b-zero3-768", 1.2),
-    ("narayanan21-gpt3-175b-zero3-1536", 3.3),
+const KNOWN_MISSES: [(&str, f64); 2] = [
+    // Narayanan et al.'s ZeRO-3 runs of the 529.6B model (DeepSpeed, 2021), added on
+    // 2026-12-05 as the out-of-sample check of DeepSpeed's per-tensor list collectives,
+    // which brought the 175B rows of the same table within 7%: the 640-GPU row is within
+    // 15% (+12.9%), these two too fast (+16.5%, +25.1%; +29..+43% gathering a layer at a
+    // time). What more DeepSpeed paid on the larger model is not modelled.
+    ("narayanan21-gpt530b-zero3-1120", 0.22),
+    ("narayanan21-gpt530b-zero3-2240", 0.32),
 ];
 
 #[test]
@@ -1135,37 +1135,23 @@ fn published_training_runs_out_of_sample() {
                 r.error * 100.0
             ),
             (Use::HeldOut, Some((_, bound))) => {
-                assert!(
-                    e >= 0.15 && e < *bound,
-                    "known miss {name}: {:+.1}% (bound {bound})",
-                    r.error * 100.0
-                )
+                assert!(e >= 0.15 && e < *bound, "known miss {name}: {:+.1}% (bound {bound})", r.error * 100.0)
             }
+            // The last three to come in were Narayanan et al.'s DeepSpeed ZeRO-3 runs of
+            // GPT-3 175B (+30/+108/+297% while their weights were gathered a layer at a
+            // time: their `gather_unit` is now DeepSpeed's own).
             (Use::HeldOut, None) => assert!(e < 0.15, "held-out {name}: {:+.1}%", r.error * 100.0),
         }
     }
-    let asserted: Vec<f64> = s
-        .rows
-        .iter()
-        .filter(|r| r.run.use_ == Use::HeldOut && !KNOWN_MISSES.iter().any(|(n, _)| *n == r.run.run))
-        .map(|r| r.error.abs())
-        .collect();
-    assert!(asserted.len() >= 12, "{} held-out runs within 15%", asserted.len());
-    let mut sorted = asserted.clone();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    let med = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
-    // 6.7% on 2026-12-02 with Megatron's pipeline scatter/gather (6.9% before); 5.1% over
-    // 28 once the runs take the TP communication overlap their recipes set, and over 30 with
-    // the two Blackwell runs.
-    assert!(med < 0.07, "median |error| of the held-out runs within 15%: {:.1}%", med * 100.0);
     assert!(
         // 7.1% on 2026-12-02 since the 2021-22 Megatron runs are timed with the unfused
         // attention they ran (11.0% before, 15.2% with it but Ampere's GEMM constant
         // unrefitted); 7.2% over 29 runs with the two added ZeRO-3 rows (7.0% over the 27);
         // 7.1% over 30 with Megatron-Bridge's FSDP run; 5.3% over 31 with the recipes' TP
-        // overlap and the Llama 3.1 405B run, and over 33 with its GB200 and B200 runs.
-        s.median_held_out < 0.075,
+        // overlap and the Llama 3.1 405B run, and over 33 with its GB200 and B200 runs;
+        // 4.8% over 34 on 2026-12-05 with the three GPT-3 ZeRO-3 runs within 15%, 5.6% over
+        // 37 with the 529.6B model's three ZeRO-3 runs added.
+        s.median_held_out < 0.06,
         "median |error| of every held-out run: {:.1}%",
         s.median_held_out * 100.0
     );
@@ -1488,6 +1474,65 @@ fn zero3_event_and_analytical_modes_agree() {
             last_rs.as_secs()
         );
     }
+}
+
+/// `gather_unit`: ZeRO-3 weights gathered (and gradients reduce-scattered) one NCCL call per
+/// parameter tensor, and through PyTorch's list API one copy per rank and call, as
+/// DeepSpeed's first ZeRO-3 did. Without `overlap_param_gather` every such collective is on
+/// the critical path, so what the list API adds is a closed form: each of a layer's calls
+/// (six tensors of a Llama layer: two norm scales, QKV, the projection, fc1, fc2) copies
+/// its bytes in one piece per rank, so a step pays, per layer pass (a forward gather, a
+/// backward gather, a reduce-scatter, each micro-batch), calls x ranks x the copy floor
+/// plus the layer's bytes read and written once. Each call pays its own latency, so
+/// per-tensor calls cost more than one per layer. The event mode agrees with the closed form.
+#[test]
+fn zero3_gather_unit_prices_each_tensor_and_each_ranks_copy() {
+    use fabricsim::workload::comm::chunk_gathers;
+    use fabricsim::workload::compute::{GpuParams, Roofline};
+    let m = model("llama3-8b");
+    let f = built("dgx-h100", 2);
+    let base = "tp = 1\ndp = 16\nzero = 3\nmbs = 1\ngbs = 32\nseq = 2048\noverlap_param_gather = false\n";
+    let step = |unit: &str| {
+        let plan = plan_text(&m, 16, &format!("{base}gather_unit = \"{unit}\"\n"));
+        let (a, _) = step_on_fabric(&f, &m, &plan).unwrap();
+        let e = step_event(&f, &m, &plan, &EventOpts::default()).unwrap();
+        let err = rel_err(e.estimate.step_time_s, a.step_time_s);
+        assert!(
+            err < 0.01,
+            "{unit}: event {:.4} s vs analytical {:.4} s",
+            e.estimate.step_time_s,
+            a.step_time_s
+        );
+        (plan, a.step_time_s)
+    };
+    let (layer_plan, layer) = step("layer");
+    let (plan, tensor) = step("tensor");
+    let (_, list) = step("tensor_list");
+    assert!(layer < tensor && tensor < list, "{layer} {tensor} {list}");
+    let one = chunk_gathers(&m, &layer_plan, 0, 0);
+    let calls = &chunk_gathers(&m, &plan, 0, 0)[0].calls;
+    assert_eq!(calls.len(), 6, "{calls:?}");
+    assert_eq!(one[0].calls.len(), 1);
+    let layer_bytes: u64 = calls.iter().sum();
+    assert_eq!(layer_bytes, one[0].calls[0], "the tensors share the layer's bytes exactly");
+    let r = Roofline::new(&f.gpu, plan.dtype, GpuParams::for_fabric(&f).unwrap()).unwrap();
+    let passes = (3 * m.layers * plan.microbatches()) as f64;
+    let copies = 6.0 * 16.0 * r.params.copy_floor_us * 1e-6 + r.memory_time(2.0 * layer_bytes as f64);
+    let want = passes * copies;
+    assert!(rel_err(list - tensor, want) < 1e-6, "list - tensor = {:.6} s, want {want:.6} s", list - tensor);
+    // Sharded weights only: the key is refused elsewhere, and the event mode's replay is
+    // what prices a layer's calls one by one.
+    let e = parse_plan("tp = 1\ndp = 16\nzero = 1\ngather_unit = \"tensor\"\n", Path::new("p.toml"), &m, 16)
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("p.toml:4:") && e.contains("gather_unit") && e.contains("zero = 3 or fsdp"), "{e}");
+    let e = parse_plan("zero = 3\ngather_unit = \"bucket\"\n", Path::new("p.toml"), &m, 16)
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("p.toml:2:") && e.contains("layer, tensor, tensor_list"), "{e}");
+    let no_replay = EventOpts { replay: false, ..EventOpts::default() };
+    let e = step_event(&f, &m, &plan, &no_replay).unwrap_err();
+    assert!(e.contains("--no-replay") && e.contains("gather_unit"), "{e}");
 }
 
 /// 1F1B with compute only on the critical path: the pipeline's end in the event run is the
@@ -2897,10 +2942,27 @@ fn zero3_gathers_the_experts_over_their_group() {
     assert_eq!(
         chunk_gathers(&m, &plan, 0, 0),
         [
-            ParamGather { group: GroupKind::FsdpShard, bytes: 2 * dense },
-            ParamGather { group: GroupKind::ExpertShard, bytes: 2 * experts }
+            ParamGather {
+                group: GroupKind::FsdpShard,
+                ranks: 16,
+                bytes: 2 * dense,
+                calls: vec![2 * dense / m.layers],
+                list: false
+            },
+            ParamGather {
+                group: GroupKind::ExpertShard,
+                ranks: 4,
+                bytes: 2 * experts,
+                calls: vec![2 * experts / m.layers],
+                list: false
+            }
         ]
     );
+    // Per tensor, a layer's experts are its two local experts' fc1 and fc2.
+    let per_tensor = plan_text(&m, 16, "ep = 4\ndp = 16\nzero = 3\ngather_unit = \"tensor\"\n");
+    let g = chunk_gathers(&m, &per_tensor, 0, 0);
+    assert_eq!(g[1].calls.len(), 4, "{:?}", g[1].calls);
+    assert_eq!(g[1].calls.iter().sum::<u64>(), 2 * experts / m.layers);
     let pl = Placement::new(&plan);
     assert_eq!(pl.group_of(GroupKind::ExpertShard, 5), pl.group_of(GroupKind::ExpertDp, 5));
     assert_eq!(pl.group_of(GroupKind::ExpertShard, 5).len(), 4);
