@@ -28,11 +28,12 @@
 //!   (ZeRO-1/2, then an all-gather of the updated weights, hidden under the next step's forward with
 //!   `param_gather`); ZeRO-3/FSDP gathers each layer's weights (dense over their sharding
 //!   group, experts over the expert data-parallel ranks) before its forward and backward
-//!   and reduce-scatters its gradients (each collective priced at one layer's
-//!   size, or as the layer's NCCL calls one per parameter tensor with `gather_unit`, each
-//!   followed under PyTorch's list API by one copy per rank), hidden with prefetching for as long as the layers run (their compute and their
-//!   exposed TP, CP and EP communication; under a split backward the gathers behind the
-//!   input-gradient pass, the reduce-scatters behind the weight-gradient pass).
+//!   and reduce-scatters its gradients (each collective priced at one layer's size, or as
+//!   the layer's NCCL calls one per parameter tensor with `gather_unit`, each followed
+//!   under PyTorch's list API by one copy per rank), hidden with prefetching for as long
+//!   as the layers run (their compute and their exposed TP, CP and EP communication; under
+//!   a split backward the gathers behind the input-gradient pass, the reduce-scatters
+//!   behind the weight-gradient pass).
 //! - NIC sharing: a layer's collectives that leave the NVLink domain (its gathers on two
 //!   communicators, its CP, EP and TP traffic) share the NICs. The closed form asks the
 //!   pricer how long each keeps a NIC busy ([`CommPricer::nic`]): a layer's dense and expert

@@ -1495,16 +1495,9 @@ fn zero3_gather_unit_prices_each_tensor_and_each_ranks_copy() {
     let base = "tp = 1\ndp = 16\nzero = 3\nmbs = 1\ngbs = 32\nseq = 2048\noverlap_param_gather = false\n";
     let step = |unit: &str| {
         let plan = plan_text(&m, 16, &format!("{base}gather_unit = \"{unit}\"\n"));
-        let (a, _) = step_on_fabric(&f, &m, &plan).unwrap();
-        let e = step_event(&f, &m, &plan, &EventOpts::default()).unwrap();
-        let err = rel_err(e.estimate.step_time_s, a.step_time_s);
-        assert!(
-            err < 0.01,
-            "{unit}: event {:.4} s vs analytical {:.4} s",
-            e.estimate.step_time_s,
-            a.step_time_s
-        );
-        (plan, a.step_time_s)
+        let (e, a) = event_and_closed_form(&f, &m, &plan);
+        assert!(rel_err(e, a) < 0.01, "{unit}: event {e:.4} s vs analytical {a:.4} s");
+        (plan, a)
     };
     let (layer_plan, layer) = step("layer");
     let (plan, tensor) = step("tensor");
