@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs fabricsim's GPU validation on this machine's GPUs and writes everything under $OUT
 # (default ./gpu-out): the GPUs and their peer bandwidth, the one-GPU microbenchmarks (copies,
-# reductions, launches, GEMMs by shape), causal attention through PyTorch when it is there
-# (attention.py), and `validate --gpu` (simulated vs the same schedule on the GPUs vs NCCL,
+# reductions, launches, GEMMs by shape), causal attention and the per-rank cost of a list
+# collective through PyTorch when it is there (attention.py, list_copies.py), and
+# `validate --gpu` (simulated vs the same schedule on the GPUs vs NCCL,
 # CSV in the layout of validate/reference/) for all-reduce by NCCL's pick, Ring and Tree,
 # all-gather and reduce-scatter. Budget: about 7 minutes. Each step has its own timeout and
 # a failed step does not stop the others; run.log and status.txt say what happened, and
@@ -72,6 +73,7 @@ if [ ! -x "$BIN" ]; then echo "no fabricsim binary ($BIN): build with --features
 timeout 120 "$BIN" gpu-info --microbench --max-bytes 1G --out "$OUT/gpu-info"; status gpu-info $?
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   timeout 90 python3 validate/gpu/attention.py "$OUT/gpu-info/attention.csv"; status attention $?
+  timeout 60 python3 validate/gpu/list_copies.py "$OUT/gpu-info/list_copies.csv"; status list-copies $?
 else
   echo "attention: skipped (no python3 with a CUDA PyTorch)"
 fi
