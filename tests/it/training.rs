@@ -2353,6 +2353,17 @@ fn every_plan_key_has_a_train_flag() {
     let (code, _, err) = run(&["--tp", "2", "--fsdp", "partial"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("fsdp") && err.contains("hybrid"), "{err}");
+    // ZeRO-3's gather unit through its flag, as through the plan file.
+    std::fs::write(&plan, "tp = 2\nzero = 3\ngather_unit = \"tensor_list\"\n").unwrap();
+    let (code, unit_file, err) = run(&["--plan", plan.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    let (_, unit_flags, _) = run(&["--tp", "2", "--zero", "3", "--gather-unit", "tensor_list"]);
+    assert_eq!(unit_file, unit_flags);
+    let (_, per_layer, _) = run(&["--tp", "2", "--zero", "3"]);
+    assert_ne!(per_layer, unit_flags);
+    let (code, _, err) = run(&["--tp", "2", "--zero", "3", "--gather-unit", "bucket"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("tensor_list"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
