@@ -1195,7 +1195,7 @@ pub fn step_event_with(
                             StepJobKind::Fsdp,
                             name,
                             group,
-                            replayed.then(|| (px, &sh)),
+                            replayed.then_some((px, &sh)),
                         );
                         Ok(())
                     };
@@ -1249,7 +1249,7 @@ pub fn step_event_with(
                                 } else {
                                     w.kernel_after(b.ops[s][i], k, id);
                                 }
-                                let replay = replayed.then(|| (px, &sh));
+                                let replay = replayed.then_some((px, &sh));
                                 b.push_collective(s as u32, StepJobKind::Fsdp, name, group, replay);
                             }
                             if o.pass == Pass::W || (o.pass == Pass::B && !split) {
@@ -1353,7 +1353,7 @@ pub fn step_event_with(
                         w.after_everywhere(x, p);
                     }
                 }
-                b.push_collective(s as u32, StepJobKind::Dp, name, &ranks, replayed.then(|| (px, &sh)));
+                b.push_collective(s as u32, StepJobKind::Dp, name, &ranks, replayed.then_some((px, &sh)));
                 previous.insert(ranks, ids);
             }
             let name = format!("stage {s} optimizer");
@@ -1389,7 +1389,7 @@ pub fn step_event_with(
                     }
                 }
                 previous = ids;
-                b.push_collective(s as u32, StepJobKind::Dp, name, &ranks, replayed.then(|| (px, &sh)));
+                b.push_collective(s as u32, StepJobKind::Dp, name, &ranks, replayed.then_some((px, &sh)));
             }
         }
         Ok((w, b))

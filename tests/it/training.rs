@@ -3037,7 +3037,9 @@ fn zero3_gathers_the_experts_over_their_group() {
     // (Measured 2026-12-05: 0.625 s against 0.664 s, 5.9%, since the experts' replayed
     // gathers run on a proxy of their own, beside the dense ones as their NCCL stream does;
     // the step with every collective simulated on all its ranks (`replay: false`) takes
-    // 0.626 s, so the closed form is the one 6% high here: its NIC-sum rule below.
+    // 0.626 s, so the closed form is the one 6% high here (and 4-7% on four other MoE
+    // ZeRO-3 plans of 16 to 32 H100; not from the NIC-sum rule below: taking the longer
+    // gather alone moves them by 0.1% at most; what it over-charges is not isolated).
     // Measured 2026-12-04: 0.645 s against 0.666 s, 3.3%. The event mode runs a layer's
     // dense and expert gathers side by side, each on its communicator's stream; the closed
     // form added them (0.691 s, 6.7%) until it took the longer of the two or their NIC time
