@@ -235,9 +235,10 @@ pub struct ParamGather {
     /// The NCCL calls one layer's gather (and its reduce-scatter) makes, one after another,
     /// in bytes (the gathered size): one for the whole layer ([`GatherUnit::Layer`]), or
     /// one per parameter tensor. The chunk's weights are split evenly over its layers, and
-    /// a layer's over its tensors in proportion to the chunk's first layer's
-    /// ([`Model::layer_tensors`]; an MoE chunk's dense layers and an embedding take the
-    /// shape of the layer they are averaged with); they sum to the layer's share exactly.
+    /// a layer's over its tensors in proportion to one layer's ([`Model::layer_tensors`]:
+    /// the dense weights' of the chunk's commoner layer kind, the experts' of its first MoE
+    /// layer; the other kind's layers and an embedding take that shape); they sum to the
+    /// layer's share exactly.
     pub calls: Vec<u64>,
     /// Whether each call goes through PyTorch's list API ([`GatherUnit::TensorList`]): the
     /// gathered output (or the reduce-scatter's input) is one tensor per rank, copied out of
@@ -256,8 +257,14 @@ pub fn chunk_gathers(model: &Model, plan: &Plan, stage: u64, chunk: u64) -> Vec<
     let vs = chunk * plan.pp + stage;
     let (dense, experts) = vstage_params(model, plan, vs);
     let layers = (plan.vstage_blocks(model.layers, vs).count() as u64).max(1);
+    // The tensors' shapes: the dense weights' of the chunk's commoner layer kind, the
+    // experts' of its first MoE layer.
+    let moe_layer = plan.vstage_blocks(model.layers, vs).find(|&l| model.is_moe_layer(l));
+    let moe_count = plan.vstage_blocks(model.layers, vs).filter(|&l| model.is_moe_layer(l)).count() as u64;
     let first = plan.vstage_blocks(model.layers, vs).next().unwrap_or(0);
-    let (dense_tensors, expert_tensors) = model.layer_tensors(first);
+    let common = if 2 * moe_count > layers { moe_layer.unwrap_or(first) } else { first };
+    let dense_tensors = model.layer_tensors(common).0;
+    let expert_tensors = model.layer_tensors(moe_layer.unwrap_or(first)).1;
     // The EP rank's routed experts, each its tensors.
     let local = model.moe.as_ref().map_or(0, |m| m.experts / plan.ep) as usize;
     let expert_tensors = expert_tensors.repeat(local);

@@ -3007,6 +3007,18 @@ fn zero3_gathers_the_experts_over_their_group() {
     let g = chunk_gathers(&m, &per_tensor, 0, 0);
     assert_eq!(g[1].calls.len(), 4, "{:?}", g[1].calls);
     assert_eq!(g[1].calls.iter().sum::<u64>(), 2 * experts / m.layers);
+    // A chunk of dense and MoE layers (DeepSeek-V3's first stage: 3 dense, then MoE) takes
+    // its commoner kind's dense tensors and its first MoE layer's experts (32 local experts,
+    // fc1 and fc2 each), not the first layer's (a dense layer has no experts).
+    let ds = model("deepseek-v3");
+    let ds_plan =
+        plan_text(&ds, 256, "tp = 2\npp = 8\nep = 8\ndp = 16\nzero = 3\ngather_unit = \"tensor\"\n");
+    let first: Vec<u64> = ds_plan.vstage_blocks(ds.layers, 0).collect();
+    let moe = first.iter().filter(|&&l| ds.is_moe_layer(l)).count();
+    assert!(moe > 0 && 2 * moe > first.len(), "{first:?}");
+    let g = chunk_gathers(&ds, &ds_plan, 0, 0);
+    assert_eq!(g[0].calls.len(), ds.layer_tensors(ds.moe.as_ref().unwrap().dense_layers).0.len());
+    assert_eq!(g[1].calls.len(), 64, "{:?}", g[1].calls);
     let pl = Placement::new(&plan);
     assert_eq!(pl.group_of(GroupKind::ExpertShard, 5), pl.group_of(GroupKind::ExpertDp, 5));
     assert_eq!(pl.group_of(GroupKind::ExpertShard, 5).len(), 4);
