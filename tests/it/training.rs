@@ -1389,7 +1389,8 @@ fn event_mode_agrees_with_the_analytical_mode() {
 /// analytical step was 47% below the event mode's (1.82 s against 3.45 s) when it priced one
 /// gather per chunk. Llama 3 70B on 16 nodes, CP 8 DP 16: the gathers hide under the CP
 /// exchanges the step waits for; counted behind compute alone the analytical step was 10.6%
-/// above. Measured: +3.3% and -1.4%.
+/// above. Measured: +0.3% and -1.9% (2026-12-05; +3.3% and -1.4% while the closed form
+/// added the SM share of gathers that outlast their layer on top of them).
 #[test]
 fn zero3_gathers_are_priced_layer_by_layer_in_both_modes() {
     let cases = [
