@@ -246,6 +246,13 @@ pub struct ParamGather {
     pub list: bool,
 }
 
+impl ParamGather {
+    /// Bytes of one layer's gather (its calls together).
+    pub fn layer_bytes(&self) -> u64 {
+        self.calls.iter().sum()
+    }
+}
+
 /// What ZeRO-3/FSDP gathers of chunk `chunk` of `stage`: the dense weights over their
 /// sharding group ([`GroupKind::FsdpShard`], all of dp x cp unless hybrid) and the expert
 /// weights over theirs ([`GroupKind::ExpertShard`], the expert data-parallel ranks); none
@@ -256,12 +263,13 @@ pub fn chunk_gathers(model: &Model, plan: &Plan, stage: u64, chunk: u64) -> Vec<
     }
     let vs = chunk * plan.pp + stage;
     let (dense, experts) = vstage_params(model, plan, vs);
-    let layers = (plan.vstage_blocks(model.layers, vs).count() as u64).max(1);
+    let blocks: Vec<u64> = plan.vstage_blocks(model.layers, vs).collect();
+    let layers = (blocks.len() as u64).max(1);
     // The tensors' shapes: the dense weights' of the chunk's commoner layer kind, the
     // experts' of its first MoE layer.
-    let moe_layer = plan.vstage_blocks(model.layers, vs).find(|&l| model.is_moe_layer(l));
-    let moe_count = plan.vstage_blocks(model.layers, vs).filter(|&l| model.is_moe_layer(l)).count() as u64;
-    let first = plan.vstage_blocks(model.layers, vs).next().unwrap_or(0);
+    let first = blocks.first().copied().unwrap_or(0);
+    let moe_layer = blocks.iter().copied().find(|&l| model.is_moe_layer(l));
+    let moe_count = blocks.iter().filter(|&&l| model.is_moe_layer(l)).count() as u64;
     let common = if 2 * moe_count > layers { moe_layer.unwrap_or(first) } else { first };
     let dense_tensors = model.layer_tensors(common).0;
     let expert_tensors = model.layer_tensors(moe_layer.unwrap_or(first)).1;

@@ -140,6 +140,11 @@ use std::collections::{BTreeMap, BTreeSet};
 /// its communicator, its jobs.
 type Issued = ((usize, u8), Vec<u32>, Vec<JobId>);
 
+/// A chunk's ZeRO-3/FSDP gathers on one communicator as the event mode lowers them: the
+/// group's fabric ranks, the layer's calls, a label ("expert " or none) and the proxy rank
+/// that replays them.
+type LayerGather = (Vec<u32>, ParamGather, &'static str, u32);
+
 /// How to lower a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EventOpts {
@@ -1140,18 +1145,23 @@ pub fn step_event_with(
                 // its group and its jobs: a communicator's collectives run one after another
                 // in that order (one NCCL stream per process group).
                 let mut issued: Vec<Issued> = Vec::new();
-                for (i, o) in sched.ops[s].iter().enumerate() {
-                    let layers = layers_of(s, o.chunk);
-                    // The dense weights over their sharding group, the experts' over theirs.
-                    let gathers: Vec<(Vec<u32>, ParamGather, &str)> =
-                        chunk_gathers(model, plan, s as u64, o.chunk as u64)
+                // Per chunk, the dense weights over their sharding group and the experts' over
+                // theirs: the group's ranks, the layer's calls, a label and the replaying proxy.
+                let by_chunk: Vec<Vec<LayerGather>> = (0..plan.vpp)
+                    .map(|c| {
+                        chunk_gathers(model, plan, s as u64, c)
                             .into_iter()
                             .map(|g| {
                                 let group = pl.group_of(g.group, rep(s)).iter().map(|&x| x as u32).collect();
-                                let what = if g.group == GroupKind::ExpertShard { "expert " } else { "" };
-                                (group, g, what)
+                                let expert = g.group == GroupKind::ExpertShard;
+                                (group, g, if expert { "expert " } else { "" }, proxy_of(s, expert))
                             })
-                            .collect();
+                            .collect()
+                    })
+                    .collect();
+                for (i, o) in sched.ops[s].iter().enumerate() {
+                    let layers = layers_of(s, o.chunk);
+                    let gathers = &by_chunk[o.chunk as usize];
                     // Layer `k`'s reduce-scatter after its kernel of this op: the backward, or
                     // the weight-gradient pass of a schedule that splits the backward.
                     let fsdp_rs_after = |w: &mut Concurrent,
@@ -1161,6 +1171,7 @@ pub fn step_event_with(
                                          group: &[u32],
                                          g: &ParamGather,
                                          what: &str,
+                                         px: u32,
                                          k: u32,
                                          at: usize|
                      -> Result<(), String> {
@@ -1168,8 +1179,7 @@ pub fn step_event_with(
                             "fsdp {what}reduce-scatter mb {} chunk {} layer {k} stage {s}",
                             o.mb, o.chunk
                         );
-                        let bytes = g.calls.iter().sum();
-                        let px = proxy_of(s, g.group == GroupKind::ExpertShard);
+                        let bytes = g.layer_bytes();
                         let Some(added) = coll_job(
                             w,
                             s,
@@ -1202,9 +1212,8 @@ pub fn step_event_with(
                     for k in 0..layers {
                         let g = stream.len();
                         stream.push((b.ops[s][i], k));
-                        for (group, calls, what) in &gathers {
-                            let bytes = calls.calls.iter().sum();
-                            let px = proxy_of(s, calls.group == GroupKind::ExpertShard);
+                        for &(ref group, ref calls, what, px) in gathers {
+                            let bytes = calls.layer_bytes();
                             let name = format!(
                                 "fsdp {what}gather {:?} mb {} chunk {} layer {k} stage {s}",
                                 o.pass, o.mb, o.chunk
@@ -1262,6 +1271,7 @@ pub fn step_event_with(
                                     group,
                                     calls,
                                     what,
+                                    px,
                                     k,
                                     g + 1,
                                 )?;
