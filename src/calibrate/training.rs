@@ -224,6 +224,10 @@ pub struct TrainingRow {
     pub error: f64,
     /// Distinct collectives simulated.
     pub collectives: usize,
+    /// Memory the estimate says the run's fullest GPU needs, bytes.
+    pub memory: u64,
+    /// That GPU's HBM, bytes.
+    pub hbm: u64,
     /// The event-mode result ([`add_event_column`]); None when not asked for.
     pub event: Option<EventCell>,
 }
@@ -285,6 +289,8 @@ pub fn score_run(
         simulated,
         error: run.metric.error(simulated, run.published),
         collectives,
+        memory: est.memory.total(),
+        hbm: f.gpu.hbm_bytes,
         event: None,
     })
 }

@@ -13,7 +13,7 @@ use fabricsim::calibrate::reference::{
     band_score, cluster_scores, load_manifest, reference_dir, score, ClusterScore, Dataset, Score, BANDS,
 };
 use fabricsim::calibrate::training::{
-    add_event_column, score_training, training_runs_path, EventCell, EventRule, Use,
+    add_event_column, score_training, training_runs_path, EventCell, EventRule, TrainingRow, Use,
 };
 use fabricsim::scenario::bench::Fidelity;
 
@@ -161,6 +161,31 @@ fn run_training(a: &ValidateArgs, md: bool) -> Result<()> {
         s.median_fitted * 100.0,
         s.median_all * 100.0
     );
+    // Every published run fitted on its GPUs: the memory estimate should say so too.
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    let over: Vec<&TrainingRow> = s.rows.iter().filter(|r| r.memory > r.hbm).collect();
+    if let Some(t) = s
+        .rows
+        .iter()
+        .max_by(|a, b| (a.memory as f64 / a.hbm as f64).total_cmp(&(b.memory as f64 / b.hbm as f64)))
+    {
+        println!(
+            "memory: {} of {} runs fit in HBM by the estimate (each ran); the fullest, {}, needs {:.1} of {:.1} GiB",
+            s.rows.len() - over.len(),
+            s.rows.len(),
+            t.run.run,
+            gib(t.memory),
+            gib(t.hbm)
+        );
+    }
+    for r in over {
+        println!(
+            "  does not fit by the estimate: {} ({:.1} of {:.1} GiB)",
+            r.run.run,
+            gib(r.memory),
+            gib(r.hbm)
+        );
+    }
     if event {
         match event_medians {
             Some((ev, an, n)) => println!(

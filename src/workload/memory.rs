@@ -20,21 +20,26 @@
 //!   unfused attention keeps it (softmax output 2 bytes, dropout mask 1 and output 2 per
 //!   score, split by TP) unless recomputed. Full recomputation keeps each layer's input
 //!   (2sbh, split by TP under SP). The last stage also holds the FP32 logits of one
-//!   micro-batch (`4sbv/t`).
+//!   micro-batch (`4sbv/t`). Recomputation also holds, while one layer's backward runs, what
+//!   it rebuilt of that layer (under full recomputation the layer's whole activations less
+//!   its input), once per stage: this model's reading, not a published figure.
 //! - In flight: the chunks whose forward ran and backward has not, at the peak of each
 //!   stage's op order ([`super::pipeline::PipelineSchedule::max_in_flight`]): `p` on the
 //!   first stage of 1F1B, `m` for GPipe, Korthikanti's `(1 + (p-1)/(p v))` multiplier for
 //!   interleaving.
 //! - Communication buffers are this model's estimate, not a published figure: two gradient
 //!   buckets in flight, the all-gathered input of a TP layer under SP, and with sharded
-//!   parameters the gathered weights of the current and the next layer.
+//!   parameters the unit a gather brings (a layer, or a tensor), its gradients before their
+//!   reduce-scatter, the next unit where gathers run ahead, and under PyTorch's list API the
+//!   NCCL call's flat buffer.
 
 use std::fmt;
 
+use super::comm::{chunk_gathers, ParamGather};
 use super::flops::{layer_gemms, Split};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
-use super::plan::{Attention, Dtype, Plan, Recompute, RecomputeModule, Sharding};
+use super::plan::{Attention, Dtype, GatherUnit, GroupKind, Plan, Recompute, RecomputeModule, Sharding};
 
 /// A memory category.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -296,7 +301,8 @@ pub fn stage_memory(model: &Model, plan: &Plan, stage: u64, in_flight_chunks: u6
         .map(|&l| layer_activation_bytes(model, plan, l))
         .max()
         .unwrap_or(0);
-    let mut activations = in_flight_chunks * chunk_layers * per_layer;
+    let mut activations =
+        in_flight_chunks * chunk_layers * per_layer + recompute_working_set(model, plan, &stage_layers);
     let t = plan.mbs * plan.seq(model) / plan.cp;
     if stage == plan.pp - 1 {
         // FP32 logits, of the model's output and of each MTP layer's.
@@ -314,11 +320,47 @@ pub fn stage_memory(model: &Model, plan: &Plan, stage: u64, in_flight_chunks: u6
         // `cp_comm_type = "all_gather"`; the gathered copy is not kept across layers).
         comm += 2 * plan.cp * super::comm::cp_kv_bytes(model, plan);
     }
-    if plan.sharding.shards_params() {
-        let biggest = stage_layers.iter().map(|&l| model.layer_params(l).total()).max().unwrap_or(0);
-        comm += 2 * 2 * biggest / plan.tp;
-    }
+    comm += gathered_weights(model, plan, stage);
     Memory { stage, params: wd + we, grads: grads_total, optimizer: od + oe, activations, comm }
+}
+
+/// What recomputation rebuilds of one layer during that layer's backward: everything it
+/// did not keep (under full recomputation the layer's whole activations less its input;
+/// under selective recomputation the modules it reruns). One layer at a time, on top of
+/// what the stage keeps; the stage's largest layer kind counts.
+fn recompute_working_set(model: &Model, plan: &Plan, layers: &[u64]) -> u64 {
+    if plan.recompute == Recompute::None {
+        return 0;
+    }
+    let kept_all = Plan { recompute: Recompute::None, ..plan.clone() };
+    [0, 1]
+        .into_iter()
+        .filter_map(|kind| layers.iter().find(|&&l| model.layer_kind(l) == kind))
+        .map(|&l| {
+            layer_activation_bytes(model, &kept_all, l).saturating_sub(layer_activation_bytes(model, plan, l))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Under ZeRO-3/FSDP, the unsharded weights and gradients one GPU of `stage` holds at once,
+/// per communicator (dense and experts gather side by side), in units of the largest call a
+/// gather makes (a layer, or a parameter tensor under `gather_unit = "tensor"`): the unit
+/// being used, its gradients before their reduce-scatter, the next unit's weights where
+/// gathers run ahead (`overlap_param_gather`), and under PyTorch's list API the flat buffer
+/// the NCCL call uses beside the list (`tensor_list`).
+fn gathered_weights(model: &Model, plan: &Plan, stage: u64) -> u64 {
+    let units =
+        2 + u64::from(plan.overlap.param_gather) + u64::from(plan.gather_unit == GatherUnit::TensorList);
+    let unit = |g: &ParamGather| g.calls.iter().copied().max().unwrap_or(0);
+    let mut biggest = [0u64; 2];
+    for chunk in 0..plan.vpp {
+        for g in chunk_gathers(model, plan, stage, chunk) {
+            let i = usize::from(g.group != GroupKind::FsdpShard);
+            biggest[i] = biggest[i].max(unit(&g));
+        }
+    }
+    units * biggest.iter().sum::<u64>()
 }
 
 /// Memory of every stage of `plan` under its pipeline schedule.
