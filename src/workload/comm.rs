@@ -263,31 +263,50 @@ pub fn chunk_gathers(model: &Model, plan: &Plan, stage: u64, chunk: u64) -> Vec<
     }
     let vs = chunk * plan.pp + stage;
     let (dense, experts) = vstage_params(model, plan, vs);
-    let blocks: Vec<u64> = plan.vstage_blocks(model.layers, vs).collect();
-    let layers = (blocks.len() as u64).max(1);
-    // The tensors' shapes: the dense weights' of the chunk's commoner layer kind, the
-    // experts' of its first MoE layer.
-    let first = blocks.first().copied().unwrap_or(0);
-    let moe_layer = blocks.iter().copied().find(|&l| model.is_moe_layer(l));
-    let moe_count = blocks.iter().filter(|&&l| model.is_moe_layer(l)).count() as u64;
-    let common = if 2 * moe_count > layers { moe_layer.unwrap_or(first) } else { first };
-    let dense_tensors = model.layer_tensors(common).0;
-    let expert_tensors = model.layer_tensors(moe_layer.unwrap_or(first)).1;
-    // The EP rank's routed experts, each its tensors.
-    let local = model.moe.as_ref().map_or(0, |m| m.experts / plan.ep) as usize;
-    let expert_tensors = expert_tensors.repeat(local);
+    vstage_gathers(model, plan, vs, dense, experts)
+}
+
+/// [`chunk_gathers`] of virtual stage `vs`, given the parameters one GPU holds of it
+/// ([`vstage_params`]).
+pub(crate) fn vstage_gathers(
+    model: &Model,
+    plan: &Plan,
+    vs: u64,
+    dense: u64,
+    experts: u64,
+) -> Vec<ParamGather> {
+    if !plan.sharding.shards_params() {
+        return Vec::new();
+    }
+    let blocks = || plan.vstage_blocks(model.layers, vs);
+    let layers = (blocks().count() as u64).max(1);
+    // The tensors' shapes (per tensor only): the dense weights' of the chunk's commoner
+    // layer kind, the experts' of its first MoE layer, each of the EP rank's routed experts
+    // its own.
+    let tensors = |group: GroupKind| {
+        let first = blocks().next().unwrap_or(0);
+        let moe_layer = blocks().find(|&l| model.is_moe_layer(l));
+        if group == GroupKind::FsdpShard {
+            let moe_count = blocks().filter(|&l| model.is_moe_layer(l)).count() as u64;
+            let common = if 2 * moe_count > layers { moe_layer.unwrap_or(first) } else { first };
+            model.layer_tensors(common).0
+        } else {
+            let local = model.moe.as_ref().map_or(0, |m| m.experts / plan.ep) as usize;
+            model.layer_tensors(moe_layer.unwrap_or(first)).1.repeat(local)
+        }
+    };
     [
-        (GroupKind::FsdpShard, dense, plan.shard_group(), dense_tensors),
-        (GroupKind::ExpertShard, experts, plan.expert_shard_group(), expert_tensors),
+        (GroupKind::FsdpShard, dense, plan.shard_group()),
+        (GroupKind::ExpertShard, experts, plan.expert_shard_group()),
     ]
     .into_iter()
-    .filter(|&(_, params, ranks, _)| params > 0 && ranks > 1)
-    .map(|(group, params, ranks, tensors)| {
+    .filter(|&(_, params, ranks)| params > 0 && ranks > 1)
+    .map(|(group, params, ranks)| {
         let bytes = 2 * params;
         let layer = bytes / layers;
         let calls = match plan.gather_unit {
             GatherUnit::Layer => vec![layer],
-            GatherUnit::Tensor | GatherUnit::TensorList => split_in_proportion(layer, &tensors),
+            GatherUnit::Tensor | GatherUnit::TensorList => split_in_proportion(layer, &tensors(group)),
         };
         ParamGather { group, ranks, bytes, calls, list: plan.gather_unit == GatherUnit::TensorList }
     })

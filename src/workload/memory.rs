@@ -35,7 +35,7 @@
 
 use std::fmt;
 
-use super::comm::{chunk_gathers, ParamGather};
+use super::comm::vstage_gathers;
 use super::flops::{layer_gemms, Split};
 use super::model::Model;
 use super::pipeline::PipelineSchedule;
@@ -211,11 +211,16 @@ pub fn vstage_params(model: &Model, plan: &Plan, vs: u64) -> (u64, u64) {
 
 /// Activation bytes one GPU keeps for one micro-batch through layer `layer`.
 pub fn layer_activation_bytes(model: &Model, plan: &Plan, layer: u64) -> u64 {
+    activation_bytes(model, plan, layer, plan.recompute)
+}
+
+/// [`layer_activation_bytes`] under recomputation `rc` instead of the plan's.
+fn activation_bytes(model: &Model, plan: &Plan, layer: u64, rc: Recompute) -> u64 {
     let (tp, cp) = (plan.tp, plan.cp);
     let t = plan.mbs * plan.seq(model) / cp;
     let h = model.hidden;
     let sp_div = if plan.sp { tp } else { 1 };
-    if plan.recompute == Recompute::Full {
+    if rc == Recompute::Full {
         return 2 * t * h / sp_div;
     }
     let mask = if model.dropout { t * h } else { 0 };
@@ -224,7 +229,13 @@ pub fn layer_activation_bytes(model: &Model, plan: &Plan, layer: u64) -> u64 {
     let g = if plan.dtype == Dtype::Fp8 { 1 } else { 2 };
     // Selective recomputation drops what its modules rerun (Megatron-Core's
     // `--recompute-modules`): `on(m, x)` is x unless m is recomputed.
-    let on = |m: RecomputeModule, x: u64| if plan.recomputes(m) { 0 } else { x };
+    let on = |m: RecomputeModule, x: u64| {
+        if rc == Recompute::Selective && plan.recompute_modules.contains(m) {
+            0
+        } else {
+            x
+        }
+    };
     // Not split by TP unless SP: both norm inputs, the attention and MLP inputs (GEMM
     // inputs: the norms' outputs, which `layernorm` drops in BF16; under FP8 the GEMMs keep
     // their own FP8 copies), the masks.
@@ -270,7 +281,18 @@ fn v_dim(model: &Model) -> u64 {
 
 /// Memory of one GPU of `stage`, given the chunks in flight at the stage's peak.
 pub fn stage_memory(model: &Model, plan: &Plan, stage: u64, in_flight_chunks: u64) -> Memory {
-    let (dense, experts) = stage_params(model, plan, stage);
+    // The stage's parameters, and under ZeRO-3/FSDP the largest call a gather of each
+    // communicator makes (the dense weights', the experts'), chunk by chunk.
+    let (mut dense, mut experts, mut unit) = (0u64, 0u64, [0u64; 2]);
+    for c in 0..plan.vpp {
+        let vs = c * plan.pp + stage;
+        let (d, e) = vstage_params(model, plan, vs);
+        (dense, experts) = (dense + d, experts + e);
+        for g in vstage_gathers(model, plan, vs, d, e) {
+            let i = usize::from(g.group != GroupKind::FsdpShard);
+            unit[i] = unit[i].max(g.calls.iter().copied().max().unwrap_or(0));
+        }
+    }
     let n_dense = plan.shard_group();
     let n_expert = plan.expert_shard_group();
     let shard = |params: u64, n: u64, bytes: u64, sharded: bool| {
@@ -320,7 +342,7 @@ pub fn stage_memory(model: &Model, plan: &Plan, stage: u64, in_flight_chunks: u6
         // `cp_comm_type = "all_gather"`; the gathered copy is not kept across layers).
         comm += 2 * plan.cp * super::comm::cp_kv_bytes(model, plan);
     }
-    comm += gathered_weights(model, plan, stage);
+    comm += gathered_weights(plan, unit[0] + unit[1]);
     Memory { stage, params: wd + we, grads: grads_total, optimizer: od + oe, activations, comm }
 }
 
@@ -332,35 +354,27 @@ fn recompute_working_set(model: &Model, plan: &Plan, layers: &[u64]) -> u64 {
     if plan.recompute == Recompute::None {
         return 0;
     }
-    let kept_all = Plan { recompute: Recompute::None, ..plan.clone() };
     [0, 1]
         .into_iter()
         .filter_map(|kind| layers.iter().find(|&&l| model.layer_kind(l) == kind))
         .map(|&l| {
-            layer_activation_bytes(model, &kept_all, l).saturating_sub(layer_activation_bytes(model, plan, l))
+            activation_bytes(model, plan, l, Recompute::None)
+                .saturating_sub(layer_activation_bytes(model, plan, l))
         })
         .max()
         .unwrap_or(0)
 }
 
-/// Under ZeRO-3/FSDP, the unsharded weights and gradients one GPU of `stage` holds at once,
-/// per communicator (dense and experts gather side by side), in units of the largest call a
-/// gather makes (a layer, or a parameter tensor under `gather_unit = "tensor"`): the unit
-/// being used, its gradients before their reduce-scatter, the next unit's weights where
-/// gathers run ahead (`overlap_param_gather`), and under PyTorch's list API the flat buffer
-/// the NCCL call uses beside the list (`tensor_list`).
-fn gathered_weights(model: &Model, plan: &Plan, stage: u64) -> u64 {
+/// Under ZeRO-3/FSDP, the unsharded weights and gradients one GPU holds at once, in units
+/// of the largest call a gather makes (`unit`: a layer, or a parameter tensor under
+/// `gather_unit = "tensor"`, the dense and the expert communicators' together, as they
+/// gather side by side): the unit being used, its gradients before their reduce-scatter, the
+/// next unit's weights where gathers run ahead (`overlap_param_gather`), and under PyTorch's
+/// list API the flat buffer the NCCL call uses beside the list (`tensor_list`).
+fn gathered_weights(plan: &Plan, unit: u64) -> u64 {
     let units =
         2 + u64::from(plan.overlap.param_gather) + u64::from(plan.gather_unit == GatherUnit::TensorList);
-    let unit = |g: &ParamGather| g.calls.iter().copied().max().unwrap_or(0);
-    let mut biggest = [0u64; 2];
-    for chunk in 0..plan.vpp {
-        for g in chunk_gathers(model, plan, stage, chunk) {
-            let i = usize::from(g.group != GroupKind::FsdpShard);
-            biggest[i] = biggest[i].max(unit(&g));
-        }
-    }
-    units * biggest.iter().sum::<u64>()
+    units * unit
 }
 
 /// Memory of every stage of `plan` under its pipeline schedule.
