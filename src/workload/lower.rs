@@ -277,6 +277,9 @@ struct OpParts {
     ep_nic: f64,
     cp_wire: f64,
     tp_wire: f64,
+    /// The ZeRO-3/FSDP weight gathers the closed form expects the op to wait for; not part
+    /// of its duration (the gathers are jobs of their own).
+    fsdp: f64,
 }
 
 impl OpParts {
@@ -300,6 +303,7 @@ fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool, ep_beside: bo
             ep_nic: k.ep_nic_fwd,
             cp_wire: k.cp_wire_fwd,
             tp_wire: k.tp_wire_fwd,
+            fsdp: k.fsdp_fwd,
         },
         Pass::B => OpParts {
             compute: if split { c.bwd_input } else { c.bwd() },
@@ -310,6 +314,7 @@ fn op_parts(c: &ChunkCost, k: &ChunkComm, o: &PipeOp, split: bool, ep_beside: bo
             ep_nic: k.ep_nic_bwd,
             cp_wire: k.cp_wire_bwd,
             tp_wire: k.tp_wire_bwd,
+            fsdp: if split { k.fsdp_bwd_input } else { k.fsdp_bwd },
         },
         Pass::W => OpParts { compute: c.bwd_weight, ..OpParts::default() },
     }
@@ -1480,13 +1485,18 @@ pub fn step_event_with(
         // EP shadows replace the op's all-to-alls through the NIC (their kernels wait for
         // them), so theirs may also be shorter than the estimate; the CP and TP shadows run beside kernels that
         // count it (a wait behind both is put on CP).
+        // Under ZeRO-3/FSDP an op with CP or TP shadows also waits for its layers' weight
+        // gathers: as much of the excess as the closed form expects them to take is theirs.
         let extra = dur(star, i) - p.sum() - slow[star][i].0 - slow[star][i].1;
+        let gathers = if plan.sharding.shards_params() { extra.clamp(0.0, p.fsdp) } else { 0.0 };
         if ep_shadow[star][i].is_some() {
             sum.ep += if ep_beside { extra.max(0.0) } else { extra.max(-p.ep_nic) };
         } else if cp_shadow[star][i].is_some() {
-            sum.cp += extra.max(0.0);
+            wait_dp += gathers;
+            sum.cp += extra.max(0.0) - gathers;
         } else if tp_shadow[star][i].is_some() {
-            sum.tp += extra.max(0.0);
+            wait_dp += gathers;
+            sum.tp += extra.max(0.0) - gathers;
         } else if plan.sharding.shards_params() {
             // Inside an op without shadows only the layer-by-layer weight gathers wait.
             wait_dp += extra.max(0.0);

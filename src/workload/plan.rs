@@ -726,16 +726,29 @@ impl Plan {
                 return err(field, "must be at least 1".into());
             }
         }
+        let inner = self.tp.checked_mul(self.pp).and_then(|x| x.checked_mul(self.cp));
+        if inner.is_none_or(|x| !gpus.is_multiple_of(x)) {
+            let product = inner.map_or("more than 2^64".to_string(), |x| x.to_string());
+            return err(
+                "tp",
+                format!(
+                    "tp × pp × cp = {} × {} × {} = {product} does not divide the cluster's {gpus} GPUs; valid: \
+                     a product that divides {gpus}, dp being the rest",
+                    self.tp, self.pp, self.cp
+                ),
+            );
+        }
         if self.world() != gpus {
             return err(
                 "dp",
                 format!(
-                    "tp × pp × cp × dp = {} × {} × {} × {} = {} but the cluster has {gpus} GPUs",
+                    "tp × pp × cp × dp = {} × {} × {} × {} = {} but the cluster has {gpus} GPUs; valid: dp = {}",
                     self.tp,
                     self.pp,
                     self.cp,
                     self.dp,
-                    self.world()
+                    inner.and_then(|x| x.checked_mul(self.dp)).map_or("more than 2^64".to_string(), |x| x.to_string()),
+                    inner.map_or(0, |x| gpus / x)
                 ),
             );
         }
@@ -844,6 +857,16 @@ impl Plan {
             );
         }
         let seq = self.seq(model);
+        if self.mbs.saturating_mul(seq) > MAX_MICROBATCH_TOKENS {
+            return err(
+                if self.seq.is_some() && seq > MAX_MICROBATCH_TOKENS { "seq" } else { "mbs" },
+                format!(
+                    "mbs × seq = {} × {seq} tokens per micro-batch; at most {MAX_MICROBATCH_TOKENS} are simulated \
+                     (attention is timed tile by tile); valid: a smaller mbs or seq",
+                    self.mbs
+                ),
+            );
+        }
         let seq_field = if self.seq.is_some() { "seq" } else { "cp" };
         let need = if self.cp > 1 { 2 * self.cp } else { 1 };
         if !seq.is_multiple_of(need) {
@@ -921,6 +944,26 @@ impl Plan {
         if self.bucket_bytes == 0 {
             return err("bucket", "must be at least 1 byte".into());
         }
+        // Each bucket is a collective of the step: bound them as the micro-batches are.
+        let grads = (0..self.pp)
+            .map(|s| {
+                let (d, e) = super::memory::stage_params(model, self, s);
+                2 * d.max(e)
+            })
+            .max()
+            .unwrap_or(0);
+        if self.overlap.grad_reduce && grads.div_ceil(self.bucket_bytes) > MAX_BUCKETS {
+            return err(
+                "bucket",
+                format!(
+                    "bucket = {} bytes cuts a stage's {grads} bytes of gradients into {} buckets; at most \
+                     {MAX_BUCKETS} are simulated (each is a collective of the step); valid: bucket ≥ {} bytes",
+                    self.bucket_bytes,
+                    grads.div_ceil(self.bucket_bytes),
+                    grads.div_ceil(MAX_BUCKETS)
+                ),
+            );
+        }
         if !(self.ep_imbalance.is_finite() && (1.0..=1e3).contains(&self.ep_imbalance)) {
             return err(
                 "ep_imbalance",
@@ -963,6 +1006,15 @@ pub enum Dim {
 /// in both modes (2^16 is 128 times the most of any run in `validate/reference`, 512 for
 /// Narayanan et al.'s GPT 1T; a billion took the schedule past the machine's memory).
 pub const MAX_MICROBATCHES: u64 = 1 << 16;
+
+/// The most tokens a micro-batch may hold (mbs × seq, 2^27: 128 times Llama 4's 1M-token
+/// context; the attention kernel is timed tile by tile, and 10^11 tokens took the machine's
+/// memory).
+pub const MAX_MICROBATCH_TOKENS: u64 = 1 << 27;
+
+/// The most gradient buckets a stage may cut its gradients into (each is a collective of
+/// the step; 10^11 of them took the machine's memory).
+pub const MAX_BUCKETS: u64 = 1 << 16;
 
 /// Megatron's order, innermost first.
 pub const MEGATRON_ORDER: [Dim; 5] = [Dim::Tp, Dim::Cp, Dim::Ep, Dim::Dp, Dim::Pp];

@@ -899,9 +899,11 @@ fn a_sweep_over_workload_tp_gives_one_row_per_value_and_marks_invalid_plans() {
     assert_eq!(p.points.len(), 5);
     assert_eq!(p.columns, vec!["workload.tp".to_string()]);
     let bad = p.points[2].scenario.training().unwrap().invalid.clone().unwrap();
-    // dp is not given (it fills the GPUs: 8 / 3 = 2), so the error names the file, not a line.
+    // The swept tp is at fault (dp, not given, would fill the GPUs): the error names its line.
     assert!(
-        bad.contains("test.toml: `dp`: tp × pp × cp × dp = 3 × 1 × 1 × 2 = 6 but the cluster has 8 GPUs"),
+        bad.contains(
+            "test.toml:14:24: `tp`: tp × pp × cp = 3 × 1 × 1 = 3 does not divide the cluster's 8 GPUs"
+        ),
         "{bad}"
     );
     let dir = tmpdir("train-sweep");
@@ -916,7 +918,10 @@ fn a_sweep_over_workload_tp_gives_one_row_per_value_and_marks_invalid_plans() {
         if tp == 3 {
             assert_eq!(r["status"], "error");
             assert!(r["step_time_s"].is_null());
-            assert!(r["error"].as_str().unwrap().contains("tp × pp × cp × dp = 3 × 1 × 1 × 2 = 6"), "{r}");
+            assert!(
+                r["error"].as_str().unwrap().contains("tp × pp × cp = 3 × 1 × 1 = 3 does not divide"),
+                "{r}"
+            );
         } else {
             assert_eq!(r["status"], "ok", "{r}");
             assert!(r["plan"].as_str().unwrap().starts_with(&format!("tp {tp} pp 1")), "{r}");
@@ -1082,7 +1087,10 @@ fn a_training_scenario_gives_the_numbers_of_train_with_the_same_flags() {
     let o = fabricsim(&["train", path.to_str().unwrap(), "--tp", "3"]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2));
-    assert!(e.contains("llama3-70b-h100.toml:27:6: `dp`: tp × pp × cp × dp = 3 × 4 × 1 × 16 = 192"), "{e}");
+    assert!(
+        e.contains("--tp 3: `tp`: tp × pp × cp = 3 × 4 × 1 = 12 does not divide the cluster's 512 GPUs"),
+        "{e}"
+    );
     // A scenario with a sweep is for `run`.
     let o = fabricsim(&["train", root().join("scenarios/llama3-405b-scaling.toml").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));

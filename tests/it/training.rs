@@ -164,7 +164,24 @@ fn bad_plans_name_the_field() {
             "needs sequence parallelism",
         ),
     ];
-    for (plan, model, gpus, field, text) in cases {
+    // Found by fuzzing `train`: sizes `check` let through that aborted or hung the estimate
+    // (a 1-byte bucket asked for 128 GB, a 2^40-token sequence 64 GB, mbs 2^32 ran for
+    // minutes), and a GPU count tp × pp × cp does not divide, which blamed the unset dp.
+    let more: Vec<(Plan, &Model, u64, &str, &str)> = vec![
+        (Plan { bucket_bytes: 1, ..ok.clone() }, &m, 128, "bucket", "at most 65536 are simulated"),
+        (Plan { seq: Some(1 << 40), ..ok.clone() }, &m, 128, "seq", "at most 134217728"),
+        (Plan { mbs: 1 << 32, gbs: 4 << 32, ..ok.clone() }, &m, 128, "mbs", "tokens per micro-batch"),
+        (
+            Plan { tp: 3, pp: 1, dp: 2, ..Plan::default() },
+            &m,
+            8,
+            "tp",
+            "= 3 does not divide the cluster's 8 GPUs",
+        ),
+        (Plan { tp: u64::MAX, pp: u64::MAX, ..ok.clone() }, &m, 128, "tp", "more than 2^64"),
+        (Plan { dp: 8, ..ok.clone() }, &m, 128, "dp", "valid: dp = 4"),
+    ];
+    for (plan, model, gpus, field, text) in cases.into_iter().chain(more) {
         let e = plan.check(model, gpus).expect_err(field);
         assert_eq!(e.field, field, "{e}");
         assert!(e.to_string().contains(text), "{e} should mention {text}");
