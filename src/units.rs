@@ -350,6 +350,11 @@ pub fn parse_flops(s: &str) -> Result<f64, UnitError> {
     Ok(v * mult)
 }
 
+/// Bytes as GiB (2^30 bytes), for reports.
+pub fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
 /// Formats a byte count the way nccl-tests users read sizes: `8 B`, `64 KiB`, `8 GiB`.
 pub fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

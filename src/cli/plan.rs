@@ -14,6 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use fabricsim::fabric::{self, build::BuildOpts, Fabric};
 use fabricsim::report::frontier::{FrontierChart, PointSet};
+use fabricsim::units::gib;
 use fabricsim::workload::load_model;
 use fabricsim::workload::plan::{Attention, Dtype, RecomputeModules};
 use fabricsim::workload::search::{
@@ -272,10 +273,6 @@ fn search_with_bar(
     let res = search_on_fabric(f, model, spec, &mut on);
     bar.finish_and_clear();
     Ok(res?)
-}
-
-fn gib(b: u64) -> f64 {
-    b as f64 / (1u64 << 30) as f64
 }
 
 fn objective_cell(c: &Candidate, o: Objective) -> String {

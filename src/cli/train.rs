@@ -16,6 +16,7 @@ use fabricsim::fabric::{self, build::BuildOpts, Fabric};
 use fabricsim::scenario::bench::Fidelity as Mode;
 use fabricsim::scenario::file::{load_plan_with, Override};
 use fabricsim::scenario::training::{plan_summary, run_step_with, StepDetail};
+use fabricsim::units::gib;
 use fabricsim::workload::analytic::StepEstimate;
 use fabricsim::workload::lower::{EventOpts, EventStep, StepJobKind};
 use fabricsim::workload::plan::parse_plan;
@@ -634,10 +635,6 @@ fn write_step_trace(path: &std::path::Path, ev: &EventStep) -> Result<()> {
         .collect();
     write_trace(path, &tracks, &slices)?;
     Ok(())
-}
-
-fn gib(b: u64) -> f64 {
-    b as f64 / (1u64 << 30) as f64
 }
 
 /// Layers per stage in runs: "7, 8 x 14, 7".

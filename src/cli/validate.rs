@@ -16,6 +16,7 @@ use fabricsim::calibrate::training::{
     add_event_column, score_training, training_runs_path, EventCell, EventRule, TrainingRow, Use,
 };
 use fabricsim::scenario::bench::Fidelity;
+use fabricsim::units::gib;
 
 use super::values::{FidelityArg, ValidateFormat};
 
@@ -162,7 +163,6 @@ fn run_training(a: &ValidateArgs, md: bool) -> Result<()> {
         s.median_all * 100.0
     );
     // Every published run fitted on its GPUs: the memory estimate should say so too.
-    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
     let over: Vec<&TrainingRow> = s.rows.iter().filter(|r| r.memory > r.hbm).collect();
     if let Some(t) = s
         .rows

@@ -14,6 +14,7 @@ use super::bench::Fidelity;
 use super::row::TrainingRow;
 use crate::collective::NcclPolicy;
 use crate::fabric::Fabric;
+use crate::units::gib;
 use crate::workload::analytic::StepEstimate;
 use crate::workload::concurrent::step_on_fabric_with;
 use crate::workload::lower::{step_event_with, EventOpts, EventStep};
@@ -125,10 +126,6 @@ impl TrainingRun {
             events,
         }
     }
-}
-
-fn gib(b: u64) -> f64 {
-    b as f64 / (1u64 << 30) as f64
 }
 
 /// Times one step of `model` under `plan` (already checked) on `f`: the analytical mode

@@ -1491,12 +1491,10 @@ pub fn step_event_with(
         let gathers = if plan.sharding.shards_params() { extra.clamp(0.0, p.fsdp) } else { 0.0 };
         if ep_shadow[star][i].is_some() {
             sum.ep += if ep_beside { extra.max(0.0) } else { extra.max(-p.ep_nic) };
-        } else if cp_shadow[star][i].is_some() {
+        } else if cp_shadow[star][i].is_some() || tp_shadow[star][i].is_some() {
             wait_dp += gathers;
-            sum.cp += extra.max(0.0) - gathers;
-        } else if tp_shadow[star][i].is_some() {
-            wait_dp += gathers;
-            sum.tp += extra.max(0.0) - gathers;
+            let part = if cp_shadow[star][i].is_some() { &mut sum.cp } else { &mut sum.tp };
+            *part += extra.max(0.0) - gathers;
         } else if plan.sharding.shards_params() {
             // Inside an op without shadows only the layer-by-layer weight gathers wait.
             wait_dp += extra.max(0.0);

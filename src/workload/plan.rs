@@ -726,18 +726,21 @@ impl Plan {
                 return err(field, "must be at least 1".into());
             }
         }
-        let inner = self.tp.checked_mul(self.pp).and_then(|x| x.checked_mul(self.cp));
-        if inner.is_none_or(|x| !gpus.is_multiple_of(x)) {
-            let product = inner.map_or("more than 2^64".to_string(), |x| x.to_string());
-            return err(
-                "tp",
-                format!(
-                    "tp × pp × cp = {} × {} × {} = {product} does not divide the cluster's {gpus} GPUs; valid: \
-                     a product that divides {gpus}, dp being the rest",
-                    self.tp, self.pp, self.cp
-                ),
-            );
-        }
+        // tp × pp × cp must divide the GPUs (dp being the rest), then dp fill them.
+        let inner = match self.tp.checked_mul(self.pp).and_then(|x| x.checked_mul(self.cp)) {
+            Some(x) if gpus.is_multiple_of(x) => x,
+            product => {
+                let product = product.map_or("more than 2^64".to_string(), |x| x.to_string());
+                return err(
+                    "tp",
+                    format!(
+                        "tp × pp × cp = {} × {} × {} = {product} does not divide the cluster's {gpus} GPUs; \
+                         valid: a product that divides {gpus}, dp being the rest",
+                        self.tp, self.pp, self.cp
+                    ),
+                );
+            }
+        };
         if self.world() != gpus {
             return err(
                 "dp",
@@ -747,8 +750,8 @@ impl Plan {
                     self.pp,
                     self.cp,
                     self.dp,
-                    inner.and_then(|x| x.checked_mul(self.dp)).map_or("more than 2^64".to_string(), |x| x.to_string()),
-                    inner.map_or(0, |x| gpus / x)
+                    inner.checked_mul(self.dp).map_or("more than 2^64".to_string(), |x| x.to_string()),
+                    gpus / inner
                 ),
             );
         }
@@ -944,38 +947,39 @@ impl Plan {
         if self.bucket_bytes == 0 {
             return err("bucket", "must be at least 1 byte".into());
         }
-        // Each bucket is a collective of the step: bound them as the micro-batches are (the
-        // stages' gradients are looked at only when the model's, at most its largest layer
-        // times its layers, could exceed the bound: `check` runs on every plan searched).
-        let biggest_layer = [0, model.layers.saturating_sub(1)]
-            .into_iter()
-            .chain((0..model.layers).find(|&l| model.is_moe_layer(l)))
-            .map(|l| model.layer_params(l).total())
-            .max()
-            .unwrap_or(0);
-        let whole = 2 * (model.layers * biggest_layer + model.embedding_params() + model.output_params());
-        let grads = if whole.div_ceil(self.bucket_bytes) <= MAX_BUCKETS {
-            0
-        } else {
-            (0..self.pp)
-                .map(|s| {
-                    let (d, e) = super::memory::stage_params(model, self, s);
-                    2 * d.max(e)
-                })
+        // Each bucket is a collective of the step: bound them as the micro-batches are. The
+        // stages' gradients are summed only when an upper bound of the model's (its largest
+        // layer times its layers) could exceed the bound: `check` runs on every plan searched.
+        if self.overlap.grad_reduce {
+            let biggest_layer = [0, model.layers.saturating_sub(1)]
+                .into_iter()
+                .chain((0..model.layers).find(|&l| model.is_moe_layer(l)))
+                .map(|l| model.layer_params(l).total())
                 .max()
-                .unwrap_or(0)
-        };
-        if self.overlap.grad_reduce && grads.div_ceil(self.bucket_bytes) > MAX_BUCKETS {
-            return err(
-                "bucket",
-                format!(
-                    "bucket = {} bytes cuts a stage's {grads} bytes of gradients into {} buckets; at most \
-                     {MAX_BUCKETS} are simulated (each is a collective of the step); valid: bucket ≥ {} bytes",
-                    self.bucket_bytes,
-                    grads.div_ceil(self.bucket_bytes),
-                    grads.div_ceil(MAX_BUCKETS)
-                ),
-            );
+                .unwrap_or(0);
+            let upper = 2 * (model.layers * biggest_layer + model.embedding_params() + model.output_params());
+            if upper.div_ceil(self.bucket_bytes) > MAX_BUCKETS {
+                let grads = (0..self.pp)
+                    .map(|s| {
+                        let (d, e) = super::memory::stage_params(model, self, s);
+                        2 * d.max(e)
+                    })
+                    .max()
+                    .unwrap_or(0);
+                if grads.div_ceil(self.bucket_bytes) > MAX_BUCKETS {
+                    return err(
+                        "bucket",
+                        format!(
+                            "bucket = {} bytes cuts a stage's {grads} bytes of gradients into {} buckets; at most \
+                             {MAX_BUCKETS} are simulated (each is a collective of the step); valid: bucket ≥ {} \
+                             bytes",
+                            self.bucket_bytes,
+                            grads.div_ceil(self.bucket_bytes),
+                            grads.div_ceil(MAX_BUCKETS)
+                        ),
+                    );
+                }
+            }
         }
         if !(self.ep_imbalance.is_finite() && (1.0..=1e3).contains(&self.ep_imbalance)) {
             return err(

@@ -47,6 +47,7 @@ use crate::collective::{Choice, CollArgs, Collective, Comm, Knobs, NcclPolicy};
 use crate::exec::analytic;
 use crate::fabric::{Fabric, GpuSpec, Router};
 use crate::schedule::{DType, RedOp};
+use crate::units::gib;
 
 // ---------------------------------------------------------------- constraints
 
@@ -1326,10 +1327,6 @@ pub enum SearchError {
     /// A plan could not be estimated or a collective priced.
     #[error("{0}")]
     Estimate(String),
-}
-
-fn gib(b: u64) -> f64 {
-    b as f64 / (1u64 << 30) as f64
 }
 
 // ---------------------------------------------------------------- the search
