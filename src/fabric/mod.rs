@@ -404,6 +404,17 @@ impl Fabric {
         self.rails.used().div_ceil(node.ranks.len().max(1) as u32)
     }
 
+    /// Whether groups running at once on different GPUs of `rank`'s node meet on its links:
+    /// `across` nodes, where its GPUs share NICs (fewer NICs in use than GPUs: a PCIe
+    /// server's two NICs for eight GPUs); anywhere, where they have no NVLink (its PCIe
+    /// switches and inter-socket link carry all their traffic). A DGX's GPUs have NVLink
+    /// ports and a NIC each: their groups meet only in the network.
+    pub fn gpus_share_links(&self, rank: u32, across: bool) -> bool {
+        let node = &self.nodes[self.node_of_rank(rank) as usize];
+        let shares_nics = self.rails.used() > 0 && (self.rails.used() as usize) < node.ranks.len();
+        node.ranks.len() > 1 && (self.gpu_nvlink_bw(rank).0 == 0 || (across && shares_nics))
+    }
+
     /// Network bandwidth available to one GPU in one direction: the line rate of the NICs
     /// its node's GPUs use divided among those GPUs. It is the NICs' rate whether or not
     /// this cluster instantiated a network (a single DGX H100 still has a 400G rail NIC per

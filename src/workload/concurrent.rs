@@ -410,13 +410,17 @@ pub fn nccl_choice_with(comm: &Comm, args: &CollArgs, policy: &NcclPolicy) -> Op
 /// all-to-all the buffer of all ranks together). This is how the training layer prices its
 /// collectives on the real placement: a TP group inside one NVLink domain, a DP group across
 /// rails, a PP pair across nodes. NCCL picks under `policy` (`NcclPolicy::default()`: as
-/// NCCL does with no variables set).
+/// NCCL does with no variables set). Each offset of `copies` runs the same collective beside
+/// it on the group translated by that offset (the groups that share its NICs,
+/// [`super::search::FabricPricer::shared_copies`]); the time is then until the last one ends.
+#[allow(clippy::too_many_arguments)] // one collective, its copies, its pick: all the call is
 pub fn collective_time(
     f: &Fabric,
     router: &Router,
     kind: super::comm::CollectiveKind,
     bytes: u64,
     ranks: &[u32],
+    copies: &[i64],
     dtype: DType,
     policy: &NcclPolicy,
 ) -> Result<f64, WorkloadError> {
@@ -440,13 +444,15 @@ pub fn collective_time(
     // with the bytes.
     let sim = steady::simulate_call(f, router, &SimOpts::default(), |max_loops| {
         let mut w = Concurrent::new(f, router).with_policy(policy);
-        w.add(CollectiveJob {
-            name: format!("{coll} of {bytes} B on {} ranks", ranks.len()),
-            ranks: ranks.to_vec(),
-            args,
-            choice: None,
-            knobs: Knobs { max_loops, ..Knobs::default() },
-        })?;
+        for &d in std::iter::once(&0).chain(copies) {
+            w.add(CollectiveJob {
+                name: format!("{coll} of {bytes} B on {} ranks (+{d})", ranks.len()),
+                ranks: ranks.iter().map(|&r| (i64::from(r) + d) as u32).collect(),
+                args,
+                choice: None,
+                knobs: Knobs { max_loops, ..Knobs::default() },
+            })?;
+        }
         Ok::<_, WorkloadError>(w.compose()?.0)
     })?;
     Ok(sim.time.as_secs())
@@ -503,10 +509,12 @@ pub fn step_priced(
     gp: super::compute::GpuParams,
     pricer: &super::search::FabricPricer<'_>,
 ) -> Result<(super::analytic::StepEstimate, usize), String> {
+    let pl = super::plan::Placement::new(plan);
+    let stage = |r: u64| (r < plan.world()).then(|| pl.coord(r).pp);
     let price = super::search::Priced {
         pricer,
         time: |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| {
-            pricer.step_price(kind, bytes, ranks)
+            pricer.step_price(kind, bytes, ranks, &pricer.shared_copies(ranks, stage))
         },
     };
     let est = super::analytic::estimate(model, plan, &f.gpu, gp, &price)?;

@@ -26,7 +26,7 @@
 //! time times a constant, so they rank plans alike; they differ between fabrics.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::rc::Rc;
 
@@ -937,13 +937,50 @@ impl<'f> FabricPricer<'f> {
     }
 
     /// The time the analytical step prices a collective at, in seconds: its closed form
-    /// where [`closed_form_prices`] allows it, else the event mode's.
-    pub fn step_price(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+    /// where [`closed_form_prices`] allows it, else the event mode's beside the group's
+    /// `copies` ([`FabricPricer::shared_copies`]).
+    pub fn step_price(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64], copies: &[i64]) -> f64 {
         if closed_form_prices(self.fabric, kind, ranks) {
             self.analytic(kind, bytes, ranks)
         } else {
-            self.event(kind, bytes, ranks)
+            self.event_beside(kind, bytes, ranks, copies)
         }
+    }
+
+    /// The copies of a group that run beside it on links they share, as offsets: the
+    /// translations of `ranks` within their nodes that keep every rank in its lockstep
+    /// class (`class`: under a plan, a rank's pipeline stage, whose TP, CP and DP peers run
+    /// the same collectives at the same time; None for a rank it leaves idle), disjoint
+    /// from the group and from one another, nearest first. A PCIe server's DP group of TP
+    /// rank 0 shares its two NICs with those of TP ranks 1 to 3, and its CP pairs share
+    /// the inter-socket link: traffic a group simulated alone would not meet. Empty where
+    /// the GPUs' links are their own ([`Fabric::gpus_share_links`]).
+    pub fn shared_copies(&self, ranks: &[u64], class: impl Fn(u64) -> Option<u64>) -> Vec<i64> {
+        let f = self.fabric;
+        let Some(&first) = ranks.first() else { return Vec::new() };
+        let node = |r: u64| f.node_of_rank(r as u32);
+        let across = ranks.iter().any(|&r| node(r) != node(first));
+        if !f.gpus_share_links(first as u32, across) {
+            return Vec::new();
+        }
+        let per_node = f.nodes[node(first) as usize].ranks.len() as i64;
+        let mut taken: BTreeSet<u64> = ranks.iter().copied().collect();
+        let mut copies = Vec::new();
+        for d in (1..per_node).flat_map(|d| [d, -d]) {
+            let moved: Option<Vec<u64>> = ranks
+                .iter()
+                .map(|&r| {
+                    let x = u64::try_from(r as i64 + d).ok().filter(|&x| x < u64::from(f.num_gpus()))?;
+                    (node(x) == node(r) && !taken.contains(&x) && class(x).is_some() && class(x) == class(r))
+                        .then_some(x)
+                })
+                .collect();
+            if let Some(moved) = moved {
+                taken.extend(moved);
+                copies.push(d);
+            }
+        }
+        copies
     }
 
     /// Event-mode time in seconds: the collective simulated on its group of fabric ranks
@@ -954,6 +991,12 @@ impl<'f> FabricPricer<'f> {
     /// in slope over at most 2.2% of the size: +0.12 and +0.25% on two DP all-reduces of
     /// Llama 3 405B, at most 0.34% on one node's TP collectives (`tests/it/training.rs`).
     pub fn event(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
+        self.event_beside(kind, bytes, ranks, &[])
+    }
+
+    /// [`FabricPricer::event`] with the group's `copies` ([`FabricPricer::shared_copies`])
+    /// running the same collective beside it: the time until the last of them ends.
+    pub fn event_beside(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64], copies: &[i64]) -> f64 {
         if ranks.len() < 2 {
             return 0.0;
         }
@@ -962,24 +1005,30 @@ impl<'f> FabricPricer<'f> {
         if at_grid.is_some() && at_grid == self.choice(kind, bytes, ranks) {
             let (want, at) = (self.analytic(kind, bytes, ranks), self.analytic(kind, grid, ranks));
             if want.is_finite() && at.is_finite() && at > 0.0 {
-                return self.simulated(kind, grid, ranks) * want / at;
+                return self.simulated(kind, grid, ranks, copies) * want / at;
             }
         }
-        self.simulated(kind, bytes, ranks)
+        self.simulated(kind, bytes, ranks, copies)
     }
 
     /// The collective simulated at exactly `bytes`, memoized.
-    fn simulated(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64]) -> f64 {
-        let key = (kind as u8, bytes, self.shape(ranks));
+    fn simulated(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64], copies: &[i64]) -> f64 {
+        let mut shape = self.shape(ranks);
+        if !copies.is_empty() {
+            shape.push(i64::MIN);
+            shape.extend_from_slice(copies);
+        }
+        let key = (kind as u8, bytes, shape);
         if let Some(&t) = self.event.borrow().get(&key) {
             return t;
         }
         let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
-        let t = collective_time(self.fabric, &self.router, kind, bytes, &r, DType::BF16, &self.policy)
-            .unwrap_or_else(|e| {
-                self.fail(format!("{kind:?} of {bytes} B on {} ranks: {e}", ranks.len()));
-                0.0
-            });
+        let t =
+            collective_time(self.fabric, &self.router, kind, bytes, &r, copies, DType::BF16, &self.policy)
+                .unwrap_or_else(|e| {
+                    self.fail(format!("{kind:?} of {bytes} B on {} ranks: {e}", ranks.len()));
+                    0.0
+                });
         self.event.borrow_mut().insert(key, t);
         t
     }

@@ -1976,7 +1976,7 @@ fn a_hidden_gather_shares_the_nic_with_the_layers_traffic() {
     assert!(err < 0.06, "analytical {} s vs event {} s", a.step_time_s, ev.estimate.step_time_s);
 
     let pricer = FabricPricer::new(&f);
-    let no_nic = |k: CollectiveKind, b: u64, r: &[u64]| pricer.step_price(k, b, r);
+    let no_nic = |k: CollectiveKind, b: u64, r: &[u64]| pricer.step_price(k, b, r, &[]);
     let g = f.gpu.clone();
     let params = GpuParams::for_fabric(&f).unwrap();
     let blind = estimate(&m, &plan, &g, params, &no_nic).unwrap();
@@ -2629,7 +2629,7 @@ fn event_prices_between_grid_sizes_follow_the_exact_simulation() {
     let p = FabricPricer::new(&f);
     let exact = |kind: CollectiveKind, bytes: u64, ranks: &[u64]| {
         let r: Vec<u32> = ranks.iter().map(|&x| x as u32).collect();
-        collective_time(&f, p.router(), kind, bytes, &r, DType::BF16, p.policy()).unwrap()
+        collective_time(&f, p.router(), kind, bytes, &r, &[], DType::BF16, p.policy()).unwrap()
     };
     let dp: Vec<u64> = (0..128u64).map(|i| 8 * i).collect();
     let tp: Vec<u64> = (0..8u64).collect();
@@ -3424,4 +3424,57 @@ fn hopper_attention_shape_law_is_the_measured_one() {
         let expect = pt.1 * p.attention_eff / fwd_level;
         assert!(rel_err(frac, expect) < 0.045, "{:?}: {frac:.3} vs {expect:.3}", pt.0);
     }
+}
+
+#[test]
+fn groups_meet_their_copies_on_a_pcie_servers_links() {
+    // On a PCIe server (8 L40S, 2 NICs, no NVLink) the DP group of TP rank 0 shares the two
+    // NICs with the DP groups of TP ranks 1 to 3, which run the same collectives at the same
+    // time; simulated alone it had both NICs to itself, and the event mode put a ZeRO-3 step
+    // at half the closed form's DP time (0.37 s against 0.80 s). A DGX's GPUs have a NIC and
+    // NVLink ports each: no copies there.
+    use fabricsim::workload::search::FabricPricer;
+    let f = built("pcie-8gpu", 2);
+    let p = FabricPricer::new(&f);
+    let one_stage = |_: u64| Some(0);
+    let dp: Vec<u64> = vec![0, 4, 8, 12];
+    assert_eq!(p.shared_copies(&dp, one_stage), vec![1, 2, 3]);
+    assert_eq!(p.shared_copies(&[5, 13], one_stage), vec![1, -1, 2, -2, -3, -4, -5]);
+    // Inside the node too (its PCIe switches and the inter-socket link), not across stages.
+    assert_eq!(p.shared_copies(&[0, 4], one_stage), vec![1, 2, 3]);
+    assert_eq!(p.shared_copies(&[0, 4], |r| Some(r % 2)), vec![2]);
+    assert!(p.shared_copies(&dp, |r| (r % 4 == 0).then_some(0)).is_empty());
+    let dgx = built("dgx-h100", 2);
+    assert!(FabricPricer::new(&dgx).shared_copies(&[0, 8], one_stage).is_empty());
+
+    // Beside its copies the gather needs at least the node's NIC bandwidth shared by its 8
+    // GPUs (the closed form's NIC time), which alone it beat by far.
+    let bytes = 1 << 30;
+    let kind = CollectiveKind::AllGather;
+    let (alone, beside) = (p.event(kind, bytes, &dp), p.event_beside(kind, bytes, &dp, &[1, 2, 3]));
+    let nic = p.nic(kind, bytes, &dp);
+    eprintln!("all-gather of 1 GiB on 4 ranks of 2 PCIe servers: alone {alone:.4} s, beside its copies {beside:.4} s, NIC time {nic:.4} s");
+    assert!(alone < 0.6 * nic && beside >= nic, "alone {alone} s, beside {beside} s, NIC {nic} s");
+    // Four CP pairs across the sockets share the inter-socket link.
+    let pair = [0u64, 4];
+    let (alone, beside) = (
+        p.event(CollectiveKind::SendRecv, bytes, &pair),
+        p.event_beside(CollectiveKind::SendRecv, bytes, &pair, &[1, 2, 3]),
+    );
+    eprintln!("send/recv of 1 GiB across the sockets: alone {alone:.4} s, beside 3 copies {beside:.4} s");
+    assert!(beside > 1.1 * alone, "alone {alone} s, beside {beside} s");
+
+    // The closed form, the replayed event mode and the full simulation agree on a ZeRO-3 step.
+    let m = model("llama3-8b");
+    let plan = plan_text(
+        &m,
+        16,
+        "tp = 4\nzero = 3\nmbs = 1\ngbs = 4\nseq = 4096\noverlap_grad_reduce = false\noverlap_param_gather = false\n",
+    );
+    let (a, _) = step_on_fabric(&f, &m, &plan).unwrap();
+    let e = step_event(&f, &m, &plan, &EventOpts::default()).unwrap();
+    let full = step_event(&f, &m, &plan, &EventOpts { replay: false, ..EventOpts::default() }).unwrap();
+    let (a, e, full) = (a.step_time_s, e.estimate.step_time_s, full.estimate.step_time_s);
+    eprintln!("ZeRO-3 step: closed form {a:.4} s, event {e:.4} s, full simulation {full:.4} s");
+    assert!(rel_err(e, full) < 0.01 && rel_err(a, full) < 0.03, "{a} {e} {full}");
 }

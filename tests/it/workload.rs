@@ -468,6 +468,7 @@ fn a_group_that_is_a_prefix_of_a_larger_fabric_runs_as_on_its_own() {
             CollectiveKind::ReduceScatter,
             77_824_000,
             &ranks,
+            &[],
             DType::BF16,
             &Default::default(),
         )
