@@ -19,7 +19,7 @@ use fabricsim::scenario::training::{plan_summary, run_step_with, StepDetail};
 use fabricsim::units::gib;
 use fabricsim::workload::analytic::StepEstimate;
 use fabricsim::workload::lower::{EventOpts, EventStep, StepJobKind};
-use fabricsim::workload::plan::parse_plan;
+use fabricsim::workload::plan::parse_plan_noted;
 use fabricsim::workload::search::{straddling_groups, Straddle};
 use fabricsim::workload::{load_model, Model, Placement, Plan};
 
@@ -392,6 +392,8 @@ struct Job {
     mode: Mode,
     /// The scenario's `[nccl]` variables (none from flags).
     nccl: Vec<(String, String)>,
+    /// The plan keys set that change nothing in it.
+    inert: Vec<String>,
 }
 
 /// The job of a training scenario with the flags laid over it.
@@ -424,6 +426,7 @@ fn from_scenario(a: &TrainArgs, path: &std::path::Path) -> Result<Job> {
         allow_oom: w.allow_oom,
         mode: s.fidelity,
         nccl: s.nccl.clone(),
+        inert: w.keys.notes(&w.plan),
     })
 }
 
@@ -444,7 +447,7 @@ fn from_flags(a: &TrainArgs) -> Result<Job> {
     let gpus = f.num_gpus() as u64;
     let text = plan_text(a)?;
     let origin = a.plan.clone().unwrap_or_else(|| PathBuf::from("<command line>"));
-    let plan = parse_plan(&text, &origin, &model, gpus).map_err(|e| {
+    let (plan, inert) = parse_plan_noted(&text, &origin, &model, gpus).map_err(|e| {
         let msg = e.to_string();
         if a.plan.is_some() {
             return anyhow::anyhow!(msg);
@@ -466,7 +469,7 @@ fn from_flags(a: &TrainArgs) -> Result<Job> {
             super::count(f.num_nodes(), "node")
         );
     }
-    Ok(Job { fabric: f, model, plan, allow_oom: a.allow_oom, mode, nccl: Vec::new() })
+    Ok(Job { fabric: f, model, plan, allow_oom: a.allow_oom, mode, nccl: Vec::new(), inert })
 }
 
 /// Runs `train`.
@@ -483,7 +486,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         Some(path) => from_scenario(&a, path)?,
         None => from_flags(&a)?,
     };
-    let Job { fabric: f, model, plan, allow_oom, mode, nccl } = job;
+    let Job { fabric: f, model, plan, allow_oom, mode, nccl, inert } = job;
     // NCCL's environment: a scenario's [nccl] (a file does not read the shell's), else the
     // environment's known variables; then --nccl.
     let mut settings: Vec<(String, String, &'static str)> =
@@ -502,6 +505,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
     }
     let opts = EventOpts { replay: !a.no_replay, ..EventOpts::default() };
     let run = run_step_with(&f, &model, &plan, mode, &opts, &policy).map_err(anyhow::Error::msg)?;
+    // A plan that does not fit gets its error alone: no step time on stdout for a script to
+    // take, no trace or figures (it said so after printing them, and exited 2).
+    let oom = run.oom_message();
+    if let (Some(msg), false) = (&oom, allow_oom) {
+        bail!("{msg} (--allow-oom reports it anyway)");
+    }
     let how = match &run.detail {
         StepDetail::Event(ev) => {
             if let Some(path) = &a.trace {
@@ -526,7 +535,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if a.format != "json" && !settings.is_empty() {
         println!("{}", super::bench::settings_header(&settings));
     }
-    let notes: Vec<String> = straddling_groups(&f, &placement).iter().map(Straddle::describe).collect();
+    let notes: Vec<String> =
+        inert.into_iter().chain(straddling_groups(&f, &placement).iter().map(Straddle::describe)).collect();
     match a.format.as_str() {
         "json" => print_json(&model.name, &plan_summary(&plan), &placement, &notes, &layers, est, hbm, &how)?,
         _ => print_table(
@@ -554,12 +564,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
             }
         }
     }
-    if let Some(msg) = run.oom_message() {
-        if allow_oom {
-            eprintln!("warning: {msg}");
-        } else {
-            bail!("{msg} (--allow-oom reports it anyway)");
-        }
+    if let Some(msg) = oom {
+        eprintln!("warning: {msg}");
     }
     Ok(())
 }

@@ -782,6 +782,22 @@ impl Plan {
             None if self.ep > 1 => {
                 return err("ep", format!("ep = {} but {} has no experts", self.ep, model.name))
             }
+            None if self.etp.is_some() => {
+                let etp = self.etp.unwrap_or(1);
+                return err(
+                    "etp",
+                    format!("etp = {etp} splits experts but {} has none; valid: leave etp out", model.name),
+                );
+            }
+            None if self.ep_imbalance != 1.0 => {
+                return err(
+                    "ep_imbalance",
+                    format!(
+                        "ep_imbalance = {} routes tokens to experts but {} has none; valid: leave it out (or 1.0)",
+                        self.ep_imbalance, model.name
+                    ),
+                );
+            }
             Some(moe) if moe.experts % self.ep != 0 => {
                 return err(
                     "ep",
@@ -917,6 +933,16 @@ impl Plan {
                 )
             }
             _ => {}
+        }
+        if self.vpp > 1 && self.pp == 1 {
+            return err(
+                "vpp",
+                format!(
+                    "vpp = {} interleaves model chunks over pipeline stages but pp = 1 (Megatron asserts pp > 1 \
+                     for the interleaved schedule); valid: vpp = 1, or pp ≥ 2",
+                    self.vpp
+                ),
+            );
         }
         if let Sharding::FsdpHybrid { shard } = self.sharding {
             if shard == 0 || !(self.dp * self.cp).is_multiple_of(shard) {
@@ -1571,6 +1597,46 @@ impl PlanKeys {
     pub fn check(&self, plan: &Plan, model: &Model, gpus: u64, at: Locate<'_>) -> Result<(), FileError> {
         check_located(&self.0, at, plan, model, gpus)
     }
+
+    /// The keys set that change nothing in `plan` (built from these keys), each in a
+    /// sentence: what a reader would otherwise assume was modelled.
+    pub fn notes(&self, plan: &Plan) -> Vec<String> {
+        inert_keys(&self.0, plan)
+    }
+}
+
+/// The keys of `f` set to a value that changes nothing in `p`, which runs as if they were
+/// left out (Megatron ignores them too, or warns): a note for each. Keys that could only
+/// be a mistake are errors instead ([`Plan::check`], [`build_plan`]).
+fn inert_keys(f: &PlanFile, p: &Plan) -> Vec<String> {
+    let mut notes = Vec::new();
+    let mut inert = |given: bool, what: String| {
+        if given {
+            notes.push(what);
+        }
+    };
+    inert(
+        p.tp == 1 && f.sp.as_ref().is_some_and(|s| *s.get_ref()),
+        "`sp` = true has no effect with tp = 1 (Megatron turns sequence parallelism off there)".into(),
+    );
+    inert(p.tp == 1 && f.tp_comm_overlap == Some(true), "`tp_comm_overlap` has no effect with tp = 1".into());
+    inert(
+        p.cp == 1 && f.cp_comm.is_some(),
+        format!("`cp_comm` = \"{}\" has no effect with cp = 1", p.cp_comm.name()),
+    );
+    inert(p.pp == 1 && f.pp_comm_overlap.is_some(), "`pp_comm_overlap` has no effect with pp = 1".into());
+    inert(p.pp == 1 && f.pp_scatter_gather.is_some(), "`pp_scatter_gather` has no effect with pp = 1".into());
+    inert(
+        p.sharding == Sharding::Zero(0) && f.overlap_param_gather == Some(true),
+        "`overlap_param_gather` has no effect with zero = 0: no weights are gathered (Megatron needs the \
+         distributed optimizer for it)"
+            .into(),
+    );
+    inert(
+        p.ep_imbalance == 1.0 && f.ep_seed.is_some(),
+        "`ep_seed` has no effect with ep_imbalance = 1.0: the routing is balanced, nothing is drawn".into(),
+    );
+    notes
 }
 
 /// Reads a plan table (the keys of [`Plan`] as spelled in errors: tp, pp, vpp, dp, cp, ep,
@@ -1584,6 +1650,16 @@ impl PlanKeys {
 /// checks it against `model` on `gpus`
 /// GPUs. Errors name the file, the line of the offending field and the valid choices.
 pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<Plan, FileError> {
+    parse_plan_noted(text, path, model, gpus).map(|(p, _)| p)
+}
+
+/// [`parse_plan`], with the keys set that change nothing in the plan ([`PlanKeys::notes`]).
+pub fn parse_plan_noted(
+    text: &str,
+    path: &Path,
+    model: &Model,
+    gpus: u64,
+) -> Result<(Plan, Vec<String>), FileError> {
     let src = Source { path: path.to_path_buf(), text: text.to_string() };
     let f: PlanFile = toml::from_str(text).map_err(|e| toml_error(&src, &e))?;
     let at = |span: Option<std::ops::Range<usize>>, msg: String| match span {
@@ -1592,7 +1668,8 @@ pub fn parse_plan(text: &str, path: &Path, model: &Model, gpus: u64) -> Result<P
     };
     let p = build_plan(&f, &at, gpus)?;
     check_located(&f, &at, &p, model, gpus)?;
-    Ok(p)
+    let notes = inert_keys(&f, &p);
+    Ok((p, notes))
 }
 
 fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError> {
@@ -1633,6 +1710,7 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
             _ => return Err(choice(fs, "fsdp", "full, hybrid")),
         };
     }
+
     if let Some(r) = &f.recompute {
         p.recompute = match r.get_ref().as_str() {
             "none" => Recompute::None,
@@ -1708,6 +1786,21 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
 }
 
 fn check_located(f: &PlanFile, at: Locate<'_>, p: &Plan, model: &Model, gpus: u64) -> Result<(), FileError> {
+    // The one key the plan drops unless it applies (a sweep over `fsdp` may hold it fixed:
+    // its other points still run).
+    if let (Some(shard), false) = (&f.fsdp_shard, matches!(p.sharding, Sharding::FsdpHybrid { .. })) {
+        let now = match p.sharding {
+            Sharding::Zero(z) => format!("zero = {z}"),
+            _ => "fsdp = \"full\"".into(),
+        };
+        return Err(at(
+            Some(shard.span()),
+            format!(
+                "`fsdp_shard` = {} sets the hybrid shard group; it needs fsdp = \"hybrid\", not {now}",
+                shard.get_ref()
+            ),
+        ));
+    }
     p.check(model, gpus).map_err(|e| {
         let span = match e.field {
             "tp" => f.tp.as_ref().map(|s| s.span()),

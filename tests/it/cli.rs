@@ -762,8 +762,11 @@ fn train_reports_a_step_and_rejects_bad_plans() {
     // 8B parameters on 2-way TP without ZeRO: Adam's states alone exceed 80 GB.
     let e = exits_2(&with(&["--tp", "2"]), &["does not fit", "optimizer states"]);
     assert!(e.contains("--allow-oom"), "{e}");
-    let (ok, _, err) = fabricsim(&with(&["--tp", "2", "--allow-oom"]));
-    assert!(ok && err.contains("does not fit"), "{err}");
+    // The error alone: no step on stdout for a script to take.
+    let (_, out, _) = fabricsim(&with(&["--tp", "2", "--format", "json"]));
+    assert!(out.is_empty(), "{out}");
+    let (ok, out, err) = fabricsim(&with(&["--tp", "2", "--allow-oom"]));
+    assert!(ok && err.contains("does not fit") && out.contains("step time"), "{err}");
 }
 
 /// The critical-path fidelity (the analytical mode over the IR) runs from `bench` for an

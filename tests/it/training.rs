@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use fabricsim::workload::model::{load_model, parse_model, Model};
 use fabricsim::workload::plan::{
-    parse_order, parse_plan, Coord, GroupKind, Overlap, Placement, Plan, Recompute, Schedule, Sharding,
+    parse_order, parse_plan, parse_plan_noted, Coord, GroupKind, Overlap, Placement, Plan, Recompute,
+    Schedule, Sharding,
 };
 
 fn root() -> PathBuf {
@@ -154,7 +155,13 @@ fn bad_plans_name_the_field() {
         (Plan { vpp: 5, gbs: 24, ..ok.clone() }, &m, 128, "gbs", "multiple of pp"),
         (Plan { vpp: 2, schedule: Some(Schedule::OneFOneB), ..ok.clone() }, &m, 128, "vpp", "interleaved"),
         (Plan { sharding: Sharding::FsdpHybrid { shard: 3 }, ..ok.clone() }, &m, 128, "fsdp_shard", "divide"),
-        (Plan { etp: Some(3), ..ok.clone() }, &m, 128, "etp", "divide tp"),
+        (
+            Plan { tp: 2, pp: 1, dp: 4, ep: 4, sp: true, gbs: 4, etp: Some(3), ..Plan::default() },
+            &moe,
+            8,
+            "etp",
+            "divide tp",
+        ),
         // Megatron-Core refuses MoE with TP but without sequence parallelism.
         (
             Plan { tp: 2, pp: 1, dp: 4, ep: 4, sp: false, gbs: 4, ..Plan::default() },
@@ -180,6 +187,11 @@ fn bad_plans_name_the_field() {
         ),
         (Plan { tp: u64::MAX, pp: u64::MAX, ..ok.clone() }, &m, 128, "tp", "more than 2^64"),
         (Plan { dp: 8, ..ok.clone() }, &m, 128, "dp", "valid: dp = 4"),
+        // Accepted and ignored before: interleaving without a pipeline, expert keys on a
+        // dense model.
+        (Plan { pp: 1, dp: 16, vpp: 2, ..ok.clone() }, &m, 128, "vpp", "valid: vpp = 1, or pp ≥ 2"),
+        (Plan { etp: Some(1), ..ok.clone() }, &m, 128, "etp", "has none"),
+        (Plan { ep_imbalance: 1.5, ..ok.clone() }, &m, 128, "ep_imbalance", "has none"),
     ];
     for (plan, model, gpus, field, text) in cases.into_iter().chain(more) {
         let e = plan.check(model, gpus).expect_err(field);
@@ -347,6 +359,38 @@ fn plan_file_errors_name_file_line_and_choices() {
     assert!(e.contains("gpipe, 1f1b, interleaved, zb-h1"), "{e}");
     let e = parse_plan(&format!("{good}tensor_parallel = 2\n"), path, &m, 128).unwrap_err().to_string();
     assert!(e.starts_with("plan.toml:8:") && e.contains("unknown field `tensor_parallel`"), "{e}");
+    let e = parse_plan(&format!("{good}fsdp_shard = 4\n"), path, &m, 128).unwrap_err().to_string();
+    assert!(e.starts_with("plan.toml:8:") && e.contains("needs fsdp = \"hybrid\", not zero = 1"), "{e}");
+    // Keys that change nothing in the plan run, with a note each.
+    let dense = "tp = 1\npp = 1\nmbs = 1\ngbs = 128\n";
+    let (_, notes) = parse_plan_noted(dense, path, &m, 128).unwrap();
+    assert!(notes.is_empty(), "{notes:?}");
+    let inert = "sp = true\ntp_comm_overlap = true\ncp_comm = \"all_gather\"\npp_comm_overlap = false\n\
+                 pp_scatter_gather = false\noverlap_param_gather = true\nep_seed = 3\n";
+    let (p, notes) = parse_plan_noted(&format!("{dense}{inert}"), path, &m, 128).unwrap();
+    assert_eq!(p.tp, 1);
+    let keys = [
+        "`sp`",
+        "`tp_comm_overlap`",
+        "`cp_comm`",
+        "`pp_comm_overlap`",
+        "`pp_scatter_gather`",
+        "`overlap_param_gather`",
+        "`ep_seed`",
+    ];
+    assert_eq!(notes.len(), keys.len(), "{notes:?}");
+    for (n, k) in notes.iter().zip(keys) {
+        assert!(n.starts_with(k) && n.contains("no effect"), "{n}");
+    }
+    // Each one has its effect once the plan has what it acts on.
+    let (_, notes) = parse_plan_noted(
+        &format!("{good}sp = true\npp_comm_overlap = false\noverlap_param_gather = true\n"),
+        path,
+        &m,
+        128,
+    )
+    .unwrap();
+    assert!(notes.is_empty(), "{notes:?}");
 }
 
 #[test]
@@ -1967,7 +2011,7 @@ fn a_hidden_gather_shares_the_nic_with_the_layers_traffic() {
     let plan = plan_text(
         &m,
         64,
-        "tp = 8\nep = 8\ndp = 8\nfsdp = \"full\"\nfsdp_shard = 8\nrecompute = \"none\"\ndtype = \"fp8\"\n\
+        "tp = 8\nep = 8\ndp = 8\nfsdp = \"full\"\nrecompute = \"none\"\ndtype = \"fp8\"\n\
          mbs = 1\ngbs = 8\nseq = 8192\n",
     );
     let (a, _) = step_on_fabric(&f, &m, &plan).unwrap();
@@ -2441,7 +2485,7 @@ fn every_plan_key_has_a_train_flag() {
             extra,
         )
     };
-    let keys = "tp = 2\npp = 2\nsp = false\netp = 2\nbucket = \"100MB\"\norder = \"tp-dp-cp-ep-pp\"\n\
+    let keys = "tp = 2\npp = 2\nsp = false\nbucket = \"100MB\"\norder = \"tp-dp-cp-ep-pp\"\n\
                 overlap_grad_reduce = false\noverlap_param_gather = false\ntp_comm_overlap = true\n\
                 pp_comm_overlap = true\npp_scatter_gather = false\nzero = 1\n\
                 pipeline_model_parallel_layout = \"Et*15|t*17L\"\nrecompute = \"selective\"\n\
@@ -2458,8 +2502,6 @@ fn every_plan_key_has_a_train_flag() {
         "2",
         "--sp",
         "false",
-        "--etp",
-        "2",
         "--bucket",
         "100MB",
         "--order",
@@ -2498,6 +2540,10 @@ fn every_plan_key_has_a_train_flag() {
     let (code, _, err) = run(&["--tp", "2", "--fsdp", "partial"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("fsdp") && err.contains("hybrid"), "{err}");
+    // Expert keys on a dense model name the key (they were accepted and ignored).
+    let (code, _, err) = run(&["--tp", "2", "--etp", "2"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("`etp`") && err.contains("llama3-8b has none"), "{err}");
     // ZeRO-3's gather unit through its flag, as through the plan file.
     std::fs::write(&plan, "tp = 2\nzero = 3\ngather_unit = \"tensor_list\"\n").unwrap();
     let (code, unit_file, err) = run(&["--plan", plan.to_str().unwrap()]);
