@@ -131,7 +131,8 @@ pub struct TrainArgs {
     /// --fsdp-shard ranks, replicate across them).
     #[arg(long)]
     pub fsdp: Option<String>,
-    /// Ranks an FSDP hybrid shard group spans.
+    /// Ranks an FSDP hybrid shard group spans (default: 8, an 8-GPU node's, or the
+    /// largest divisor of 8 that divides dp x cp).
     #[arg(long)]
     pub fsdp_shard: Option<u64>,
     /// Multi-token-prediction layers (Megatron-Core's --mtp-num-layers; DeepSeek-V3 trains

@@ -22,6 +22,10 @@ use crate::fabric::file::{toml_error, FileError, Source};
 use crate::fabric::GpuSpec;
 use crate::units;
 
+/// The FSDP hybrid shard group where a plan gives none: the ranks of one 8-GPU node (or
+/// the largest divisor of 8 that divides dp × cp).
+pub const DEFAULT_HYBRID_SHARD: u64 = 8;
+
 /// How weights, gradients and optimizer states are sharded across data parallelism.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sharding {
@@ -1706,7 +1710,13 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
         }
         p.sharding = match fs.get_ref().as_str() {
             "full" => Sharding::FsdpFull,
-            "hybrid" => Sharding::FsdpHybrid { shard: get(&f.fsdp_shard, 8) },
+            "hybrid" => {
+                // Unset: an 8-GPU node's ranks, or what of them divides dp × cp.
+                let n = p.dp.saturating_mul(p.cp).max(1);
+                let node =
+                    (1..=DEFAULT_HYBRID_SHARD).rev().find(|d| DEFAULT_HYBRID_SHARD % d == 0 && n % d == 0);
+                Sharding::FsdpHybrid { shard: get(&f.fsdp_shard, node.unwrap_or(1)) }
+            }
             _ => return Err(choice(fs, "fsdp", "full, hybrid")),
         };
     }

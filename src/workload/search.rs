@@ -433,7 +433,7 @@ impl SearchSpec {
 
 /// The FSDP hybrid shard group the search tries: the ranks of one 8-GPU node (an
 /// assumption of the search; a plan file may give any `fsdp_shard`).
-pub const HYBRID_SHARD: u64 = 8;
+pub const HYBRID_SHARD: u64 = super::plan::DEFAULT_HYBRID_SHARD;
 
 /// The divisors of `n`, ascending (trial division up to its square root: a global batch of
 /// a billion took the search minutes with a scan up to `n`).

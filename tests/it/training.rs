@@ -359,6 +359,14 @@ fn plan_file_errors_name_file_line_and_choices() {
     assert!(e.contains("gpipe, 1f1b, interleaved, zb-h1"), "{e}");
     let e = parse_plan(&format!("{good}tensor_parallel = 2\n"), path, &m, 128).unwrap_err().to_string();
     assert!(e.starts_with("plan.toml:8:") && e.contains("unknown field `tensor_parallel`"), "{e}");
+    // Hybrid sharding without a group size: a node's 8 ranks, or what of them divides dp × cp
+    // (it was 8 whatever dp, and an error on the key the plan never set).
+    let hybrid = good.replace("zero = 1", "fsdp = \"hybrid\"");
+    let p = parse_plan(&hybrid, path, &m, 128).unwrap();
+    assert_eq!((p.dp, p.sharding), (4, Sharding::FsdpHybrid { shard: 4 }));
+    let p =
+        parse_plan(&hybrid.replace("pp = 4", "pp = 1").replace("vpp = 5", "vpp = 1"), path, &m, 128).unwrap();
+    assert_eq!((p.dp, p.sharding), (16, Sharding::FsdpHybrid { shard: 8 }));
     let e = parse_plan(&format!("{good}fsdp_shard = 4\n"), path, &m, 128).unwrap_err().to_string();
     assert!(e.starts_with("plan.toml:8:") && e.contains("needs fsdp = \"hybrid\", not zero = 1"), "{e}");
     // Keys that change nothing in the plan run, with a note each.
