@@ -1713,8 +1713,9 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
             "hybrid" => {
                 // Unset: an 8-GPU node's ranks, or what of them divides dp × cp.
                 let n = p.dp.saturating_mul(p.cp).max(1);
-                let node =
-                    (1..=DEFAULT_HYBRID_SHARD).rev().find(|d| DEFAULT_HYBRID_SHARD % d == 0 && n % d == 0);
+                let node = (1..=DEFAULT_HYBRID_SHARD)
+                    .rev()
+                    .find(|&d| DEFAULT_HYBRID_SHARD.is_multiple_of(d) && n.is_multiple_of(d));
                 Sharding::FsdpHybrid { shard: get(&f.fsdp_shard, node.unwrap_or(1)) }
             }
             _ => return Err(choice(fs, "fsdp", "full, hybrid")),
