@@ -609,4 +609,5 @@ fn calibrate_training_fits_a_users_run_and_refuses_bad_inputs() {
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("drop --topology"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
