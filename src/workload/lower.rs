@@ -97,7 +97,8 @@
 //!   the kernel that issues it (they reach it at the same time). The other TP ranks' DP
 //!   groups and pipeline transfers are copies on other rails: on a rail-optimized fabric
 //!   they share no link with the representative's except in the spine, whose sharing among
-//!   them is not simulated.
+//!   them is not simulated (where they share the node's links, the copies above run
+//!   beside it).
 //! - TP, CP and EP collectives (several per layer and micro-batch) are timed once per
 //!   distinct (kind, size, group shape) alone on their real group by the event engine
 //!   (memoized) and enter the layer's kernel with the exposure rules of [`super::analytic`] (TP hidden
@@ -119,7 +120,10 @@
 //!   for it: the all-to-all queues behind DP buckets and pipeline transfers on the NIC.
 //!   Under the MoE all-to-all overlap (`moe_a2a_overlap`) a stage's EP shadows run one
 //!   after another beside their kernels instead, stretched to the all-to-alls' time on the
-//!   wire, each kernel carrying the SM share of the other pass's all-to-alls.
+//!   wire, each kernel carrying the SM share of the other pass's all-to-alls. A layer's
+//!   shadows are part of the layer: they wait for the ZeRO-3/FSDP gather of its weights
+//!   as its kernel does, and what is issued when the layer ends (the next gather, its
+//!   reduce-scatter, a DP bucket) waits for them too.
 //! - Replayed, DP buckets beyond `max_buckets` per gradient reduction are merged into that
 //!   many jobs (same bytes, coarser readiness), each as long as its NCCL calls one after
 //!   another, every call paying its own fixed cost (priced as one collective of the summed
@@ -636,6 +640,40 @@ struct Built {
     /// Per (stage, op) with CP or TP shadows: the last ones, which the op's time runs to
     /// (the next op of the stage waits for them).
     beside_last: BTreeMap<(usize, usize), Vec<JobId>>,
+    /// Per (compute job, kernel): its layer's shadows (its CP and TP exchanges, its
+    /// all-to-alls), which start with the layer and end before it is done.
+    layer: BTreeMap<(JobId, u32), Vec<JobId>>,
+}
+
+impl Built {
+    /// Job `job` starts once layer `kernel` of compute job `op` is done: the kernel on every
+    /// rank of `job`, and the exchanges beside it (a stream-ordered collective that waits
+    /// for the layer waits for its attention's KV exchange too; a ZeRO-3 gather issued when
+    /// a layer's compute ended ran beside the tail of its CP exchange on the same NIC, and
+    /// the event mode took 23% longer than the closed form, which runs them one after the
+    /// other).
+    fn after_layer(&self, w: &mut Concurrent, job: JobId, op: JobId, kernel: u32) {
+        w.after_kernel_on_all_ranks(job, op, kernel);
+        for &x in self.layer.get(&(op, kernel)).into_iter().flatten() {
+            w.after_everywhere(job, x);
+        }
+    }
+
+    /// Layer `kernel` of compute job `op` waits for job `job` (the gather of its weights):
+    /// the kernel, and its layer's shadows, which stand for exchanges that need the weights
+    /// too (a layer's CP shadow started with the gather that its kernel waited for, and
+    /// shared the NIC with it: the event mode took 23% longer than the closed form).
+    /// `everywhere`: on every rank of `job`, else on the kernel's rank.
+    fn layer_after(&self, w: &mut Concurrent, op: JobId, kernel: u32, job: JobId, everywhere: bool) {
+        if everywhere {
+            w.kernel_after_everywhere(op, kernel, job);
+        } else {
+            w.kernel_after(op, kernel, job);
+        }
+        for &x in self.layer.get(&(op, kernel)).into_iter().flatten() {
+            w.after_everywhere(x, job);
+        }
+    }
 }
 
 impl Built {
@@ -1012,6 +1050,7 @@ pub fn step_event_with(
             touched: BTreeSet::new(),
             ep_first: BTreeMap::new(),
             beside_last: BTreeMap::new(),
+            layer: BTreeMap::new(),
         };
         // Compute streams: each pipeline op one kernel per layer of its chunk.
         for s in 0..pp {
@@ -1129,6 +1168,7 @@ pub fn step_event_with(
                                 _ => {}
                             }
                         }
+                        b.layer.entry((op, k)).or_default().push(id);
                         if !beside {
                             w.kernel_after_everywhere(op, k, id);
                         } else if k + 1 < n {
@@ -1220,7 +1260,7 @@ pub fn step_event_with(
                         let (id, replayed, sh) = added.map_err(e)?;
                         let ids = with_shadows(id, &sh);
                         for &x in &ids {
-                            w.after_kernel_on_all_ranks(x, b.ops[s][i], k);
+                            b.after_layer(w, x, b.ops[s][i], k);
                             // Waited for everywhere: a replayed one, a simulated one's copies.
                             done.push((x, replayed || x != id));
                         }
@@ -1267,7 +1307,7 @@ pub fn step_event_with(
                                 let after = g.checked_sub(ahead);
                                 for &x in &all {
                                     if let Some(&(op, kernel)) = after.and_then(|x| stream.get(x)) {
-                                        w.after_kernel_on_all_ranks(x, op, kernel);
+                                        b.after_layer(&mut w, x, op, kernel);
                                     }
                                 }
                                 // Issued after kernel `g - ahead` (the step's first ones
@@ -1280,11 +1320,7 @@ pub fn step_event_with(
                                 // The layer waits for its rank's part of a simulated gather,
                                 // and for everything of a replayed one and of the copies.
                                 for x in all {
-                                    if replayed || x != id {
-                                        w.kernel_after_everywhere(b.ops[s][i], k, x);
-                                    } else {
-                                        w.kernel_after(b.ops[s][i], k, id);
-                                    }
+                                    b.layer_after(&mut w, b.ops[s][i], k, x, replayed || x != id);
                                 }
                                 let proxy = replayed.then_some(px);
                                 b.push_collective(s as u32, StepJobKind::Fsdp, name, group, proxy, &sh);
@@ -1385,7 +1421,7 @@ pub fn step_event_with(
                     previous.values().flatten().copied().collect()
                 };
                 for &x in &ids {
-                    w.after_kernel_on_all_ranks(x, b.ops[s][op], k);
+                    b.after_layer(&mut w, x, b.ops[s][op], k);
                     dp_jobs.push((x, replayed || x != id));
                     for &p in &before {
                         w.after_everywhere(x, p);
