@@ -937,10 +937,11 @@ impl<'f> FabricPricer<'f> {
     }
 
     /// The time the analytical step prices a collective at, in seconds: its closed form
-    /// where [`closed_form_prices`] allows it, else the event mode's beside the group's
-    /// `copies` ([`FabricPricer::shared_copies`]).
+    /// where [`closed_form_prices`] allows it and the group has no `copies`
+    /// ([`FabricPricer::shared_copies`]; the closed form knows one group), else the event
+    /// mode's beside them.
     pub fn step_price(&self, kind: CollectiveKind, bytes: u64, ranks: &[u64], copies: &[i64]) -> f64 {
-        if closed_form_prices(self.fabric, kind, ranks) {
+        if copies.is_empty() && closed_form_prices(self.fabric, kind, ranks) {
             self.analytic(kind, bytes, ranks)
         } else {
             self.event_beside(kind, bytes, ranks, copies)
