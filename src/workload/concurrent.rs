@@ -510,11 +510,10 @@ pub fn step_priced(
     pricer: &super::search::FabricPricer<'_>,
 ) -> Result<(super::analytic::StepEstimate, usize), String> {
     let pl = super::plan::Placement::new(plan);
-    let stage = |r: u64| (r < plan.world()).then(|| pl.coord(r).pp);
     let price = super::search::Priced {
         pricer,
         time: |kind: super::comm::CollectiveKind, bytes: u64, ranks: &[u64]| {
-            pricer.step_price(kind, bytes, ranks, &pricer.shared_copies(ranks, stage))
+            pricer.step_price(kind, bytes, ranks, &pricer.shared_copies(ranks, |r| pl.stage(r)))
         },
     };
     let est = super::analytic::estimate(model, plan, &f.gpu, gp, &price)?;

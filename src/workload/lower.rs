@@ -795,10 +795,10 @@ pub fn step_event_with(
     // TP, CP and EP collectives: each distinct one (kind, bytes, group shape) timed alone on
     // its real group; the same memo times the replayed DP and FSDP collectives.
     let memo_before = pricer.priced().1;
-    // Each collective beside its copies on the NICs it shares (other TP, CP or DP ranks'
-    // groups of the stage on a PCIe server's shared NICs; none where GPUs have NICs of
-    // their own).
-    let stage = |r: u64| (r < plan.world()).then(|| pl.coord(r).pp);
+    // Each collective beside its copies on the links it shares (other TP, CP or DP ranks'
+    // groups of the stage on a PCIe server's NICs and switches; none where GPUs have
+    // NVLink and NICs of their own).
+    let stage = |r: u64| pl.stage(r);
     let price = |kind: CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
         pricer.event_beside(kind, bytes, ranks, &pricer.shared_copies(ranks, stage))
     };

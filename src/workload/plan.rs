@@ -783,24 +783,28 @@ impl Plan {
         }
         self.check_layout(model.layers)?;
         match &model.moe {
-            None if self.ep > 1 => {
-                return err("ep", format!("ep = {} but {} has no experts", self.ep, model.name))
-            }
-            None if self.etp.is_some() => {
-                let etp = self.etp.unwrap_or(1);
-                return err(
-                    "etp",
-                    format!("etp = {etp} splits experts but {} has none; valid: leave etp out", model.name),
-                );
-            }
-            None if self.ep_imbalance != 1.0 => {
-                return err(
-                    "ep_imbalance",
-                    format!(
-                        "ep_imbalance = {} routes tokens to experts but {} has none; valid: leave it out (or 1.0)",
-                        self.ep_imbalance, model.name
-                    ),
-                );
+            None => {
+                if self.ep > 1 {
+                    return err("ep", format!("ep = {} but {} has no experts", self.ep, model.name));
+                }
+                if let Some(etp) = self.etp {
+                    return err(
+                        "etp",
+                        format!(
+                            "etp = {etp} splits experts but {} has none; valid: leave etp out",
+                            model.name
+                        ),
+                    );
+                }
+                if self.ep_imbalance != 1.0 {
+                    return err(
+                        "ep_imbalance",
+                        format!(
+                            "ep_imbalance = {} routes tokens to experts but {} has none; valid: leave it out (or 1.0)",
+                            self.ep_imbalance, model.name
+                        ),
+                    );
+                }
             }
             Some(moe) if moe.experts % self.ep != 0 => {
                 return err(
@@ -1270,6 +1274,11 @@ impl Placement {
     pub fn world(&self) -> u64 {
         self.sizes.iter().product()
     }
+    /// The pipeline stage of a rank, None for a rank beyond the plan's (idle): the ranks
+    /// whose TP, CP and DP peers run the same collectives at the same time share it.
+    pub fn stage(&self, rank: u64) -> Option<u64> {
+        (rank < self.world()).then(|| self.coord(rank).pp)
+    }
     /// Global rank of a coordinate.
     pub fn rank(&self, c: Coord) -> u64 {
         let mut r = 0;
@@ -1721,7 +1730,6 @@ fn build_plan(f: &PlanFile, at: Locate<'_>, gpus: u64) -> Result<Plan, FileError
             _ => return Err(choice(fs, "fsdp", "full, hybrid")),
         };
     }
-
     if let Some(r) = &f.recompute {
         p.recompute = match r.get_ref().as_str() {
             "none" => Recompute::None,
