@@ -57,11 +57,12 @@
 //!   loads on the links is kept in the step by its shadow, the same collective (the same
 //!   algorithm where it runs on two ranks, else a ring; the same protocol; NCCL's channels
 //!   per NIC, at least one per NIC of the GPU) on the stage's representative and its next
-//!   peer in another NVLink domain, with the buffer that moves the bytes the real one moves
+//!   peer in another NVLink domain on its rail, with the buffer that moves the bytes the real one moves
 //!   through the representative's NIC (NCCL's bus-bandwidth factor, shared among the
 //!   group's ranks on that node; an all-to-all's own (n - local)/n per rank), stretched
 //!   to the real one's time by a cap per network connection (or cut to the bytes the NIC
-//!   carries in that time when the real one keeps it busy throughout). Its rate and latency
+//!   carries in that time when the real one keeps it busy throughout, or when no cap
+//!   takes that time within 5%). Its rate and latency
 //!   are measured alone at two sizes (memoized). The replayed collective ends when both its
 //!   timed job and its shadow are done, with the same dependencies. So the pipeline
 //!   transfers, the stage's other buckets and the other stages' shadows queue behind it on
@@ -366,8 +367,12 @@ fn coll_args(kind: CollectiveKind, bytes: u64, n: u64) -> Option<CollArgs> {
 }
 
 /// The NIC shadow of a collective on `ranks` that the stage's representative `rep` takes
-/// part in: the pair (`rep`, its next peer in another NVLink domain: its ring successor
-/// there) and the bytes that cross `rep`'s NIC each way. A ring crosses each domain once
+/// part in: the pair (`rep`, its next peer in another NVLink domain on its rail, as NCCL
+/// keeps a ring's crossings between GPUs of one local index; the next peer in another
+/// domain where none is on its rail) and the bytes that cross `rep`'s NIC each way. A peer
+/// on another rail would reach `rep` through PXN via its own rail's GPU, loading a NIC the
+/// real collective does not (a pipeline stage's representative at local rank 4 loaded the
+/// NIC of the stage before it, and ZeRO-3 gathers ran 40% long). A ring crosses each domain once
 /// per channel, so what NCCL's bus-bandwidth factor says every rank moves (2(n-1)/n of the
 /// buffer for all-reduce, (n-1)/n for all-gather and reduce-scatter) is shared among the
 /// group's ranks in the representative's domain (returned too), which leave it over their
@@ -385,7 +390,8 @@ pub(crate) fn shadow_pair(
     let n = ranks.len();
     let pos = ranks.iter().position(|&r| r == rep)?;
     let domain = f.domain_of_rank(rep);
-    let next = (1..n).map(|i| ranks[(pos + i) % n]).find(|&r| f.domain_of_rank(r) != domain)?;
+    let away = || (1..n).map(|i| ranks[(pos + i) % n]).filter(|&r| f.domain_of_rank(r) != domain);
+    let next = away().find(|&r| f.local_rank(r) == f.local_rank(rep)).or_else(|| away().next())?;
     let (nf, local) = (n as f64, ranks.iter().filter(|&&r| f.domain_of_rank(r) == domain).count().max(1));
     let share = match kind {
         CollectiveKind::AllReduce => 2.0 * (nf - 1.0) / nf / local as f64,
@@ -570,7 +576,12 @@ impl<'a> ShadowMemo<'a> {
             // more than the all-to-all they stand for). The capped time is about
             // `a + b / cap`: two capped runs fix `a` and `b`, and the cap that gives `t`
             // follows. A cap at or above the uncapped rate per connection only slows the
-            // shadow (a DP all-reduce that keeps the NIC busy ran 11% long): then none.
+            // shadow (a DP all-reduce that keeps the NIC busy ran 11% long): then none. Near
+            // that rate the fit fails (the run at twice the cap is the uncapped one, and a
+            // capped connection cannot take up its idle neighbours' share): the cap is kept
+            // only where its run takes `t` within 5%, else the bytes are cut (a Mixtral
+            // expert gather's shadow, asked for 98.6% of the rate, ran 39% long and held
+            // every layer's kernel behind it).
             let cap = if need < rate {
                 let capped = |c: f64| run(x, Some(c));
                 let c0 = need / conns;
@@ -578,7 +589,7 @@ impl<'a> ShadowMemo<'a> {
                 let b = (t0 - t1) * 2.0 * c0;
                 let a = t0 - b / c0;
                 let c = if b > 0.0 && t > a { b / (t - a) } else { c0 };
-                (c < rate / conns).then_some(c)
+                (c < rate / conns && (capped(c)? - t).abs() <= 0.05 * t).then_some(c)
             } else {
                 None
             };
