@@ -2073,6 +2073,41 @@ fn a_hidden_gather_shares_the_nic_with_the_layers_traffic() {
     );
 }
 
+/// A ring attention's KV exchanges across nodes meet a prefetched ZeRO-3/FSDP gather on the
+/// NIC only in their bursts (the gather has the NIC alone between them, through the layer's
+/// GEMMs and NVLink traffic), and a delay costs the step only what it exposes beyond the
+/// attention they hide behind. The closed form had charged the exchanges' whole time at the
+/// gather's pace, as if on the critical path: GPT 18.4B, TP 8 CP 2 FSDP on 8 A3 Ultra
+/// nodes, 12.7% over the event mode at 4 micro-batches; GPT 1.7B, TP 8 CP 4 ZeRO-3 FP8 on
+/// 4 DGX B200 (the exchanges outlast the attention), 25% over at 64. EP all-to-alls on the
+/// critical path still meet the gather whole (`a_hidden_gather_shares_the_nic_with_the_layers_traffic`).
+#[test]
+fn a_gather_meets_the_ring_attentions_exchanges_in_their_bursts() {
+    let cases = [
+        // (model, topology, nodes, plan, bound): measured -1.1% and +7.2%.
+        (
+            "megatron-gpt-18.4b",
+            "gcp-a3-ultra",
+            8,
+            "tp = 8\ncp = 2\nfsdp = \"full\"\nmbs = 1\ngbs = 4\nseq = 32768\n",
+            0.03,
+        ),
+        (
+            "megatron-gpt-1.7b",
+            "dgx-b200",
+            4,
+            "tp = 8\ncp = 4\nzero = 3\ndtype = \"fp8\"\nmbs = 1\ngbs = 8\nseq = 16384\n",
+            0.10,
+        ),
+    ];
+    for (name, topo, nodes, text, bound) in cases {
+        let (m, f) = (model(name), built(topo, nodes));
+        let plan = plan_text(&m, f.num_gpus() as u64, text);
+        let (ev, an) = event_and_closed_form(&f, &m, &plan);
+        assert!(rel_err(an, ev) < bound, "{name}: analytical {an} s vs event {ev} s");
+    }
+}
+
 /// The event mode's EP shadow of a layer stands for its all-to-alls through the NIC and lasts
 /// their time; the expert-TP gathers and reduce-scatters inside the node stay in the layer's
 /// kernel. It had been stretched over the layer's whole EP time, all-to-alls and expert-TP
