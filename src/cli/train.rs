@@ -580,13 +580,13 @@ enum Fidelity {
     },
     /// The whole step simulated.
     Event {
-        /// Distinct TP/CP/EP collectives timed alone on their groups.
+        /// Distinct collectives simulated alone on their groups for the step.
         memoized: usize,
         /// Collectives simulated together in the step.
         explicit: usize,
         /// DP/FSDP collectives replayed from memoized timings.
         replayed: usize,
-        /// Distinct DP/FSDP collectives simulated alone for the replay.
+        /// Distinct timings the replay takes.
         replay_memo: usize,
         /// Fabric ranks the step's schedule touches.
         ranks: usize,
@@ -605,8 +605,8 @@ impl Fidelity {
             ),
             Fidelity::Event { memoized, explicit, replayed, replay_memo, ranks, events, runs } => format!(
                 "event: the step simulated as one schedule on {ranks} ranks ({explicit} collectives together, \
-                 {replayed} DP/FSDP collectives replayed from {replay_memo} simulated alone, \
-                 {memoized} distinct TP/CP/EP collectives memoized, {events} events, {runs} run(s))"
+                 {replayed} DP/FSDP collectives replayed from {replay_memo} distinct timing(s), \
+                 {memoized} distinct collectives simulated alone, {events} events, {runs} run(s))"
             ),
         }
     }

@@ -262,14 +262,17 @@ pub struct EventStep {
     pub estimate: StepEstimate,
     /// Every job of the final run.
     pub jobs: Vec<StepJob>,
-    /// Distinct TP/CP/EP collectives timed alone on their groups (memoized).
+    /// Distinct collectives (TP, CP, EP, and the DP/FSDP ones the replay takes) simulated
+    /// alone on their groups for this step and memoized (none that an earlier step on the
+    /// same pricer had already timed).
     pub memoized: usize,
     /// Collectives simulated together in the composed step.
     pub explicit: usize,
     /// Data-parallel and ZeRO-3/FSDP collectives replayed from memoized timings (0 without
     /// [`EventOpts::replay`]).
     pub replayed: usize,
-    /// Distinct such collectives simulated alone to be replayed (by kind, bytes, group shape).
+    /// Distinct timings the replay takes (by kind, bytes, group shape), each simulated alone
+    /// once (0 without [`EventOpts::replay`]).
     pub replay_memo: usize,
     /// Fabric ranks the composed step touches.
     pub ranks: usize,
@@ -819,7 +822,13 @@ pub fn step_event_with(
     if let Some(e) = pricer.take_failure() {
         return Err(format!("a collective of the step could not be simulated: {e}"));
     }
-    let memoized = pricer.priced().1 - memo_before;
+    // The distinct timings the replay takes (kind, bytes, group shape), whoever priced them
+    // first (the chunk costs above price a layer's gathers too).
+    let replay_keys: RefCell<BTreeSet<PickKey>> = RefCell::new(BTreeSet::new());
+    let replay_price = |kind: CollectiveKind, bytes: u64, ranks: &[u64]| -> f64 {
+        replay_keys.borrow_mut().insert((kind as u8, bytes, pricer.shape(ranks)));
+        price(kind, bytes, ranks)
+    };
     // The rank that carries a stage's replayed collectives: a peer of the representative
     // in the stage (TP, CP or DP index 1) that runs no compute stream and no transfer.
     let proxy = |s: usize| -> u32 {
@@ -877,8 +886,8 @@ pub fn step_event_with(
             let r64: Vec<u64> = ranks.iter().map(|&x| u64::from(x)).collect();
             let unit = unit.clamp(1, bytes.max(1));
             let t = match layer {
-                Some(g) => layer_gather(g, &r, |b| [price(kind, b, &r64), 0.0, 1.0])[0],
-                None => price(kind, unit, &r64) * bytes as f64 / unit as f64,
+                Some(g) => layer_gather(g, &r, |b| [replay_price(kind, b, &r64), 0.0, 1.0])[0],
+                None => replay_price(kind, unit, &r64) * bytes as f64 / unit as f64,
             };
             let added = w
                 .add_compute(name, px, &[timed_kernel(engine_rate(f), name.to_string(), t)])
@@ -1636,13 +1645,14 @@ pub fn step_event_with(
     let explicit =
         jobs.iter().filter(|j| !matches!(j.kind, StepJobKind::Compute | StepJobKind::Optimizer)).count()
             - replayed;
+    let replay_memo = replay_keys.borrow().len();
     Ok(EventStep {
         estimate,
         jobs,
-        memoized,
+        memoized: pricer.priced().1 - memo_before,
         explicit,
         replayed,
-        replay_memo: pricer.priced().1 - memoized - memo_before,
+        replay_memo,
         ranks: built.touched.len(),
         events: out.sim.events,
         runs,

@@ -1863,6 +1863,10 @@ fn replayed_dp_collectives_match_the_simulated_ones() {
         let replay = run(&EventOpts::default());
         let full = run(&EventOpts { replay: false, ..EventOpts::default() });
         assert!(replay.replayed > 0 && full.replayed == 0, "{text:?}");
+        // The replay's distinct timings, counted even where the step's pricing of its layers
+        // had already simulated them (the header had said "replayed from 0").
+        assert!(replay.replay_memo > 0 && replay.replay_memo <= replay.memoized, "{text:?}");
+        assert_eq!(full.replay_memo, 0, "{text:?}");
         // The same collectives, or fewer where the replay merged buckets (one job each, at
         // the summed time of its NCCL calls); the full simulation runs every bucket.
         let jobs = replay.explicit + replay.replayed;
