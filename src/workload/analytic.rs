@@ -478,12 +478,11 @@ pub(crate) fn chunk_costs_and_comms(
                     }
                     let ce = if nic[p] > 0.0 { nic_conns[p] / nic[p] } else { 1.0 };
                     let share_of = |x: f64| x / nic[p].max(f64::MIN_POSITIVE);
-                    let (hidden, spread) = (
-                        nic_hidden[p][0] + nic_hidden[p][1],
-                        nic_contention(g, c, nic[p], nic_wire[p], cg, ce, busy),
-                    );
-                    let mut felt =
-                        nic_contention(g, c, nic[p], nic_wire[p], cg, ce, 0.0) * (1.0 - share_of(hidden));
+                    let late = |over: f64| nic_contention(g, c, nic[p], nic_wire[p], cg, ce, over);
+                    // On the critical path: one block from the pass's start.
+                    let mut felt = late(0.0) * (1.0 - share_of(nic_hidden[p][0] + nic_hidden[p][1]));
+                    // Hidden: bursts over the pass, felt where the delay exposes them.
+                    let spread = late(busy);
                     let rows = if p == 0 {
                         [[f[1], gemm_f], [f[2], att_f]]
                     } else {

@@ -689,9 +689,7 @@ impl Built {
             w.after_everywhere(x, job);
         }
     }
-}
 
-impl Built {
     fn push(&mut self, stage: u32, kind: StepJobKind, name: String, ranks: &[u32], to: Option<u32>) {
         self.touched.extend(ranks.iter().copied());
         self.jobs.push(JobMeta {
