@@ -657,9 +657,10 @@ struct Built {
     jobs: Vec<JobMeta>,
     /// Fabric ranks the jobs run on.
     touched: BTreeSet<u32>,
-    /// Per (stage, op) with EP shadows: the first one, which the op's first kernel waits for
-    /// (the op runs from its start).
-    ep_first: BTreeMap<(usize, usize), JobId>,
+    /// Per (stage, op) with shadows before its kernels (EP, and CP under the all-gather
+    /// variant): the first one, which the op's first kernel waits for (the op runs from its
+    /// start).
+    first_before: BTreeMap<(usize, usize), JobId>,
     /// Per (stage, op) with CP or TP shadows: the last ones, which the op's time runs to
     /// (the next op of the stage waits for them).
     beside_last: BTreeMap<(usize, usize), Vec<JobId>>,
@@ -1078,7 +1079,7 @@ pub fn step_event_with(
             opt: Vec::new(),
             jobs: Vec::new(),
             touched: BTreeSet::new(),
-            ep_first: BTreeMap::new(),
+            first_before: BTreeMap::new(),
             beside_last: BTreeMap::new(),
             layer: BTreeMap::new(),
         };
@@ -1138,9 +1139,10 @@ pub fn step_event_with(
         // after the last layer) waiting for it; alone it ends within its kernel, which
         // already counts what the exchanges leave exposed; the all-gather variant's, before
         // the kernel, as the EP shadows.
-        // The EP shadow before each layer kernel, which the layer's CP and TP shadows follow:
-        // in the layer the attention's exchanges and the MoE's all-to-alls take turns.
-        let mut ep_before: BTreeMap<(usize, usize, u32), JobId> = BTreeMap::new();
+        // The shadows before each layer kernel (EP, then the all-gather variant's CP), each
+        // after the previous one, which the layer's other shadows follow: in the layer the
+        // attention's exchanges and the MoE's all-to-alls take turns.
+        let mut before: BTreeMap<(usize, usize, u32), JobId> = BTreeMap::new();
         for (table, kind, what) in [
             (&ep_shadow, StepJobKind::Ep, "ep all-to-all"),
             (&cp_shadow, StepJobKind::Cp, "cp kv exchange"),
@@ -1183,9 +1185,9 @@ pub fn step_event_with(
                             }
                         }
                         if let Some(x) = if beside {
-                            ep_before.get(&(s, i, k)).copied()
+                            before.get(&(s, i, k)).copied()
                         } else {
-                            ep_before.insert((s, i, k), id)
+                            before.insert((s, i, k), id)
                         } {
                             w.after(id, x);
                         }
@@ -1198,10 +1200,10 @@ pub fn step_event_with(
                             if let Some(&feed) = feeds.get(&(s, i)) {
                                 w.after_everywhere(id, feed);
                             }
-                            match b.ep_first.get(&(s, i)) {
+                            match b.first_before.get(&(s, i)) {
                                 Some(&first) if beside => w.after(id, first),
                                 _ if !beside => {
-                                    b.ep_first.entry((s, i)).or_insert(id);
+                                    b.first_before.entry((s, i)).or_insert(id);
                                 }
                                 _ => {}
                             }
@@ -1560,10 +1562,10 @@ pub fn step_event_with(
     };
     let dur = |s: usize, i: usize| {
         let z = &out.jobs[built.ops[s][i].0 as usize];
-        // An op with EP shadows runs from its first shadow's start, one with CP or TP
-        // shadows to their last end.
+        // An op with shadows before its kernels runs from the first one's start, one with
+        // shadows beside them to their last end.
         let start =
-            built.ep_first.get(&(s, i)).map_or(z.start, |a| out.jobs[a.0 as usize].start.min(z.start));
+            built.first_before.get(&(s, i)).map_or(z.start, |a| out.jobs[a.0 as usize].start.min(z.start));
         let end = built
             .beside_last
             .get(&(s, i))
