@@ -58,7 +58,9 @@
 //!   loads on the links is kept in the step by its shadow, the same collective (the same
 //!   algorithm where it runs on two ranks, else a ring; the same protocol; NCCL's channels
 //!   per NIC, at least one per NIC of the GPU) on the stage's representative and its next
-//!   peer in another NVLink domain on its rail, with the buffer that moves the bytes the real one moves
+//!   peer in another NVLink domain on its rail (and for a ring over three or more domains
+//!   the peer after that in a third, a ring that forwards: [`shadow_ring`]), with the
+//!   buffer that moves the bytes the real one moves
 //!   through the representative's NIC (NCCL's bus-bandwidth factor, shared among the
 //!   group's ranks on that node; an all-to-all's own (n - local)/n per rank), stretched
 //!   to the real one's time by a cap per network connection (or cut to the bytes the NIC
@@ -116,10 +118,8 @@
 //!   gathered K and V, so the CP shadow runs before its kernel instead, which waits for it
 //!   and no longer counts that time (beside it, the kernel's compute had hidden the gather:
 //!   Llama 3 8B, CP 4 across 4 DGX H100 with ZeRO-3, 12.4% under the closed form, now 5.1%
-//!   over it simulated on all ranks and 7.3% under it replayed: the replayed weight
-//!   gathers' shadows, a two-rank ring that sends each chunk only once the peer's has come,
-//!   or a capped one, keep fewer transfers queued at the NIC than the real ring that
-//!   forwards its peers' chunks, and yield it to the KV gathers more than that ring does).
+//!   over it simulated on all ranks and 0.7% over it replayed, with the weight gathers'
+//!   shadows rings of three).
 //!   An EP group that spans NVLink domains contends too: with
 //!   [`EventOpts::ep_shadows`] each layer kernel of an op with EP all-to-alls is preceded
 //!   by a NIC shadow of the layer's all-to-all traffic (the op's EP NIC bytes and the time
@@ -414,6 +414,38 @@ pub(crate) fn shadow_pair(
     Some(([rep, next], (bytes as f64 * share) as u64, local))
 }
 
+/// The ranks a NIC shadow from the [`shadow_pair`] `pair` runs on: the pair, and for a
+/// collective NCCL runs on a ring over three or more NVLink domains of `ranks` the next peer
+/// after the pair's second in a third domain on the representative's rail, so that the
+/// shadow is a ring that forwards. A rank of a longer ring passes its predecessor's chunks
+/// on as they arrive, so its NIC holds its own chunk and those in passing; a two-rank ring
+/// sends a chunk only once its peer's has come, holds fewer at the NIC (whose servers share
+/// by what is queued) and yielded it to the traffic beside it: replayed ZeRO-3 gathers beside
+/// the K/V all-gathers of a CP group across 4 DGX H100 nodes, 11.8% short of every rank
+/// simulated, 4.2% on a ring of three.
+pub(crate) fn shadow_ring(
+    f: &Fabric,
+    pair: [u32; 2],
+    kind: CollectiveKind,
+    algo: collective::Algo,
+    ranks: &[u32],
+) -> Vec<u32> {
+    let mut on = pair.to_vec();
+    let ring =
+        matches!(kind, CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter)
+            && algo == collective::Algo::Ring;
+    let n = ranks.len();
+    if let (true, Some(pos)) = (ring, ranks.iter().position(|&r| r == pair[1])) {
+        let (d0, d1, rail) = (f.domain_of_rank(pair[0]), f.domain_of_rank(pair[1]), f.local_rank(pair[0]));
+        let third = (1..n).map(|i| ranks[(pos + i) % n]).find(|&r| {
+            let d = f.domain_of_rank(r);
+            d != d0 && d != d1 && f.local_rank(r) == rail
+        });
+        on.extend(third);
+    }
+    on
+}
+
 /// The channels the NIC shadow from `rep` of a collective NCCL runs on `nchannels` runs on:
 /// a ring crosses the domain once per channel, so its channels are shared among the group's
 /// `local` ranks there (1 for an all-to-all, whose every rank sends its own); and at least
@@ -499,16 +531,17 @@ impl<'a> ShadowMemo<'a> {
         c.map(|c| Choice { nchannels: shadow_channels(self.f, rep, c.nchannels, local), ..c })
     }
 
-    /// The shadow on `pair` of a collective of `kind` that moves `x` bytes each way through
-    /// the first rank's NIC in `t` seconds with NCCL's pick `real`: the same collective on
-    /// the two ranks (the same algorithm where it runs on two, else a ring; the same protocol
-    /// and channels per NIC), with the buffer that moves `x` bytes each way, so that it
+    /// The shadow on `pair` (two ranks, or a ring of three: [`shadow_ring`]) of a collective
+    /// of `kind` that moves `x` bytes each way through the first rank's NIC in `t` seconds
+    /// with NCCL's pick `real`: the same collective on those ranks (the same algorithm where
+    /// it runs on them, else a ring; the same protocol and channels per NIC), with the
+    /// buffer that moves `x` bytes each way through each rank's NIC, so that it
     /// queues on the links as the real one does; capped per connection when alone it would
     /// be faster than `t`, with fewer bytes when it would be slower (the real collective keeps
     /// the NIC busy throughout). The cap is set from its rate and latency measured alone at
     /// two sizes. None when shadows are off, or when latency alone takes half of `t` (a
     /// latency-bound collective loads no NIC).
-    fn call(&self, pair: [u32; 2], kind: CollectiveKind, x: u64, t: f64, real: Choice) -> Option<ShadowCall> {
+    fn call(&self, pair: &[u32], kind: CollectiveKind, x: u64, t: f64, real: Choice) -> Option<ShadowCall> {
         self.call_chunked(pair, kind, x, t, real, Knobs::default().p2p_net_chunksize)
     }
 
@@ -517,7 +550,7 @@ impl<'a> ShadowMemo<'a> {
     /// to its time (the CP shadows, one per layer and micro-batch).
     fn call_chunked(
         &self,
-        pair: [u32; 2],
+        pair: &[u32],
         kind: CollectiveKind,
         x: u64,
         t: f64,
@@ -528,25 +561,24 @@ impl<'a> ShadowMemo<'a> {
             return None;
         }
         let ps = (t * 1e12).round() as u64;
-        let (a, b) = (pair[0] as i64, pair[1] as i64);
-        let (na, nb) = (self.f.node_of_rank(pair[0]) as i64, self.f.node_of_rank(pair[1]) as i64);
-        let key = (
-            kind as u8,
-            x,
-            ps,
-            format!("{real:?}"),
-            vec![b - a, nb - na, i64::from(self.f.local_rank(pair[0])), chunk as i64],
-        );
+        let (a, na) = (pair[0] as i64, self.f.node_of_rank(pair[0]) as i64);
+        let mut shape: Vec<i64> =
+            pair[1..].iter().flat_map(|&b| [b as i64 - a, self.f.node_of_rank(b) as i64 - na]).collect();
+        shape.extend([i64::from(self.f.local_rank(pair[0])), chunk as i64]);
+        let key = (kind as u8, x, ps, format!("{real:?}"), shape);
         if let Some(c) = self.memo.borrow().get(&key) {
             return *c;
         }
-        // The two-rank buffer that moves `x` each way.
+        // The buffer that moves `x` each way through every NIC of a `k`-rank ring (or a
+        // two-rank exchange).
+        let k = pair.len() as u64;
         let buffer = |x: u64| match kind {
-            CollectiveKind::AllReduce | CollectiveKind::SendRecv => x,
-            _ => 2 * x,
+            CollectiveKind::SendRecv => x,
+            CollectiveKind::AllReduce => x * k / (2 * (k - 1)),
+            _ => x * k / (k - 1),
         };
-        let comm = collective::Comm::from_ranks(self.f, self.router, &pair);
-        let got = coll_args(kind, buffer(x), 2).and_then(|args| {
+        let comm = collective::Comm::from_ranks(self.f, self.router, pair);
+        let got = coll_args(kind, buffer(x), k).and_then(|args| {
             let runnable = collective::runnable(&comm, args.coll);
             let choice = if runnable.contains(&(real.algo, real.proto)) {
                 real
@@ -563,7 +595,7 @@ impl<'a> ShadowMemo<'a> {
                 let job = CollectiveJob {
                     name: "NIC shadow".into(),
                     ranks: pair.to_vec(),
-                    args: coll_args(kind, buffer(x), 2)?,
+                    args: coll_args(kind, buffer(x), k)?,
                     choice: Some(choice),
                     knobs: shadow_knobs(chunk),
                 };
@@ -609,7 +641,7 @@ impl<'a> ShadowMemo<'a> {
                 Some(c) => Some((args, choice, Some(Bandwidth::from_gbytes(c / 1e9)), chunk)),
                 None => {
                     let x = (((t - lat) * rate) as u64).min(x);
-                    Some((coll_args(kind, buffer(x), 2)?, choice, None, chunk))
+                    Some((coll_args(kind, buffer(x), k)?, choice, None, chunk))
                 }
             }
         });
@@ -910,12 +942,13 @@ pub fn step_event_with(
                         .and_then(|(pair, x, local)| {
                             let real = shadows_memo.pick(pricer, kind, bytes, ranks, (pair[0], local))?;
                             let x = in_switch_nic_bytes(kind, real.algo, bytes, local).unwrap_or(x);
-                            Some((pair, shadows_memo.call(pair, kind, x, t, real)?))
+                            let on = shadow_ring(f, pair, kind, real.algo, ranks);
+                            Some((on.clone(), shadows_memo.call(&on, kind, x, t, real)?))
                         });
                     if let Some((pair, (args, choice, cap, chunk))) = shadow {
                         let job = CollectiveJob {
                             name: format!("{name} (NIC shadow)"),
-                            ranks: pair.to_vec(),
+                            ranks: pair.clone(),
                             args,
                             choice: Some(choice),
                             knobs: shadow_knobs(chunk),
@@ -924,7 +957,7 @@ pub fn step_event_with(
                             Some(cap) => w.add_capped(job, cap)?,
                             None => w.add(job)?,
                         };
-                        shadows.push((id, pair.to_vec()));
+                        shadows.push((id, pair));
                     }
                     Ok((id, shadows))
                 });
@@ -984,78 +1017,90 @@ pub fn step_event_with(
     // on the pair, for their time on the wire, beside the kernel. None where the group stays
     // inside the NVLink domain (or moves nothing).
     let load = ep_load_factors(model, plan);
-    let layer_shadows = |group: GroupKind,
-                         on: bool,
-                         time: fn(&OpParts) -> f64|
-     -> Vec<Vec<Option<LayerShadow>>> {
-        (0..pp)
-            .map(|s| {
-                let ranks: Vec<u32> = pl.group_of(group, rep(s)).iter().map(|&x| x as u32).collect();
-                sched.ops[s]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, o)| {
-                        let t = time(&parts[s][i]);
-                        if !on || t <= 0.0 || ranks.len() < 2 || o.pass == Pass::W {
-                            return None;
-                        }
-                        let vs = u64::from(o.chunk) * plan.pp + s as u64;
-                        let (mut x, mut found) = (0.0, None);
-                        for l in plan.vstage_blocks(model.layers, vs) {
-                            for op in layer_comms(model, plan, l) {
-                                if op.group != group || op.pass != o.pass {
-                                    continue;
-                                }
-                                let (p, bytes, local) =
-                                    shadow_pair(f, rep(s) as u32, op.kind, op.bytes, &ranks)?;
-                                // The busiest EP rank receives `load` times the mean.
-                                let w = if group == GroupKind::Ep { load[l as usize] } else { 1.0 };
-                                x += bytes as f64 * op.count as f64 * w;
-                                found = Some((p, local, op.bytes));
+    let layer_shadows =
+        |group: GroupKind, on: bool, time: fn(&OpParts) -> f64| -> Vec<Vec<Option<LayerShadow>>> {
+            (0..pp)
+                .map(|s| {
+                    let ranks: Vec<u32> = pl.group_of(group, rep(s)).iter().map(|&x| x as u32).collect();
+                    sched.ops[s]
+                        .iter()
+                        .enumerate()
+                        .map(|(i, o)| {
+                            let t = time(&parts[s][i]);
+                            if !on || t <= 0.0 || ranks.len() < 2 || o.pass == Pass::W {
+                                return None;
                             }
-                        }
-                        let (p, local, one) = found?;
-                        let n = f64::from(layers_of(s, o.chunk));
-                        let per = (x / n) as u64;
-                        let call = if group == GroupKind::Ep {
-                            // The NIC carries all `local` ranks' messages to other domains:
-                            // the shadow runs on a rank's channels (not a share of them, as a
-                            // ring's, which left it too slow to carry the bytes), each message
-                            // one of every rank's bundled, so its events do not grow with them.
-                            let real = shadows_memo.pick(
-                                pricer,
-                                CollectiveKind::AllToAll,
-                                one,
-                                &ranks,
-                                (p[0], 1),
-                            )?;
-                            let chunk = Knobs::default().p2p_net_chunksize * local as u64;
-                            shadows_memo.call_chunked(p, CollectiveKind::AllToAll, per, t / n, real, chunk)?
-                        } else {
-                            // Each way through the NIC: an exchange on the pair, as NCCL picks
-                            // it, in network chunks up to a Simple step (512 KiB of the default
-                            // 4 MiB buffer) rather than NCCL's 128 KiB p2p chunk: a quarter of
-                            // the events for megabytes per layer, still interleaved with the DP
-                            // and PP traffic at the granularity NCCL's collectives use.
-                            let real = shadows_memo.pick(
-                                pricer,
-                                CollectiveKind::AllToAll,
-                                2 * per,
-                                &p,
-                                (p[0], 1),
-                            )?;
-                            let step = Knobs::default().buffsize / 8;
-                            let chunk = (per / (2 * u64::from(real.nchannels.max(1))))
-                                .next_power_of_two()
-                                .clamp(Knobs::default().p2p_net_chunksize, step);
-                            shadows_memo.call_chunked(p, CollectiveKind::AllToAll, per, t / n, real, chunk)?
-                        };
-                        Some((p, call))
-                    })
-                    .collect()
-            })
-            .collect()
-    };
+                            let vs = u64::from(o.chunk) * plan.pp + s as u64;
+                            let (mut x, mut found) = (0.0, None);
+                            for l in plan.vstage_blocks(model.layers, vs) {
+                                for op in layer_comms(model, plan, l) {
+                                    if op.group != group || op.pass != o.pass {
+                                        continue;
+                                    }
+                                    let (p, bytes, local) =
+                                        shadow_pair(f, rep(s) as u32, op.kind, op.bytes, &ranks)?;
+                                    // The busiest EP rank receives `load` times the mean.
+                                    let w = if group == GroupKind::Ep { load[l as usize] } else { 1.0 };
+                                    x += bytes as f64 * op.count as f64 * w;
+                                    found = Some((p, local, op.bytes));
+                                }
+                            }
+                            let (p, local, one) = found?;
+                            let n = f64::from(layers_of(s, o.chunk));
+                            let per = (x / n) as u64;
+                            let call = if group == GroupKind::Ep {
+                                // The NIC carries all `local` ranks' messages to other domains:
+                                // the shadow runs on a rank's channels (not a share of them, as a
+                                // ring's, which left it too slow to carry the bytes), each message
+                                // one of every rank's bundled, so its events do not grow with them.
+                                let real = shadows_memo.pick(
+                                    pricer,
+                                    CollectiveKind::AllToAll,
+                                    one,
+                                    &ranks,
+                                    (p[0], 1),
+                                )?;
+                                let chunk = Knobs::default().p2p_net_chunksize * local as u64;
+                                shadows_memo.call_chunked(
+                                    &p,
+                                    CollectiveKind::AllToAll,
+                                    per,
+                                    t / n,
+                                    real,
+                                    chunk,
+                                )?
+                            } else {
+                                // Each way through the NIC: an exchange on the pair, as NCCL picks
+                                // it, in network chunks up to a Simple step (512 KiB of the default
+                                // 4 MiB buffer) rather than NCCL's 128 KiB p2p chunk: a quarter of
+                                // the events for megabytes per layer, still interleaved with the DP
+                                // and PP traffic at the granularity NCCL's collectives use.
+                                let real = shadows_memo.pick(
+                                    pricer,
+                                    CollectiveKind::AllToAll,
+                                    2 * per,
+                                    &p,
+                                    (p[0], 1),
+                                )?;
+                                let step = Knobs::default().buffsize / 8;
+                                let chunk = (per / (2 * u64::from(real.nchannels.max(1))))
+                                    .next_power_of_two()
+                                    .clamp(Knobs::default().p2p_net_chunksize, step);
+                                shadows_memo.call_chunked(
+                                    &p,
+                                    CollectiveKind::AllToAll,
+                                    per,
+                                    t / n,
+                                    real,
+                                    chunk,
+                                )?
+                            };
+                            Some((p, call))
+                        })
+                        .collect()
+                })
+                .collect()
+        };
     // Under the MoE all-to-all overlap the EP shadows run beside their kernels (which count
     // only the other pass's SM share), as the CP and TP shadows do, for the all-to-alls' time
     // on the wire: what they outlast their kernels by is the exposure.
@@ -1746,4 +1791,37 @@ fn union(iv: &mut [(SimTime, SimTime)]) -> Vec<(SimTime, SimTime)> {
 
 fn covered(u: &[(SimTime, SimTime)], a: SimTime, b: SimTime) -> f64 {
     u.iter().map(|&(x, y)| (y.min(b).as_secs() - x.max(a).as_secs()).max(0.0)).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{shadow_pair, shadow_ring};
+    use crate::collective::Algo;
+    use crate::fabric::build::{build, BuildOpts};
+    use crate::fabric::{load_topology, Fabric};
+    use crate::workload::comm::CollectiveKind as K;
+
+    fn dgx_h100(nodes: u32) -> Fabric {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("topologies/dgx-h100.toml");
+        let spec = load_topology(&path).expect("shipped topology");
+        build(&spec, &BuildOpts { nodes: Some(nodes), gpus_per_node: None, params: None }).expect("builds")
+    }
+
+    /// A ring's shadow over three or more domains is a ring of three on the representative's
+    /// rail; anything else keeps the pair.
+    #[test]
+    fn a_ring_shadow_forwards_on_the_rail() {
+        let f = dgx_h100(4);
+        // Local rank 3 of each node, and a group with two ranks per node (3 and 4).
+        let (rail, two) = ([3, 11, 19, 27], [3, 4, 11, 12, 19, 20, 27, 28]);
+        let (pair, _, _) = shadow_pair(&f, 3, K::AllGather, 1 << 26, &rail).expect("leaves the node");
+        assert_eq!(pair, [3, 11]);
+        assert_eq!(shadow_ring(&f, pair, K::AllGather, Algo::Ring, &rail), [3, 11, 19]);
+        assert_eq!(shadow_ring(&f, pair, K::ReduceScatter, Algo::Ring, &two), [3, 11, 19]);
+        assert_eq!(shadow_ring(&f, pair, K::AllReduce, Algo::Ring, &[27, 3, 11]), [3, 11, 27]);
+        // Two domains, an all-to-all, a tree: the pair.
+        assert_eq!(shadow_ring(&f, pair, K::AllGather, Algo::Ring, &[3, 11]), [3, 11]);
+        assert_eq!(shadow_ring(&f, pair, K::AllToAll, Algo::P2p, &rail), [3, 11]);
+        assert_eq!(shadow_ring(&f, pair, K::AllReduce, Algo::Tree, &rail), [3, 11]);
+    }
 }
