@@ -29,6 +29,9 @@ pub struct NcclPolicy {
     /// How the network transport uses the fabric (`NCCL_IB_ADAPTIVE_ROUTING`,
     /// `NCCL_IB_QPS_PER_CONNECTION`, `NCCL_NET_GDR_LEVEL`).
     pub net: NetSettings,
+    /// Whose ranking constants pick (`NCCL_VERSION`, fabricsim's own variable: the NCCL
+    /// release that ran).
+    pub tuner: super::tuner::TunerVersion,
 }
 
 impl Default for NcclPolicy {
@@ -41,6 +44,7 @@ impl Default for NcclPolicy {
             min_channels: None,
             max_channels: None,
             net: NetSettings::default(),
+            tuner: super::tuner::TunerVersion::default(),
         }
     }
 }

@@ -3,6 +3,8 @@
 //! (NCCL_FACTS §2, NCCL 2.30): latency and bus-bandwidth tables per (collective, algorithm,
 //! protocol), the time of a candidate, and the pick. `--algo auto --proto auto` uses this to
 //! choose what NCCL would choose; the simulator then times that choice on the fabric.
+//! [`TunerVersion::Nccl2_8`] (`NCCL_VERSION=2.8`) ranks with NCCL 2.8's tables instead, over
+//! the same search, for runs made with that release.
 //!
 //! The numbers here are NCCL's ranking constants, not fabricsim's physical model (which is
 //! in `fabric/params.toml`).
@@ -20,6 +22,32 @@ pub struct Graph {
     pub bw_intra: f64,
     /// Per-channel bandwidth across nodes, GB/s.
     pub bw_inter: f64,
+}
+
+/// Whose ranking constants pick the algorithm and protocol: NCCL 2.30's (the default) or
+/// NCCL 2.8's (2.8.3 and 2.8.4, whose `src/graph/tuning.cc` is the same; the NCCL of
+/// NGC's PyTorch 20.12, with which Megatron-LM's 2021 papers ran). Both rank the channels
+/// and bandwidths of the same topology search ([`TunerInput::from_comm`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TunerVersion {
+    /// NCCL 2.30 (NCCL_FACTS §2).
+    #[default]
+    Nccl2_30,
+    /// NCCL 2.8: Tree, Ring and CollNet only; its latency and bandwidth tables.
+    Nccl2_8,
+}
+
+impl TunerVersion {
+    /// Parses `2.8` (or `2.8.3`, `2.8.4`) and `2.30` (or `2.30.x`).
+    pub fn parse(s: &str) -> Option<TunerVersion> {
+        let t = s.trim();
+        let minor = t.strip_prefix("2.")?.split('.').next()?;
+        match minor {
+            "8" => Some(TunerVersion::Nccl2_8),
+            "30" => Some(TunerVersion::Nccl2_30),
+            _ => None,
+        }
+    }
 }
 
 /// Everything NCCL's model looks at.
@@ -49,6 +77,8 @@ pub struct TunerInput {
     pub collnet: bool,
     /// Tree pattern is TREE (all NIC traffic through one GPU), which costs 15% in the model.
     pub tree_pattern_tree: bool,
+    /// Whose ranking constants ([`TunerVersion`]).
+    pub version: TunerVersion,
 }
 
 /// NCCL's per-generation search speeds (GB/s per channel), NCCL_FACTS §5.6.
@@ -212,6 +242,7 @@ impl TunerInput {
             nvls_channels,
             collnet,
             tree_pattern_tree: comm.generation >= Generation::Hopper || ppn == 1,
+            version: TunerVersion::default(),
         }
     }
 }
@@ -321,6 +352,9 @@ pub fn nvls_tree_bus_cap(t: &TunerInput) -> Option<f64> {
 /// NCCL's (latency µs, bandwidth GB/s) for one (collective, algorithm, protocol), or None
 /// where NCCL's model gives it no bandwidth.
 pub fn model_entry(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -> Option<(f64, f64)> {
+    if t.version == TunerVersion::Nccl2_8 {
+        return model_entry_2_8(t, coll, algo, proto);
+    }
     func_index(coll)?;
     let a = algo as usize;
     if a >= 7 {
@@ -497,11 +531,151 @@ pub fn model_entry(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -
     Some((lat, bus))
 }
 
+// ------------------------------------------------------------------ NCCL 2.8's constants
+// (src/graph/tuning.cc at tags v2.8.3-1 and v2.8.4-1, which are the same). Indexed
+// [Tree, Ring, CollNet][LL, LL128, Simple]; hardware classes NVLink, PCI, network.
+
+const BASE_LAT_2_8: [[f64; 3]; 3] = [[4.4, 4.4, 0.0], [3.6, 10.0, 8.4], [4.4, 4.4, 0.0]];
+const HW_LAT_2_8: [[[f64; 3]; 3]; 3] = [
+    [[0.52, 1.25, 28.0], [0.47, 1.9, 3.4], [0.5, 1.2, 4.0]],
+    [[1.0, 1.9, 28.0], [1.0, 2.5, 5.7], [1.0, 1.9, 5.5]],
+    [[5.0, 8.5, 28.0], [2.7, 4.0, 9.6], [5.0, 5.0, 10.7]],
+];
+/// LL128's most per channel, by function (broadcast, reduce, all-gather, reduce-scatter,
+/// all-reduce).
+const LL128_MAX_BW_PER_CH_2_8: [f64; 5] = [18.8, 12.0, 18.3, 15.2, 16.9];
+/// [Volta-1 node / Intel CPU, Ampere-1 node / AMD CPU][1, 2, more nodes].
+const LL_MAX_BW_2_8: [[f64; 3]; 2] = [[39.0, 39.0, 20.4], [87.7, 22.5, 19.0]];
+/// [Volta, Ampere][1, 2, more nodes].
+const PER_CH_TREE_2_8: [[f64; 3]; 2] = [[26.5, 18.5, 10.0], [24.0, 22.5, 16.0]];
+const TREE_CORRECTION_2_8: [[f64; 23]; 3] = [
+    [
+        1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.7, 0.7, 0.7, 0.7, 0.6, 0.5, 0.4, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
+        1.0, 1.0, 1.0,
+    ],
+    [
+        1.0, 1.0, 1.0, 1.0, 1.0, 0.9, 0.8, 0.8, 0.8, 0.7, 0.6, 0.6, 0.6, 0.5, 0.6, 0.6, 0.7, 0.7, 0.8, 0.9,
+        0.9, 0.92, 0.92,
+    ],
+    [
+        0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5, 0.5, 0.5, 0.5, 0.6, 0.7, 0.8, 0.7, 0.7,
+        0.8, 0.9, 0.9,
+    ],
+];
+
+/// [`model_entry`] with NCCL 2.8's model: Tree and Ring (CollNet as NCCL 2.8's CollNet
+/// Direct), only the ring for anything but all-reduce; bandwidth capped at 235 GB/s on
+/// Ampere; LL and LL128 at their shares; latency per ring step by its hardware class.
+fn model_entry_2_8(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -> Option<(f64, f64)> {
+    let f = func_index(coll)?;
+    let a = match algo {
+        Algo::Tree => 0,
+        Algo::Ring => 1,
+        Algo::CollNetDirect if t.collnet && t.nnodes > 1 => 2,
+        _ => return None,
+    };
+    if coll != Collective::AllReduce && algo != Algo::Ring {
+        return None;
+    }
+    let g = t.graphs[algo as usize]?;
+    let p = proto as usize;
+    let (n, nnodes) = (t.nranks as f64, t.nnodes);
+    let ppn = n / nnodes as f64;
+    let idx2 = (nnodes.min(3) - 1) as usize;
+    let ampere = t.sm == 80;
+    let index1 = if nnodes == 1 { ampere as usize } else { (t.vendor == CpuVendor::Amd) as usize };
+    let ll_max = LL_MAX_BW_2_8[index1][idx2];
+    let nch = g.nchannels as f64;
+    let speed = if nnodes <= 2 || a == 2 { g.bw_intra } else { g.bw_inter };
+    let mut bus = nch * speed;
+    if ampere {
+        bus = bus.min(235.0);
+    }
+    match (algo, proto) {
+        (Algo::Ring, Proto::LL) => {
+            let share = if nnodes > 1 || matches!(coll, Collective::AllReduce | Collective::Reduce) {
+                0.25
+            } else {
+                1.0 / 3.0
+            };
+            bus = ll_max.min(bus * share);
+        }
+        (Algo::Ring, Proto::LL128) => {
+            bus = (bus * if ppn < 2.0 { 0.7 } else { 0.92 }).min(LL128_MAX_BW_PER_CH_2_8[f] * nch)
+        }
+        _ => {}
+    }
+    if algo == Algo::Tree {
+        bus = (bus * 0.92).min(nch * PER_CH_TREE_2_8[ampere as usize][idx2]);
+        match proto {
+            Proto::LL => bus = (bus / 3.8).min(ll_max),
+            Proto::LL128 => {
+                bus =
+                    (bus * if nnodes == 1 { 7.0 / 9.0 } else { 0.915 }).min(LL128_MAX_BW_PER_CH_2_8[f] * nch)
+            }
+            Proto::Simple => {}
+        }
+    }
+    if a == 2 {
+        bus *= match proto {
+            Proto::Simple => 0.9,
+            Proto::LL => 0.9 / 6.0,
+            Proto::LL128 => 0.0,
+        };
+    }
+    let nsteps = match coll {
+        Collective::AllReduce => 2.0 * (n - 1.0),
+        Collective::AllGather | Collective::ReduceScatter => n - 1.0,
+        _ => n,
+    };
+    bus *= if algo == Algo::Ring { n / nsteps } else { 0.5 };
+    if bus <= 0.0 {
+        return None;
+    }
+    let intra_hw = if matches!(t.type_intra, PathType::Nvl) { 0 } else { 1 };
+    let hw = if nnodes == 1 { intra_hw } else { 2 };
+    let mut intra_lat = HW_LAT_2_8[intra_hw][a][p];
+    let inter_lat = HW_LAT_2_8[2][a][p];
+    if nnodes > 1 && proto == Proto::LL {
+        intra_lat *= 1.8;
+    }
+    let ppn_i = (t.nranks / nnodes) as f64;
+    let mut lat = BASE_LAT_2_8[a][p];
+    lat += match (algo, coll) {
+        (Algo::Ring, Collective::Broadcast | Collective::Reduce) => HW_LAT_2_8[hw][a][p],
+        (Algo::Ring, _) => {
+            let ninter = match coll {
+                Collective::AllReduce => 2.0 * (nnodes as f64 - 1.0),
+                Collective::AllGather | Collective::ReduceScatter => nnodes as f64 - 1.0,
+                _ => nnodes as f64,
+            };
+            (nsteps - ninter) * intra_lat + ninter * inter_lat
+        }
+        (Algo::Tree, _) => 2.0 * ((ppn_i - 1.0) * intra_lat + log2i(nnodes as u64).max(0) as f64 * inter_lat),
+        _ => 2.0 * (ppn_i - 1.0) * intra_lat + inter_lat,
+    };
+    Some((lat, bus))
+}
+
 /// NCCL's predicted time (µs) of a candidate for a call of `nbytes` (the full buffer for
 /// all-gather/reduce-scatter, else the count times the element size).
 pub fn model_time(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto, nbytes: u64) -> Option<f64> {
     let (mut lat, mut bw) = model_entry(t, coll, algo, proto)?;
     let log_size = log2i(nbytes >> 6);
+    if t.version == TunerVersion::Nccl2_8 {
+        if algo == Algo::Tree && (0..23).contains(&log_size) {
+            bw *= TREE_CORRECTION_2_8[proto as usize][log_size as usize];
+        }
+        if algo == Algo::Ring
+            && proto == Proto::Simple
+            && t.nnodes > 1
+            && coll == Collective::AllReduce
+            && nbytes as f64 >= t.nranks as f64 / 16.0 * 65536.0
+        {
+            lat *= 1.9;
+        }
+        return Some(lat + nbytes as f64 / (1000.0 * bw));
+    }
     if algo == Algo::Tree && coll == Collective::AllReduce && (0..23).contains(&log_size) {
         bw *= TREE_CORRECTION[proto as usize][log_size as usize];
     }
@@ -522,6 +696,10 @@ pub fn model_time(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto, nb
 /// Which protocols NCCL enables by default (LL128 only on capable paths).
 pub fn proto_enabled(t: &TunerInput, proto: Proto) -> bool {
     match proto {
+        // NCCL 2.8: Volta or Ampere only, NICs at most a PCIe switch away, NVLink inside.
+        Proto::LL128 if t.version == TunerVersion::Nccl2_8 => {
+            matches!(t.sm, 70 | 80) && t.type_inter <= PathType::Pxb && t.type_intra <= PathType::Nvl
+        }
         Proto::LL128 => {
             let inter_ok =
                 if t.sm >= 90 { t.type_inter <= PathType::Pxn } else { t.type_inter <= PathType::Pxb };
@@ -597,6 +775,49 @@ mod tests {
         let mut c = Comm::synthetic(nodes, ppn, true, true);
         c.nics_per_node = if nodes > 1 { ppn.min(8) } else { 0 };
         TunerInput::from_comm(&c, false)
+    }
+
+    /// DGX A100 nodes as NCCL sees them: 12 NVLinks, eight HDR NICs behind PCIe switches.
+    fn a100(nodes: u32, version: TunerVersion) -> TunerInput {
+        let mut c = Comm::synthetic(nodes, 8, false, false);
+        (c.generation, c.sm, c.gpu_intra_gbps, c.nic_gbps) = (Generation::Ampere, 80, 300.0, 25.0);
+        TunerInput { version, ..TunerInput::from_comm(&c, false) }
+    }
+
+    /// NCCL 2.8's ranking (tuning.cc at v2.8.4-1), by hand for a ring all-gather on 280 DGX
+    /// A100 nodes (2,240 ranks, 8 channels at 24 GB/s): LL128 10 + 1,960 x 1.9 + 279 x 4.0 =
+    /// 4,850 µs and min(0.92 x 192, 8 x 18.3) = 146.4 GB/s; Simple 8.4 + 1,960 x 3.4 +
+    /// 279 x 9.6 = 9,350.8 µs at 192 GB/s. Simple wins from about 2.8 GB, where NCCL 2.30's
+    /// constants keep LL128; only Tree and Ring exist, and LL128 only on Volta and Ampere.
+    #[test]
+    fn nccl_2_8_ranks_with_its_own_tables() {
+        let t = a100(280, TunerVersion::Nccl2_8);
+        assert_eq!(
+            t.graphs[Algo::Ring as usize],
+            Some(Graph { nchannels: 8, bw_intra: 24.0, bw_inter: 24.0 })
+        );
+        let ratio = 2240.0 / 2239.0;
+        let e = |p| model_entry(&t, Collective::AllGather, Algo::Ring, p).unwrap();
+        let close = |x: (f64, f64), y: (f64, f64)| (x.0 - y.0).abs() < 0.01 && (x.1 - y.1).abs() < 0.01;
+        assert!(close(e(Proto::LL128), (4850.0, 146.4 * ratio)), "{:?}", e(Proto::LL128));
+        assert!(close(e(Proto::Simple), (9350.8, 192.0 * ratio)), "{:?}", e(Proto::Simple));
+        let rings = [Algo::Ring];
+        let proto = |t: &TunerInput, bytes: u64| {
+            pick(t, Collective::AllGather, bytes, &rings, &Proto::ALL).unwrap().1
+        };
+        assert_eq!(proto(&t, 2_516_582_400), Proto::LL128);
+        assert_eq!(proto(&t, 3_355_443_200), Proto::Simple);
+        assert_eq!(proto(&a100(280, TunerVersion::Nccl2_30), 3_355_443_200), Proto::LL128);
+        for a in [Algo::Pat, Algo::Nvls, Algo::NvlsTree, Algo::CollNetChain] {
+            assert_eq!(model_entry(&t, Collective::AllReduce, a, Proto::Simple), None, "{a}");
+        }
+        assert_eq!(model_entry(&t, Collective::AllGather, Algo::Tree, Proto::Simple), None);
+        let hopper = TunerInput { version: TunerVersion::Nccl2_8, ..h100(2, 8) };
+        assert!(proto_enabled(&t, Proto::LL128) && !proto_enabled(&hopper, Proto::LL128));
+        assert_eq!(TunerVersion::parse("2.8.3"), Some(TunerVersion::Nccl2_8));
+        assert_eq!(TunerVersion::parse("2.30"), Some(TunerVersion::Nccl2_30));
+        assert_eq!(TunerVersion::parse("2.18"), None);
+        assert_eq!(TunerVersion::parse("3.0"), None);
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub struct NcclEnv {
     pub net: NetSettings,
     /// Buffer sizes and chunk knobs.
     pub knobs: Knobs,
+    /// Whose ranking constants pick (NCCL_VERSION, fabricsim's own).
+    pub tuner: crate::collective::tuner::TunerVersion,
 }
 
 impl Default for NcclEnv {
@@ -81,6 +83,7 @@ impl Default for NcclEnv {
             max_channels: None,
             net: NetSettings::default(),
             knobs: Knobs::default(),
+            tuner: Default::default(),
         }
     }
 }
@@ -337,7 +340,8 @@ pub fn run_bench(f: &Fabric, cfg: &BenchConfig) -> Result<Vec<BenchRow>, BenchEr
             valid.join(", ")
         )));
     }
-    let tin = tuner::TunerInput::from_comm(&comm, cfg.env.collnet);
+    let tin =
+        tuner::TunerInput { version: cfg.env.tuner, ..tuner::TunerInput::from_comm(&comm, cfg.env.collnet) };
     // A forced algorithm must exist for this collective and fabric (checked once).
     if let Some(a) = cfg.algo {
         let p = cfg.proto.unwrap_or(*collective::protocols_for(a, cfg.coll).last().unwrap_or(&Proto::Simple));

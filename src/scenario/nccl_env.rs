@@ -30,6 +30,7 @@ pub const KNOWN: &[&str] = &[
     "NCCL_NET_GDR_LEVEL",
     "NCCL_CROSS_NIC",
     "NCCL_IB_ADAPTIVE_ROUTING",
+    "NCCL_VERSION",
 ];
 
 /// Variables accepted and checked, but with no effect in the model, and why (printed as a
@@ -52,7 +53,7 @@ const TRAINING_COLLECTIVES: [Collective; 3] =
     [Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter];
 
 /// The variables that change how a training step's collectives are picked or routed.
-const TRAINING_PICK: [&str; 12] = [
+const TRAINING_PICK: [&str; 13] = [
     "NCCL_ALGO",
     "NCCL_PROTO",
     "NCCL_NVLS_ENABLE",
@@ -65,6 +66,7 @@ const TRAINING_PICK: [&str; 12] = [
     "NCCL_IB_QPS_PER_CONNECTION",
     "NCCL_IB_SPLIT_DATA_ON_QPS",
     "NCCL_NET_GDR_LEVEL",
+    "NCCL_VERSION",
 ];
 
 /// NCCL's environment for a training step from `(variable, value)` settings, in order: the
@@ -90,6 +92,7 @@ pub fn training_policy(settings: &[(String, String)]) -> Result<(NcclPolicy, Vec
     policy.min_channels = global.min_channels;
     policy.max_channels = global.max_channels;
     policy.net = global.net;
+    policy.tuner = global.tuner;
     for (k, _) in settings {
         if let Some(n) = no_effect_note(k) {
             notes.push(format!("{k} is accepted but has no effect in the model: {n}"));
@@ -228,6 +231,15 @@ impl NcclEnv {
             "NCCL_P2P_NVL_CHUNKSIZE" => self.knobs.p2p_nvl_chunksize = bytes(key, value)?,
             "NCCL_NVLS_ENABLE" => self.nvls = flag(key, value)?,
             "NCCL_COLLNET_ENABLE" => self.collnet = flag(key, value)?,
+            // Not an NCCL variable: the NCCL release whose tuner ranks the candidates.
+            "NCCL_VERSION" => {
+                self.tuner = crate::collective::tuner::TunerVersion::parse(value).ok_or_else(|| {
+                    format!(
+                        "NCCL_VERSION={value:?}: fabricsim ranks with NCCL 2.30's tuner (the default) or \
+                         NCCL 2.8's (2.8.3, 2.8.4); valid: 2.8, 2.30"
+                    )
+                })?
+            }
             "NCCL_PXN_DISABLE" => self.knobs.pxn_disable = flag(key, value)?,
             // NCCL_MIN_CTAS / NCCL_MAX_CTAS bound the channels (CTAs) of a call like
             // NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS; the most restrictive wins (NCCL_FACTS §7).

@@ -385,7 +385,7 @@ pub fn nccl_choice_with(comm: &Comm, args: &CollArgs, policy: &NcclPolicy) -> Op
         comm
     };
     let collnet = policy.collnet_on(comm);
-    let tin = tuner::TunerInput::from_comm(comm, collnet);
+    let tin = tuner::TunerInput { version: policy.tuner, ..tuner::TunerInput::from_comm(comm, collnet) };
     let nbytes = args.model_bytes(comm.nranks);
     let candidates: Vec<(Algo, Proto)> = collective::runnable(comm, args.coll)
         .into_iter()

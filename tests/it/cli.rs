@@ -129,6 +129,11 @@ fn bench_rejects_algorithms_the_fabric_cannot_run() {
     fails_with(&["bench", H100, "--gpus", "4", "-g", "8"], &["-g 8", "4 GPUs", "1..=4"]);
     // Whole processes of -g GPUs per node: 3 does not divide 8 (it ran, as 3 + 3 + 2).
     fails_with(&["bench", H100, "-g", "3"], &["-g 3", "8 GPUs used per node", "valid: 1, 2, 4, 8"]);
+    // fabricsim ranks with two NCCL releases' tuners.
+    fails_with(
+        &["bench", H100, "--nccl", "NCCL_VERSION=2.18"],
+        &["NCCL_VERSION=\"2.18\"", "valid: 2.8, 2.30"],
+    );
 }
 
 /// Issue 13: a size sweep that gives no call at all is an error that says why and what

@@ -30,7 +30,7 @@ import sys
 
 FABRICSIM = sys.argv[1] if len(sys.argv) > 1 else "target/release/fabricsim"
 HOST_MS = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
-NCCL = ["--nccl", "NCCL_ALGO=^PAT"]
+NCCL = ["--nccl", "NCCL_ALGO=^PAT", "--nccl", "NCCL_VERSION=2.8"]  # NCCL 2.8.3 ran them (training_runs.csv)
 COPY_FLOOR_S = 4.3e-6  # src/workload/gpu_params.toml, copy_floor_us
 HBM_BYTES_PER_S = 2.039e12 * 0.85  # A100 80 GB HBM at the model's hbm_eff
 
