@@ -59,7 +59,7 @@
 //!   algorithm where it runs on two ranks, else a ring; the same protocol; NCCL's channels
 //!   per NIC, at least one per NIC of the GPU) on the stage's representative and its next
 //!   peer in another NVLink domain on its rail (and for a ring over three or more domains
-//!   the peer after that in a third, a ring that forwards: [`shadow_ring`]), with the
+//!   the peer after that in a third, a ring that forwards: `shadow_ring`), with the
 //!   buffer that moves the bytes the real one moves
 //!   through the representative's NIC (NCCL's bus-bandwidth factor, shared among the
 //!   group's ranks on that node; an all-to-all's own (n - local)/n per rank), stretched
@@ -1048,7 +1048,7 @@ pub fn step_event_with(
                             let (p, local, one) = found?;
                             let n = f64::from(layers_of(s, o.chunk));
                             let per = (x / n) as u64;
-                            let call = if group == GroupKind::Ep {
+                            let (real, chunk) = if group == GroupKind::Ep {
                                 // The NIC carries all `local` ranks' messages to other domains:
                                 // the shadow runs on a rank's channels (not a share of them, as a
                                 // ring's, which left it too slow to carry the bytes), each message
@@ -1060,15 +1060,7 @@ pub fn step_event_with(
                                     &ranks,
                                     (p[0], 1),
                                 )?;
-                                let chunk = Knobs::default().p2p_net_chunksize * local as u64;
-                                shadows_memo.call_chunked(
-                                    &p,
-                                    CollectiveKind::AllToAll,
-                                    per,
-                                    t / n,
-                                    real,
-                                    chunk,
-                                )?
+                                (real, Knobs::default().p2p_net_chunksize * local as u64)
                             } else {
                                 // Each way through the NIC: an exchange on the pair, as NCCL picks
                                 // it, in network chunks up to a Simple step (512 KiB of the default
@@ -1086,15 +1078,16 @@ pub fn step_event_with(
                                 let chunk = (per / (2 * u64::from(real.nchannels.max(1))))
                                     .next_power_of_two()
                                     .clamp(Knobs::default().p2p_net_chunksize, step);
-                                shadows_memo.call_chunked(
-                                    &p,
-                                    CollectiveKind::AllToAll,
-                                    per,
-                                    t / n,
-                                    real,
-                                    chunk,
-                                )?
+                                (real, chunk)
                             };
+                            let call = shadows_memo.call_chunked(
+                                &p,
+                                CollectiveKind::AllToAll,
+                                per,
+                                t / n,
+                                real,
+                                chunk,
+                            )?;
                             Some((p, call))
                         })
                         .collect()
