@@ -581,7 +581,7 @@ fn model_entry_2_8(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -
     let p = proto as usize;
     let (n, nnodes) = (t.nranks as f64, t.nnodes);
     let ppn = n / nnodes as f64;
-    let idx2 = (nnodes.min(3) - 1) as usize;
+    let idx2 = (nnodes.clamp(1, 3) - 1) as usize;
     let ampere = t.sm == 80;
     let index1 = if nnodes == 1 { ampere as usize } else { (t.vendor == CpuVendor::Amd) as usize };
     let ll_max = LL_MAX_BW_2_8[index1][idx2];
