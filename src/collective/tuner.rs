@@ -325,6 +325,17 @@ fn log2i(x: u64) -> i64 {
     }
 }
 
+/// The steps of NCCL's ring for `coll` over `n` members (ranks, or nodes for the steps that
+/// cross the network): two passes for an all-reduce, one for an all-gather or a
+/// reduce-scatter, `n` otherwise.
+fn ring_steps(coll: Collective, n: f64) -> f64 {
+    match coll {
+        Collective::AllReduce => 2.0 * (n - 1.0),
+        Collective::AllGather | Collective::ReduceScatter => n - 1.0,
+        _ => n,
+    }
+}
+
 fn func_index(c: Collective) -> Option<usize> {
     match c {
         Collective::Broadcast => Some(0),
@@ -397,11 +408,7 @@ pub fn model_entry(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -
     if algo == Algo::Nvls && nnodes > 1 && !t.collnet {
         return None;
     }
-    let nsteps = match coll {
-        Collective::AllReduce => 2.0 * (n - 1.0),
-        Collective::AllGather | Collective::ReduceScatter => n - 1.0,
-        _ => n,
-    };
+    let nsteps = ring_steps(coll, n);
     let cc = t.cc;
     let mut bw = if nnodes <= 2 || matches!(algo, Algo::CollNetDirect | Algo::CollNetChain) {
         g.bw_intra
@@ -504,13 +511,7 @@ pub fn model_entry(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -
                 net_ov *= 3.0;
             }
             let il = intra_lat.max(net_ov);
-            let ninter = if nnodes == 1 {
-                0.0
-            } else if coll == Collective::AllReduce {
-                2.0 * (nnodes as f64 - 1.0)
-            } else {
-                nnodes as f64 - 1.0
-            };
+            let ninter = ring_steps(coll, nnodes as f64);
             lat += (nsteps - ninter) * il + ninter * inter_lat;
         }
         Algo::Tree => lat += 2.0 * ((ppn_i - 1.0) * intra_lat + l2 * inter_lat),
@@ -623,11 +624,7 @@ fn model_entry_2_8(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -
             Proto::LL128 => 0.0,
         };
     }
-    let nsteps = match coll {
-        Collective::AllReduce => 2.0 * (n - 1.0),
-        Collective::AllGather | Collective::ReduceScatter => n - 1.0,
-        _ => n,
-    };
+    let nsteps = ring_steps(coll, n);
     bus *= if algo == Algo::Ring { n / nsteps } else { 0.5 };
     if bus <= 0.0 {
         return None;
@@ -644,11 +641,7 @@ fn model_entry_2_8(t: &TunerInput, coll: Collective, algo: Algo, proto: Proto) -
     lat += match (algo, coll) {
         (Algo::Ring, Collective::Broadcast | Collective::Reduce) => HW_LAT_2_8[hw][a][p],
         (Algo::Ring, _) => {
-            let ninter = match coll {
-                Collective::AllReduce => 2.0 * (nnodes as f64 - 1.0),
-                Collective::AllGather | Collective::ReduceScatter => nnodes as f64 - 1.0,
-                _ => nnodes as f64,
-            };
+            let ninter = ring_steps(coll, nnodes as f64);
             (nsteps - ninter) * intra_lat + ninter * inter_lat
         }
         (Algo::Tree, _) => 2.0 * ((ppn_i - 1.0) * intra_lat + log2i(nnodes as u64).max(0) as f64 * inter_lat),

@@ -434,15 +434,15 @@ pub(crate) fn shadow_ring(
     let ring =
         matches!(kind, CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::ReduceScatter)
             && algo == collective::Algo::Ring;
-    let n = ranks.len();
-    if let (true, Some(pos)) = (ring, ranks.iter().position(|&r| r == pair[1])) {
-        let (d0, d1, rail) = (f.domain_of_rank(pair[0]), f.domain_of_rank(pair[1]), f.local_rank(pair[0]));
-        let third = (1..n).map(|i| ranks[(pos + i) % n]).find(|&r| {
-            let d = f.domain_of_rank(r);
-            d != d0 && d != d1 && f.local_rank(r) == rail
-        });
-        on.extend(third);
-    }
+    let Some(pos) = ranks.iter().position(|&r| r == pair[1]).filter(|_| ring) else {
+        return on;
+    };
+    let (n, d0, d1, rail) =
+        (ranks.len(), f.domain_of_rank(pair[0]), f.domain_of_rank(pair[1]), f.local_rank(pair[0]));
+    on.extend((1..n).map(|i| ranks[(pos + i) % n]).find(|&r| {
+        let d = f.domain_of_rank(r);
+        d != d0 && d != d1 && f.local_rank(r) == rail
+    }));
     on
 }
 
@@ -531,7 +531,7 @@ impl<'a> ShadowMemo<'a> {
         c.map(|c| Choice { nchannels: shadow_channels(self.f, rep, c.nchannels, local), ..c })
     }
 
-    /// The shadow on `pair` (two ranks, or a ring of three: [`shadow_ring`]) of a collective
+    /// The shadow on `on` (two ranks, or a ring of three: [`shadow_ring`]) of a collective
     /// of `kind` that moves `x` bytes each way through the first rank's NIC in `t` seconds
     /// with NCCL's pick `real`: the same collective on those ranks (the same algorithm where
     /// it runs on them, else a ring; the same protocol and channels per NIC), with the
@@ -541,8 +541,8 @@ impl<'a> ShadowMemo<'a> {
     /// the NIC busy throughout). The cap is set from its rate and latency measured alone at
     /// two sizes. None when shadows are off, or when latency alone takes half of `t` (a
     /// latency-bound collective loads no NIC).
-    fn call(&self, pair: &[u32], kind: CollectiveKind, x: u64, t: f64, real: Choice) -> Option<ShadowCall> {
-        self.call_chunked(pair, kind, x, t, real, Knobs::default().p2p_net_chunksize)
+    fn call(&self, on: &[u32], kind: CollectiveKind, x: u64, t: f64, real: Choice) -> Option<ShadowCall> {
+        self.call_chunked(on, kind, x, t, real, Knobs::default().p2p_net_chunksize)
     }
 
     /// [`Self::call`] with a network chunk of `chunk` bytes for a p2p shadow: a coarser
@@ -550,7 +550,7 @@ impl<'a> ShadowMemo<'a> {
     /// to its time (the CP shadows, one per layer and micro-batch).
     fn call_chunked(
         &self,
-        pair: &[u32],
+        on: &[u32],
         kind: CollectiveKind,
         x: u64,
         t: f64,
@@ -561,23 +561,23 @@ impl<'a> ShadowMemo<'a> {
             return None;
         }
         let ps = (t * 1e12).round() as u64;
-        let (a, na) = (pair[0] as i64, self.f.node_of_rank(pair[0]) as i64);
+        let (a, na) = (on[0] as i64, self.f.node_of_rank(on[0]) as i64);
         let mut shape: Vec<i64> =
-            pair[1..].iter().flat_map(|&b| [b as i64 - a, self.f.node_of_rank(b) as i64 - na]).collect();
-        shape.extend([i64::from(self.f.local_rank(pair[0])), chunk as i64]);
+            on[1..].iter().flat_map(|&b| [b as i64 - a, self.f.node_of_rank(b) as i64 - na]).collect();
+        shape.extend([i64::from(self.f.local_rank(on[0])), chunk as i64]);
         let key = (kind as u8, x, ps, format!("{real:?}"), shape);
         if let Some(c) = self.memo.borrow().get(&key) {
             return *c;
         }
         // The buffer that moves `x` each way through every NIC of a `k`-rank ring (or a
         // two-rank exchange).
-        let k = pair.len() as u64;
+        let k = on.len() as u64;
         let buffer = |x: u64| match kind {
             CollectiveKind::SendRecv => x,
             CollectiveKind::AllReduce => x * k / (2 * (k - 1)),
             _ => x * k / (k - 1),
         };
-        let comm = collective::Comm::from_ranks(self.f, self.router, pair);
+        let comm = collective::Comm::from_ranks(self.f, self.router, on);
         let got = coll_args(kind, buffer(x), k).and_then(|args| {
             let runnable = collective::runnable(&comm, args.coll);
             let choice = if runnable.contains(&(real.algo, real.proto)) {
@@ -594,7 +594,7 @@ impl<'a> ShadowMemo<'a> {
                 let mut w = Concurrent::new(self.f, self.router);
                 let job = CollectiveJob {
                     name: "NIC shadow".into(),
-                    ranks: pair.to_vec(),
+                    ranks: on.to_vec(),
                     args: coll_args(kind, buffer(x), k)?,
                     choice: Some(choice),
                     knobs: shadow_knobs(chunk),
@@ -943,12 +943,13 @@ pub fn step_event_with(
                             let real = shadows_memo.pick(pricer, kind, bytes, ranks, (pair[0], local))?;
                             let x = in_switch_nic_bytes(kind, real.algo, bytes, local).unwrap_or(x);
                             let on = shadow_ring(f, pair, kind, real.algo, ranks);
-                            Some((on.clone(), shadows_memo.call(&on, kind, x, t, real)?))
+                            let call = shadows_memo.call(&on, kind, x, t, real)?;
+                            Some((on, call))
                         });
-                    if let Some((pair, (args, choice, cap, chunk))) = shadow {
+                    if let Some((on, (args, choice, cap, chunk))) = shadow {
                         let job = CollectiveJob {
                             name: format!("{name} (NIC shadow)"),
-                            ranks: pair.clone(),
+                            ranks: on.clone(),
                             args,
                             choice: Some(choice),
                             knobs: shadow_knobs(chunk),
@@ -957,7 +958,7 @@ pub fn step_event_with(
                             Some(cap) => w.add_capped(job, cap)?,
                             None => w.add(job)?,
                         };
-                        shadows.push((id, pair));
+                        shadows.push((id, on));
                     }
                     Ok((id, shadows))
                 });
